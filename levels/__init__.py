@@ -1,0 +1,68 @@
+"""The attention ladder: one transformer written five times.
+
+``LEVELS`` names the rungs in order; ``load(name)`` imports one and explains
+why when it cannot (for instance triton missing for level 4). Every level
+exposes the same interface (docs/conventions.md):
+
+    asarray, to_numpy, attention,
+    LayerNorm, FeedForward, MultiHeadAttention, EncoderLayer, DecoderLayer,
+    DecoderOnlyTransformer, Seq2SeqTransformer
+
+and builds from the canonical parameters made by ``init_params``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from .common.config import TransformerConfig
+from .common.params import init_params, param_shapes
+
+LEVELS: tuple[str, ...] = (
+    "level0_loops",
+    "level1_numpy",
+    "level2_torch_manual",
+    "level3_sdpa_flash",
+    "level4_triton_kernel",
+)
+
+
+class LevelUnavailable(ImportError):
+    """A level that cannot be imported on this machine; the message says why."""
+
+
+def load(name: str) -> ModuleType:
+    """Import level ``name`` (one of ``LEVELS``).
+
+    Raises ``ValueError`` for an unknown name and ``LevelUnavailable`` (an
+    ``ImportError``) naming the missing piece when the level cannot run here.
+    """
+    if name not in LEVELS:
+        raise ValueError(f"unknown level {name!r}; choose one of {', '.join(LEVELS)}")
+    try:
+        return importlib.import_module(f"{__name__}.{name}")
+    except ImportError as exc:
+        raise LevelUnavailable(f"{name} is unavailable here: {exc}") from exc
+
+
+def available() -> dict[str, ModuleType | str]:
+    """Every level mapped to its module, or to the reason it cannot be loaded."""
+    result: dict[str, ModuleType | str] = {}
+    for name in LEVELS:
+        try:
+            result[name] = load(name)
+        except LevelUnavailable as exc:
+            result[name] = str(exc)
+    return result
+
+
+__all__ = [
+    "LEVELS",
+    "LevelUnavailable",
+    "TransformerConfig",
+    "available",
+    "init_params",
+    "load",
+    "param_shapes",
+]

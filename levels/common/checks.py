@@ -1,0 +1,92 @@
+"""Input validation shared by every level, so the errors are identical everywhere.
+
+These functions look only at shapes, dtypes-as-flags and plain integers, never
+at array contents, so each level can call them on its own array type.
+The error table they implement is in docs/conventions.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+EMPTY_ROW_MESSAGE = (
+    "a query row has no key it may attend to (check the mask, the padding and the "
+    "causal alignment: with causal=True and T > S the first T - S queries see nothing)"
+)
+
+
+def attention_dims(
+    q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequence[int]
+) -> tuple[int, int, int, int, int, int]:
+    """Validate q ``(B,H,T,Dh)``, k ``(B,H,S,Dh)``, v ``(B,H,S,Dv)``; return ``(B,H,T,S,Dh,Dv)``."""
+    q_shape, k_shape, v_shape = tuple(q_shape), tuple(k_shape), tuple(v_shape)
+    shapes = f"q {q_shape}, k {k_shape}, v {v_shape}"
+    if not (len(q_shape) == len(k_shape) == len(v_shape) == 4):
+        raise ValueError(
+            f"attention expects 4-D q (B,H,T,Dh), k (B,H,S,Dh), v (B,H,S,Dv); got {shapes}"
+        )
+    B, H, T, Dh = q_shape
+    if k_shape[:2] != (B, H) or v_shape[:2] != (B, H):
+        raise ValueError(f"q, k and v must share batch and head sizes (B, H); got {shapes}")
+    if k_shape[3] != Dh:
+        raise ValueError(f"q and k must have the same head width Dh; got {shapes}")
+    S = k_shape[2]
+    if v_shape[2] != S:
+        raise ValueError(f"k and v must have the same length S; got {shapes}")
+    if min(B, H, T, S, Dh, v_shape[3]) <= 0:
+        raise ValueError(f"attention needs non-empty q, k and v; got {shapes}")
+    return B, H, T, S, Dh, v_shape[3]
+
+
+def check_mask(mask_shape: Sequence[int], is_bool: bool, target: Sequence[int]) -> None:
+    """A mask must be boolean (True = may attend) and broadcastable to ``target`` (B,H,T,S)."""
+    if not is_bool:
+        raise TypeError("mask must be boolean, True = may attend (got a non-boolean mask)")
+    mask_shape, target = tuple(mask_shape), tuple(target)
+    ok = len(mask_shape) <= len(target) and all(
+        m in (1, t) for m, t in zip(reversed(mask_shape), reversed(target), strict=False)
+    )
+    if not ok:
+        raise ValueError(f"mask of shape {mask_shape} is not broadcastable to (B,H,T,S) = {target}")
+
+
+def causal_offset(T: int, S: int) -> int:
+    """Bottom-right alignment: query ``i`` may attend key ``j`` iff ``j <= i + (S - T)``."""
+    return S - T
+
+
+def check_tokens(lo: int, hi: int, vocab_size: int, *, what: str = "token id") -> None:
+    """Token ids must lie in ``[0, vocab_size)``; a kernel must never gather out of bounds."""
+    if lo < 0 or hi >= vocab_size:
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"{what} {bad} is outside [0, vocab_size={vocab_size})")
+
+
+def check_length(length: int, max_seq_len: int, *, what: str = "sequence length") -> None:
+    if length > max_seq_len:
+        raise ValueError(f"{what} {length} exceeds max_seq_len={max_seq_len}")
+    if length <= 0:
+        raise ValueError(f"{what} must be positive, got {length}")
+
+
+def check_cache_room(filled: int, adding: int, capacity: int) -> None:
+    """Called *before* a cache is written, so an overflow leaves it unchanged."""
+    if filled + adding > capacity:
+        raise ValueError(
+            f"KV cache overflow: {filled} positions filled + {adding} new > capacity {capacity} "
+            f"(max_seq_len); the cache was left unchanged"
+        )
+
+
+def check_valid_shape(
+    valid_shape: Sequence[int], tokens_shape: Sequence[int], is_bool: bool, *, what: str = "valid"
+) -> None:
+    if not is_bool:
+        raise TypeError(f"{what} must be a boolean (B, T) mask, True = real token")
+    if tuple(valid_shape) != tuple(tokens_shape):
+        raise ValueError(
+            f"{what} has shape {tuple(valid_shape)}, tokens have {tuple(tokens_shape)}"
+        )
+
+
+NO_VALID_TOKEN_MESSAGE = "a sequence has no valid token (every position is padding)"

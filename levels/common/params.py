@@ -1,0 +1,176 @@
+"""Canonical parameters: one dict of numpy arrays that every level builds from.
+
+Names and layouts are those of PyTorch's ``nn.TransformerEncoderLayer``,
+``nn.TransformerDecoderLayer`` and ``nn.Transformer`` (``norm_first=True``)
+state dicts, so weights move between this project and PyTorch by name:
+``layers.{i}.self_attn.in_proj_weight`` is ``(3D, D)`` with rows ``[q; k; v]``,
+linear weights are ``(out, in)`` and every linear computes ``x @ W.T + b``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+
+from .config import TransformerConfig
+
+KINDS = ("decoder_only", "seq2seq")
+INIT_SCHEMES = ("standard", "random")
+
+
+def _attention_shapes(config: TransformerConfig, prefix: str) -> dict[str, tuple[int, ...]]:
+    D = config.d_model
+    shapes = {
+        f"{prefix}in_proj_weight": (3 * D, D),  # rows [q; k; v]
+        f"{prefix}out_proj.weight": (D, D),
+    }
+    if config.bias:
+        shapes[f"{prefix}in_proj_bias"] = (3 * D,)
+        shapes[f"{prefix}out_proj.bias"] = (D,)
+    return shapes
+
+
+def _norm_shapes(config: TransformerConfig, prefix: str) -> dict[str, tuple[int, ...]]:
+    # nn.LayerNorm always has an affine weight; its bias follows config.bias.
+    shapes = {f"{prefix}weight": (config.d_model,)}
+    if config.bias:
+        shapes[f"{prefix}bias"] = (config.d_model,)
+    return shapes
+
+
+def _linear_shapes(config, prefix: str, n_out: int, n_in: int) -> dict[str, tuple[int, ...]]:
+    shapes = {f"{prefix}weight": (n_out, n_in)}
+    if config.bias:
+        shapes[f"{prefix}bias"] = (n_out,)
+    return shapes
+
+
+def layer_shapes(config: TransformerConfig, prefix: str, *, cross: bool) -> dict[str, tuple]:
+    """Shapes of one pre-norm block under ``prefix`` (e.g. ``"layers.3."``).
+
+    An encoder / decoder-only block has norm1, self_attn, norm2 and the FFN;
+    a seq2seq decoder block (``cross=True``) adds ``multihead_attn`` and uses
+    norm3 before the FFN, exactly as ``nn.TransformerDecoderLayer``.
+    """
+    D, F = config.d_model, config.d_ff
+    shapes: dict[str, tuple[int, ...]] = {}
+    shapes |= _norm_shapes(config, f"{prefix}norm1.")
+    shapes |= _attention_shapes(config, f"{prefix}self_attn.")
+    shapes |= _norm_shapes(config, f"{prefix}norm2.")
+    if cross:
+        shapes |= _attention_shapes(config, f"{prefix}multihead_attn.")
+        shapes |= _norm_shapes(config, f"{prefix}norm3.")
+    shapes |= _linear_shapes(config, f"{prefix}linear1.", F, D)
+    shapes |= _linear_shapes(config, f"{prefix}linear2.", D, F)
+    return shapes
+
+
+def param_shapes(config: TransformerConfig, kind: str) -> dict[str, tuple[int, ...]]:
+    """Every canonical parameter name of a model ``kind``, with its shape."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    V, D = config.vocab_size, config.d_model
+    shapes: dict[str, tuple[int, ...]] = {}
+    if kind == "decoder_only":
+        shapes["token_embedding.weight"] = (V, D)  # also the output projection (tied)
+        for i in range(config.n_layers):
+            shapes |= layer_shapes(config, f"layers.{i}.", cross=False)
+        shapes |= _norm_shapes(config, "norm.")
+    else:
+        shapes["source_embedding.weight"] = (V, D)
+        shapes["target_embedding.weight"] = (V, D)
+        for i in range(config.n_layers):
+            shapes |= layer_shapes(config, f"encoder.layers.{i}.", cross=False)
+        shapes |= _norm_shapes(config, "encoder.norm.")
+        for i in range(config.n_layers):
+            shapes |= layer_shapes(config, f"decoder.layers.{i}.", cross=True)
+        shapes |= _norm_shapes(config, "decoder.norm.")
+        shapes["output_projection.weight"] = (V, D)
+    return shapes
+
+
+def check_params(
+    params: Mapping[str, object],
+    expected: Mapping[str, tuple[int, ...]],
+    *,
+    what: str = "parameters",
+) -> None:
+    """Raise one ``ValueError`` listing every missing, unexpected or mis-shaped entry.
+
+    ``params`` values may be any array type with a ``.shape`` (numpy, torch) or
+    nested lists; only the shape is compared.
+    """
+    missing = sorted(set(expected) - set(params))
+    unexpected = sorted(set(params) - set(expected))
+    misshaped = []
+    for name in sorted(set(expected) & set(params)):
+        shape = _shape_of(params[name])
+        if shape != tuple(expected[name]):
+            misshaped.append(f"{name}: expected {tuple(expected[name])}, got {shape}")
+    problems = []
+    if missing:
+        problems.append("missing: " + ", ".join(missing))
+    if unexpected:
+        problems.append("unexpected: " + ", ".join(unexpected))
+    if misshaped:
+        problems.append("mis-shaped: " + "; ".join(misshaped))
+    if problems:
+        raise ValueError(f"bad {what}: " + " | ".join(problems))
+
+
+def _shape_of(value: object) -> tuple[int, ...]:
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        return tuple(int(n) for n in shape)
+    return np.shape(value)
+
+
+def subset(params: Mapping[str, object], prefix: str) -> dict[str, object]:
+    """The entries under ``prefix``, with the prefix removed."""
+    return {name[len(prefix) :]: value for name, value in params.items() if name.startswith(prefix)}
+
+
+def init_params(
+    config: TransformerConfig, kind: str, seed: int = 0, *, scheme: str = "standard"
+) -> dict[str, np.ndarray]:
+    """Fresh canonical parameters as float64 numpy arrays, reproducible from ``seed``.
+
+    ``scheme="standard"`` is a training initialisation: weights drawn with
+    standard deviation ``1/sqrt(fan_in)`` so every projection keeps unit
+    variance, the projections that write into the residual stream
+    (``out_proj``, ``linear2``) shrunk by ``1/sqrt(2 * n_layers)`` so the stream
+    does not grow with depth (GPT-2's rule), biases 0, norm gains 1.
+    Embeddings have standard deviation ``1/sqrt(D)``: the model multiplies them by
+    ``sqrt(D)``, so the stream starts at unit variance, and tied logits
+    ``h @ E.T`` start at unit variance too.
+
+    ``scheme="random"`` additionally draws biases and norm parameters at random
+    (N(0, 0.1) around their usual values). Tests use it so that a level that
+    forgets a bias or a norm gain cannot pass by accident.
+    """
+    if scheme not in INIT_SCHEMES:
+        raise ValueError(f"scheme must be one of {INIT_SCHEMES}, got {scheme!r}")
+    rng = np.random.default_rng(seed)
+    residual_shrink = 1.0 / math.sqrt(2 * config.n_layers)
+    params: dict[str, np.ndarray] = {}
+    for name, shape in param_shapes(config, kind).items():
+        leaf = name.rsplit(".", 1)[-1]
+        is_norm = ".norm" in f".{name}" and leaf in ("weight", "bias")
+        if is_norm:
+            base = 1.0 if leaf == "weight" else 0.0
+            noise = rng.normal(0.0, 0.1, shape) if scheme == "random" else 0.0
+            params[name] = np.full(shape, base, dtype=np.float64) + noise
+        elif leaf in ("bias", "in_proj_bias"):
+            noise = rng.normal(0.0, 0.1, shape) if scheme == "random" else 0.0
+            params[name] = np.zeros(shape, dtype=np.float64) + noise
+        elif "embedding" in name or name == "output_projection.weight":
+            params[name] = rng.normal(0.0, 1.0 / math.sqrt(config.d_model), shape)
+        else:
+            fan_in = shape[1]
+            std = 1.0 / math.sqrt(fan_in)
+            if name.endswith("out_proj.weight") or name.endswith("linear2.weight"):
+                std *= residual_shrink
+            params[name] = rng.normal(0.0, std, shape)
+    return params
