@@ -1,0 +1,79 @@
+"""Level 2: the transformer as ``torch.nn`` modules, attention written out.
+
+What it adds over level 1 (numpy): any torch device and float dtype
+(float32 by default, ``dtype=`` to change), autograd for training, dropout
+in training mode, and ``state_dict()`` keys that are the canonical names, so
+weights load straight into PyTorch's ``nn.TransformerEncoderLayer`` /
+``nn.TransformerDecoderLayer`` (``norm_first=True``) and back. Attention is
+still spelled out (``attention.py``: scores, mask, softmax, weighted sum),
+materialising the ``(B, H, T, S)`` score matrix; the KV cache grows by
+concatenation (``cache.py``).
+
+Hooks for the levels above
+--------------------------
+Levels 3 and 4 change only pieces of this level, through one frozen
+dataclass, ``Kernels`` (``kernels.py``), with three fields:
+
+- ``attention``: the core, ``attention(q, k, v, *, causal, mask, dropout_p=...)``
+  with the semantics of :func:`attention.attention` (``dropout_p`` is passed
+  only in training mode with ``config.dropout > 0``);
+- ``layer_norm``: the LayerNorm class, built as ``cls(config, params, *,
+  prefix, device, dtype)``, whose state dict is ``weight`` (and ``bias``);
+- ``kv_cache``: the cache class, built as ``cls(config, batch, *, device,
+  dtype)`` with the four-call interface documented in ``cache.py``.
+
+Every module that uses one of these (``MultiHeadAttention``, ``EncoderLayer``,
+``DecoderLayer``, ``DecoderOnlyTransformer``, ``Seq2SeqTransformer``) reads
+``self.kernels``: a class attribute (``LEVEL2_KERNELS`` here), overridable per
+instance with the ``kernels=`` constructor argument, and passed down from a
+model to its layers. A higher level therefore writes, for example::
+
+    KERNELS = Kernels(attention=my_attention, layer_norm=MyLayerNorm, kv_cache=MyCache)
+
+    class DecoderOnlyTransformer(level2.DecoderOnlyTransformer):
+        kernels = KERNELS
+
+and inherits everything else (parameter loading, checks, RoPE, the FFN,
+the models' forward / prefill / decode_step / generate).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .arrays import asarray, to_numpy
+from .attention import allowed_keys, attention, causal_mask
+from .cache import KVCache
+from .kernels import LEVEL2_KERNELS, Kernels
+from .layers import DecoderLayer, EncoderLayer, FeedForward, MultiHeadAttention, rope
+from .models import DecoderOnlyTransformer, Seq2SeqTransformer
+from .norm import LayerNorm
+
+
+def describe() -> str:
+    """One line saying what computes at this level."""
+    return (
+        f"torch {torch.__version__} modules, attention written out "
+        "(matmul, mask, softmax, matmul; float32 by default), KV cache grown by concatenation"
+    )
+
+
+__all__ = [
+    "LEVEL2_KERNELS",
+    "DecoderLayer",
+    "DecoderOnlyTransformer",
+    "EncoderLayer",
+    "FeedForward",
+    "KVCache",
+    "Kernels",
+    "LayerNorm",
+    "MultiHeadAttention",
+    "Seq2SeqTransformer",
+    "allowed_keys",
+    "asarray",
+    "attention",
+    "causal_mask",
+    "describe",
+    "rope",
+    "to_numpy",
+]

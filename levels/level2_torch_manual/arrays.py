@@ -1,0 +1,31 @@
+"""Converters between numpy and torch, the level's native array type."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+DEFAULT_DTYPE = torch.float32  # the torch levels compute in float32 unless told otherwise
+
+
+def asarray(np_array, *, device=None, dtype=None) -> torch.Tensor:
+    """A numpy array (or anything ``np.asarray`` accepts) as a torch tensor on ``device``.
+
+    Integer and boolean arrays keep their kind, so token ids stay integers and
+    masks stay boolean; ``dtype`` (default float32) applies to floating arrays only.
+    The result never shares memory with the input.
+    """
+    array = np.asarray(np_array)
+    if array.dtype.kind in "biu":
+        return torch.as_tensor(array).to(device=device, copy=True)
+    return torch.as_tensor(array).to(device=device, dtype=dtype or DEFAULT_DTYPE, copy=True)
+
+
+def to_numpy(x) -> np.ndarray:
+    """A tensor back to numpy (detached, on the CPU). bfloat16, which numpy lacks, comes back as float32."""
+    if not isinstance(x, torch.Tensor):
+        return np.asarray(x)
+    x = x.detach().cpu()
+    if x.dtype == torch.bfloat16:
+        x = x.float()
+    return x.numpy()

@@ -1,0 +1,315 @@
+"""The pieces: RoPE, feed-forward, multi-head attention and the two pre-norm blocks.
+
+Every class is built from the canonical parameter dict and registers its
+parameters under the canonical names, so ``state_dict()`` matches PyTorch's
+``nn.TransformerEncoderLayer`` / ``nn.TransformerDecoderLayer`` (``norm_first=True``).
+The attention core and the LayerNorm class come from ``self.kernels``
+(a ``Kernels``): the class attribute by default, or the ``kernels=`` argument.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..common.config import TransformerConfig
+from .kernels import LEVEL2_KERNELS, Kernels
+from .parameters import fetch, linear
+
+
+def rope(x: torch.Tensor, position_offset: int, base: float) -> torch.Tensor:
+    """Rotate adjacent feature pairs of ``x (B,H,T,Dh)`` by ``pos * base^(-2i/Dh)``.
+
+    Pair ``i`` is ``(x[2i], x[2i+1]) = (a, b)``, mapped to
+    ``(a cos - b sin, a sin + b cos)``; positions are ``position_offset + t``.
+    """
+    T, Dh = x.shape[-2], x.shape[-1]
+    # Angles in float64 on the CPU: at position 1000 a float32 angle is off by
+    # ~6e-5 rad, visible against the float64 reference. Only cos/sin are cast.
+    pos = torch.arange(position_offset, position_offset + T, dtype=torch.float64)  # (T,)
+    inv_freq = base ** (-torch.arange(0, Dh, 2, dtype=torch.float64) / Dh)  # (Dh/2,)
+    angles = pos[:, None] * inv_freq[None, :]  # (T, Dh/2)
+    cos = angles.cos().to(device=x.device, dtype=x.dtype)  # (T, Dh/2)
+    sin = angles.sin().to(device=x.device, dtype=x.dtype)  # (T, Dh/2)
+    pairs = x.unflatten(-1, (Dh // 2, 2))  # (B,H,T,Dh) -> (B,H,T,Dh/2,2)
+    a, b = pairs[..., 0], pairs[..., 1]  # (B,H,T,Dh/2) each
+    rotated = torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1)  # (B,H,T,Dh/2,2)
+    return rotated.flatten(-2)  # (B,H,T,Dh)
+
+
+def feed_forward_linears(
+    config: TransformerConfig, params, prefix: str, *, device=None, dtype=None
+) -> tuple[nn.Linear, nn.Linear]:
+    """``linear1 (F, D)`` and ``linear2 (D, F)`` from ``{prefix}linear1.*`` / ``{prefix}linear2.*``.
+
+    A block registers these two directly as ``self.linear1`` / ``self.linear2``
+    (where PyTorch keeps them), and ``FeedForward`` does the same, so both
+    share this loader and ``feed_forward`` below instead of nesting a submodule.
+    """
+    D, F_ = config.d_model, config.d_ff
+    kw = {"bias": config.bias, "device": device, "dtype": dtype}
+    return (
+        linear(params, f"{prefix}linear1.", F_, D, **kw),
+        linear(params, f"{prefix}linear2.", D, F_, **kw),
+    )
+
+
+def feed_forward(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``linear2(dropout(GELU(linear1(x))))`` with ``module``'s linears: ``(..., D) -> (..., D)``.
+
+    Exact (erf) GELU; the inner dropout is ``nn.TransformerEncoderLayer``'s and
+    acts only in training mode.
+    """
+    h = F.gelu(module.linear1(x))  # (..., D) -> (..., F)
+    h = F.dropout(h, p=module.dropout_p, training=module.training)  # (..., F)
+    return module.linear2(h)  # (..., F) -> (..., D)
+
+
+class FeedForward(nn.Module):
+    """The position-wise feed-forward network, reading ``{prefix}linear1.*`` and ``{prefix}linear2.*``."""
+
+    def __init__(
+        self, config: TransformerConfig, params, *, prefix: str = "", device=None, dtype=None
+    ):
+        super().__init__()
+        self.dropout_p = config.dropout
+        self.linear1, self.linear2 = feed_forward_linears(
+            config, params, prefix, device=device, dtype=dtype
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return feed_forward(self, x)
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention with ``nn.MultiheadAttention``'s parameters.
+
+    ``in_proj_weight (3D, D)`` holds rows ``[q; k; v]``; ``out_proj`` is a linear
+    ``(D, D)``. ``rope=True`` rotates q and k (self-attention of the models).
+    The core is ``self.kernels.attention``.
+    """
+
+    kernels: Kernels = LEVEL2_KERNELS
+
+    def __init__(
+        self,
+        config: TransformerConfig,
+        params,
+        *,
+        prefix: str = "",
+        device=None,
+        dtype=None,
+        rope: bool = False,
+        kernels: Kernels | None = None,
+    ):
+        super().__init__()
+        if kernels is not None:
+            self.kernels = kernels
+        D = config.d_model
+        self.n_heads, self.d_head = config.n_heads, config.d_head
+        self.rope_base = config.rope_base if rope else None
+        self.dropout_p = config.dropout
+        kw = {"device": device, "dtype": dtype}
+        self.in_proj_weight = fetch(params, f"{prefix}in_proj_weight", (3 * D, D), **kw)
+        if config.bias:
+            self.in_proj_bias = fetch(params, f"{prefix}in_proj_bias", (3 * D,), **kw)
+        else:
+            self.register_parameter("in_proj_bias", None)
+        self.out_proj = linear(params, f"{prefix}out_proj.", D, D, bias=config.bias, **kw)
+
+    def _project(self, x: torch.Tensor, part: int) -> torch.Tensor:
+        """Project ``x (B,L,D)`` with rows ``part`` (0 q, 1 k, 2 v) of in_proj -> ``(B,H,L,Dh)``."""
+        D = self.n_heads * self.d_head
+        rows = slice(part * D, (part + 1) * D)
+        bias = None if self.in_proj_bias is None else self.in_proj_bias[rows]
+        y = F.linear(x, self.in_proj_weight[rows], bias)  # (B,L,D) @ (D,D)^T -> (B,L,D)
+        B, L, _ = y.shape
+        return y.view(B, L, self.n_heads, self.d_head).transpose(1, 2)  # (B,L,H,Dh) -> (B,H,L,Dh)
+
+    def queries(self, x: torch.Tensor, position_offset: int = 0) -> torch.Tensor:
+        """``x (B,T,D)`` -> ``q (B,H,T,Dh)``, rotated when RoPE is on."""
+        q = self._project(x, 0)  # (B,H,T,Dh)
+        return q if self.rope_base is None else rope(q, position_offset, self.rope_base)
+
+    def keys_values(
+        self, kv: torch.Tensor, position_offset: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``kv (B,S,D)`` -> ``k, v (B,H,S,Dh)``; k rotated when RoPE is on."""
+        k, v = self._project(kv, 1), self._project(kv, 2)  # (B,H,S,Dh) each
+        if self.rope_base is not None:
+            k = rope(k, position_offset, self.rope_base)
+        return k, v
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        mask: torch.Tensor | None = None,
+        causal: bool = False,
+    ) -> torch.Tensor:
+        """Attention core over heads, heads merged, ``out_proj``: -> ``(B,T,D)``."""
+        extra = {"dropout_p": self.dropout_p} if self.training and self.dropout_p > 0 else {}
+        o = self.kernels.attention(q, k, v, causal=causal, mask=mask, **extra)  # (B,H,T,Dh)
+        B, H, T, Dh = o.shape
+        o = o.transpose(1, 2).reshape(B, T, H * Dh)  # (B,H,T,Dh) -> (B,T,H,Dh) -> (B,T,D)
+        return self.out_proj(o)  # (B,T,D)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        kv: torch.Tensor | None = None,
+        *,
+        mask: torch.Tensor | None = None,
+        causal: bool = False,
+        position_offset: int = 0,
+        cache=None,
+        index: int = 0,
+    ) -> torch.Tensor:
+        """``x (B,T,D)`` attends to ``kv (B,S,D)`` (``None``: to itself) -> ``(B,T,D)``.
+
+        ``mask`` broadcastable to ``(B,H,T,S)``, True = may attend. Queries and
+        keys are numbered from ``position_offset`` for RoPE. With ``cache``
+        (self-attention only), the new keys and values go into layer ``index``
+        of the cache and the queries attend over everything filled so far.
+        """
+        q = self.queries(x, position_offset)  # (B,H,T,Dh)
+        k, v = self.keys_values(x if kv is None else kv, position_offset)  # (B,H,S,Dh)
+        if cache is not None:
+            k, v = cache.append(index, k, v)  # (B,H,length+T,Dh)
+        return self.attend(q, k, v, mask=mask, causal=causal)
+
+
+def key_mask(valid: torch.Tensor | None) -> torch.Tensor | None:
+    """``valid (B,S)`` (True = real token) -> a key mask ``(B,1,1,S)`` broadcastable to ``(B,H,T,S)``."""
+    return None if valid is None else valid[:, None, None, :]
+
+
+class EncoderLayer(nn.Module):
+    """Pre-norm block ``x + SelfAttn(LN1(x))``, then ``x + FFN(LN2(x))``: ``(B,T,D) -> (B,T,D)``.
+
+    Also the decoder-only model's block, called with ``causal=True``. Dropout
+    (training only) follows the attention output and the FFN, as in PyTorch.
+    """
+
+    kernels: Kernels = LEVEL2_KERNELS
+
+    def __init__(
+        self,
+        config: TransformerConfig,
+        params,
+        *,
+        prefix: str = "",
+        device=None,
+        dtype=None,
+        rope: bool = False,
+        kernels: Kernels | None = None,
+    ):
+        super().__init__()
+        if kernels is not None:
+            self.kernels = kernels
+        kw = {"device": device, "dtype": dtype}
+        LN = self.kernels.layer_norm
+        self.dropout_p = config.dropout
+        self.norm1 = LN(config, params, prefix=f"{prefix}norm1.", **kw)
+        self.self_attn = MultiHeadAttention(
+            config, params, prefix=f"{prefix}self_attn.", rope=rope, kernels=self.kernels, **kw
+        )
+        self.norm2 = LN(config, params, prefix=f"{prefix}norm2.", **kw)
+        self.linear1, self.linear2 = feed_forward_linears(config, params, prefix, **kw)
+
+    def _dropout(self, x: torch.Tensor) -> torch.Tensor:
+        return F.dropout(x, p=self.dropout_p, training=self.training)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        valid: torch.Tensor | None = None,
+        causal: bool = False,
+        cache=None,
+        index: int = 0,
+    ) -> torch.Tensor:
+        """``x (B,T,D)``; ``valid (B,S)`` marks real keys (``S = T``, or cache length + T).
+
+        With ``cache``, ``x`` holds the ``T`` newest positions, which follow the
+        ``cache.length`` positions already in layer ``index`` of the cache.
+        """
+        offset = 0 if cache is None else cache.length
+        h = self.self_attn(
+            self.norm1(x),
+            mask=key_mask(valid),
+            causal=causal,
+            position_offset=offset,
+            cache=cache,
+            index=index,
+        )  # (B,T,D)
+        x = x + self._dropout(h)
+        return x + self._dropout(feed_forward(self, self.norm2(x)))  # (B,T,D)
+
+
+class DecoderLayer(EncoderLayer):
+    """Seq2seq decoder block: causal self-attention, cross-attention to ``memory``, FFN.
+
+    ``x + SelfAttn(LN1(x))``, ``x + CrossAttn(LN2(x), memory)``, ``x + FFN(LN3(x))``,
+    with ``nn.TransformerDecoderLayer``'s names (``multihead_attn``, ``norm3``).
+    """
+
+    def __init__(
+        self,
+        config: TransformerConfig,
+        params,
+        *,
+        prefix: str = "",
+        device=None,
+        dtype=None,
+        rope: bool = False,
+        kernels: Kernels | None = None,
+    ):
+        super().__init__(
+            config, params, prefix=prefix, device=device, dtype=dtype, rope=rope, kernels=kernels
+        )
+        kw = {"device": device, "dtype": dtype}
+        self.multihead_attn = MultiHeadAttention(
+            config, params, prefix=f"{prefix}multihead_attn.", kernels=self.kernels, **kw
+        )
+        self.norm3 = self.kernels.layer_norm(config, params, prefix=f"{prefix}norm3.", **kw)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor | None,
+        *,
+        valid: torch.Tensor | None = None,
+        memory_valid: torch.Tensor | None = None,
+        cache=None,
+        index: int = 0,
+    ) -> torch.Tensor:
+        """``x (B,T,D)``, ``memory (B,S,D)`` -> ``(B,T,D)``.
+
+        ``valid`` marks real target keys, ``memory_valid (B,S)`` real source keys.
+        With ``cache``, the cross-attention keys and values of ``memory`` are
+        computed on the first call and reused after (``memory`` may then be ``None``).
+        """
+        offset = 0 if cache is None else cache.length
+        h = self.self_attn(
+            self.norm1(x),
+            mask=key_mask(valid),
+            causal=True,
+            position_offset=offset,
+            cache=cache,
+            index=index,
+        )  # (B,T,D)
+        x = x + self._dropout(h)
+        cross = self.multihead_attn
+        if cache is not None and cache.cross[index] is not None:
+            k, v = cache.cross[index]  # (B,H,S,Dh) each
+        else:
+            k, v = cross.keys_values(memory)  # (B,H,S,Dh) each
+            if cache is not None:
+                cache.cross[index] = (k, v)
+        h = cross.attend(cross.queries(self.norm2(x)), k, v, mask=key_mask(memory_valid))
+        x = x + self._dropout(h)  # (B,T,D)
+        return x + self._dropout(feed_forward(self, self.norm3(x)))  # (B,T,D)
