@@ -1,0 +1,38 @@
+"""The boundary between canonical numpy arrays and level 1's arrays (also numpy).
+
+Level 1 computes in the float dtype of its arrays: float64 by default (the
+reference at sizes level 0 is too slow for), float32 when asked.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..level0_loops.convert import check_device
+
+DEFAULT_DTYPE = np.float64
+
+
+def asarray(np_array: Any, *, device: object = None, dtype: object = None) -> np.ndarray:
+    """A fresh numpy array: floats as ``dtype`` (default float64), integers as int64, bools kept."""
+    check_device(device)
+    arr = np.asarray(np_array)
+    if arr.dtype.kind == "f":
+        dtype = np.dtype(DEFAULT_DTYPE if dtype is None else dtype)
+        if dtype.kind != "f":
+            raise ValueError(f"dtype must be a floating type, got {dtype}")
+        return arr.astype(dtype)  # astype copies, so the caller's array is never aliased
+    if arr.dtype.kind in "iu":
+        return arr.astype(np.int64)
+    if arr.dtype.kind == "b":
+        return arr.copy()
+    raise TypeError(f"cannot convert an array of dtype {arr.dtype} for level 1")
+
+
+def to_numpy(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x)
+
+
+__all__ = ["asarray", "check_device", "to_numpy"]

@@ -1,0 +1,170 @@
+"""Level 1's array primitives: the functions of ``level0_loops/ops.py``, vectorised with numpy.
+
+Same names, same arguments, same results (to rounding); each loop nest of
+level 0 becomes one array expression. Shapes use B, H, T, S, D, Dh, F, V.
+The arithmetic runs in the dtype of the arrays it is given: float64 unless
+the model was built with ``dtype=np.float32``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..common import checks
+
+# ---------------------------------------------------------------- inspection
+
+
+def shape(x) -> tuple[int, ...]:
+    return tuple(np.shape(x))
+
+
+def is_bool(x) -> bool:
+    return np.asarray(x).dtype == np.bool_
+
+
+def is_integer(x) -> bool:
+    return np.asarray(x).dtype.kind in "iu"
+
+
+def value_range(x: np.ndarray) -> tuple[int, int]:
+    return int(x.min()), int(x.max())
+
+
+def every_row_has_true(valid: np.ndarray) -> bool:
+    """``valid (B, T)``: does every sequence have at least one real token?"""
+    return bool(valid.any(axis=-1).all())
+
+
+def not_equal(tokens: np.ndarray, value: int) -> np.ndarray:
+    return tokens != value  # (B, T) bool
+
+
+def all_valid(B: int, T: int) -> np.ndarray:
+    return np.ones((B, T), dtype=bool)
+
+
+# ------------------------------------------------------ reshaping and joining
+
+
+def as_column(tokens: np.ndarray) -> np.ndarray:
+    return tokens[:, None]  # (B,) -> (B, 1)
+
+
+def take_position(x: np.ndarray, t: int) -> np.ndarray:
+    return x[:, t]  # (B, T, N) -> (B, N)
+
+
+def concat(a: np.ndarray, b: np.ndarray, axis: int) -> np.ndarray:
+    return np.concatenate([a, b], axis=axis)
+
+
+def split_heads(x: np.ndarray, H: int) -> np.ndarray:
+    B, T, D = x.shape
+    # (B, T, D) -> (B, T, H, Dh) -> (B, H, T, Dh); head h owns features h*Dh .. (h+1)*Dh - 1
+    return x.reshape(B, T, H, D // H).transpose(0, 2, 1, 3)
+
+
+def merge_heads(x: np.ndarray) -> np.ndarray:
+    B, H, T, Dh = x.shape
+    # (B, H, T, Dh) -> (B, T, H, Dh) -> (B, T, D)
+    return x.transpose(0, 2, 1, 3).reshape(B, T, H * Dh)
+
+
+def key_mask(valid: np.ndarray) -> np.ndarray:
+    return valid[:, None, None, :]  # (B, S) -> (B, 1, 1, S): same for every head and query
+
+
+def zero_invalid(x: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """``x (B, T, N)`` with the vectors at padded positions replaced by exact zeros."""
+    return np.where(valid[..., None], x, x.dtype.type(0))  # valid (B, T, 1) broadcasts over N
+
+
+# ---------------------------------------------------------------- arithmetic
+
+
+def add(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    return x + y
+
+
+def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    """``x @ weight.T + bias`` as ``nn.Linear``, weight ``(Out, In)``."""
+    y = x @ weight.T  # (..., In) @ (In, Out) -> (..., Out)
+    return y if bias is None else y + bias
+
+
+def layer_norm(x: np.ndarray, weight, bias, eps: float) -> np.ndarray:
+    """``nn.LayerNorm`` over the last axis: biased variance, ``eps`` inside the square root."""
+    mean = x.mean(axis=-1, keepdims=True)  # (..., 1)
+    centred = x - mean
+    var = (centred * centred).mean(axis=-1, keepdims=True)  # (..., 1), divides by D
+    y = centred / np.sqrt(var + eps) * weight
+    return y if bias is None else y + bias
+
+
+# numpy has no erf; math.erf applied elementwise keeps GELU exact (not the tanh
+# approximation) at the price of one Python call per element, the one
+# non-vectorised step of this level.
+_erf = np.frompyfunc(math.erf, 1, 1)
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """Exact GELU, ``0.5 * x * (1 + erf(x / sqrt(2)))``."""
+    return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)).astype(x.dtype))
+
+
+def embed(table: np.ndarray, tokens: np.ndarray, scale: float) -> np.ndarray:
+    return table[tokens] * scale  # (V, D) gathered by (B, T) -> (B, T, D)
+
+
+def rope(x: np.ndarray, position_offset: int, base: float) -> np.ndarray:
+    """Rotate adjacent feature pairs of ``x (B, H, T, Dh)`` by ``pos * base^(-2i/Dh)``.
+
+    ``(a, b) -> (a cos - b sin, b cos + a sin)``; time step ``t`` is at
+    ``position_offset + t``. Angles are computed in float64, then cast.
+    """
+    T, Dh = x.shape[-2:]
+    inv_freq = base ** (-2 * np.arange(Dh // 2) / Dh)  # (Dh/2,)
+    pos = position_offset + np.arange(T)  # (T,)
+    angle = pos[:, None] * inv_freq[None, :]  # (T, 1) * (1, Dh/2) -> (T, Dh/2)
+    cos, sin = np.cos(angle).astype(x.dtype), np.sin(angle).astype(x.dtype)
+    a, b = x[..., 0::2], x[..., 1::2]  # (B, H, T, Dh/2) each: even and odd features
+    out = np.empty_like(x)
+    out[..., 0::2] = a * cos - b * sin
+    out[..., 1::2] = b * cos + a * sin
+    return out
+
+
+def attention(q, k, v, *, causal=False, mask=None, scale=None) -> np.ndarray:
+    """Scaled dot-product attention: ``q (B,H,T,Dh)``, ``k (B,H,S,Dh)``, ``v (B,H,S,Dv)`` -> ``(B,H,T,Dv)``.
+
+    ``mask`` boolean, True = may attend, broadcastable to ``(B,H,T,S)``;
+    ``causal`` bottom-right (query ``i`` sees key ``j`` iff ``j <= i + S - T``);
+    a key must pass both. A query row with no allowed key is a ``ValueError``.
+    """
+    B, H, T, S, Dh, Dv = checks.attention_dims(q.shape, k.shape, v.shape)
+    allowed = np.ones((T, S), dtype=bool)  # (T, S)
+    if causal:
+        # Lower triangle shifted right by S - T: True where j <= i + (S - T).
+        allowed = np.tri(T, S, k=checks.causal_offset(T, S), dtype=bool)  # (T, S)
+    if mask is not None:
+        checks.check_mask(np.shape(mask), is_bool(mask), (B, H, T, S))
+        allowed = allowed & mask  # broadcasts to at most (B, H, T, S)
+    if not allowed.any(axis=-1).all():
+        raise ValueError(checks.EMPTY_ROW_MESSAGE)
+    if scale is None:
+        scale = 1.0 / math.sqrt(Dh)
+
+    scores = (q @ k.swapaxes(-1, -2)) * scale  # (B,H,T,Dh) @ (B,H,Dh,S) -> (B,H,T,S)
+    # -inf gives a forbidden key weight exactly 0 after exp. It is safe only
+    # because of the check above: every row keeps a finite score, so its max is
+    # finite and no row becomes exp(-inf - -inf) = NaN.
+    scores = np.where(allowed, scores, -np.inf)  # (B,H,T,S)
+    # Subtracting the row max keeps every exp argument <= 0 (no overflow) and
+    # makes the largest term exactly 1 (no 0/0 from underflow).
+    scores = scores - scores.max(axis=-1, keepdims=True)
+    weights = np.exp(scores)
+    weights /= weights.sum(axis=-1, keepdims=True)  # (B,H,T,S), rows sum to 1
+    return weights @ v  # (B,H,T,S) @ (B,H,S,Dv) -> (B,H,T,Dv)
