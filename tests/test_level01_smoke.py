@@ -20,6 +20,10 @@ LEVELS = ("level0_loops", "level1_numpy")
 # float64 end to end on both sides; the only differences are summation order
 # and libm rounding, a few ulps amplified by at most a few dozen operations.
 TOL = dict(rtol=1e-10, atol=1e-12)
+# PyTorch's layers configured as this project's: pre-norm, exact GELU, no dropout, float64.
+TORCH_LAYER = dict(
+    dropout=0.0, activation="gelu", batch_first=True, norm_first=True, dtype=torch.float64
+)
 
 
 def level(name):
@@ -29,6 +33,12 @@ def level(name):
 def config(**overrides):
     sizes = dict(vocab_size=13, d_model=12, n_heads=3, d_ff=20, n_layers=2, max_seq_len=9)
     return levels.TransformerConfig(**(sizes | overrides))
+
+
+def setup(name, seed, kind="decoder_only", **overrides):
+    """The level module, a config and random canonical parameters (biases and norms too)."""
+    cfg = config(**overrides)
+    return level(name), cfg, levels.init_params(cfg, kind, seed, scheme="random")
 
 
 def torch_state(params, prefix):
@@ -75,9 +85,7 @@ def test_attention_empty_row_and_mask_errors(name):
 
 @pytest.mark.parametrize("name", LEVELS)
 def test_multihead_attention_matches_torch(name):
-    L = level(name)
-    cfg = config()
-    params = levels.init_params(cfg, "decoder_only", 1, scheme="random")
+    L, cfg, params = setup(name, 1)
     mha = L.MultiHeadAttention(cfg, params, prefix="layers.0.self_attn.")
     ref = torch.nn.MultiheadAttention(12, 3, batch_first=True, dtype=torch.float64)
     ref.load_state_dict(torch_state(params, "layers.0.self_attn."))
@@ -101,9 +109,7 @@ def rope_reference(x, offset, base):
 
 @pytest.mark.parametrize("name", LEVELS)
 def test_rope_self_attention_matches_reference(name):
-    L = level(name)
-    cfg = config(rope_base=50.0)  # a small base makes every pair turn visibly
-    params = levels.init_params(cfg, "decoder_only", 7, scheme="random")
+    L, cfg, params = setup(name, 7, rope_base=50.0)  # a small base makes every pair turn visibly
     mha = L.MultiHeadAttention(cfg, params, prefix="layers.0.self_attn.", rope=True)
     x = np.random.default_rng(7).normal(size=(2, 4, 12))
     got = L.to_numpy(mha(native(L, x), causal=True, position_offset=3))
@@ -123,20 +129,9 @@ def test_rope_self_attention_matches_reference(name):
 
 @pytest.mark.parametrize("name", LEVELS)
 def test_encoder_layer_matches_torch(name):
-    L = level(name)
-    cfg = config()
-    params = levels.init_params(cfg, "decoder_only", 2, scheme="random")
+    L, cfg, params = setup(name, 2)
     layer = L.EncoderLayer(cfg, params, prefix="layers.1.")
-    ref = torch.nn.TransformerEncoderLayer(
-        12,
-        3,
-        20,
-        dropout=0.0,
-        activation="gelu",
-        batch_first=True,
-        norm_first=True,
-        dtype=torch.float64,
-    ).eval()
+    ref = torch.nn.TransformerEncoderLayer(12, 3, 20, **TORCH_LAYER).eval()
     ref.load_state_dict(torch_state(params, "layers.1."))
     x = np.random.default_rng(2).normal(size=(2, 5, 12))
     valid = np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], bool)
@@ -149,22 +144,11 @@ def test_encoder_layer_matches_torch(name):
 @pytest.mark.filterwarnings("ignore:enable_nested_tensor:UserWarning")
 @pytest.mark.parametrize("name", LEVELS)
 def test_seq2seq_matches_torch_transformer(name):
-    L = level(name)
-    cfg = config(positional="none")  # nn.Transformer has no rotary positions
-    params = levels.init_params(cfg, "seq2seq", 3, scheme="random")
+    L, cfg, params = setup(
+        name, 3, "seq2seq", positional="none"
+    )  # nn.Transformer has no rotary positions
     model = L.Seq2SeqTransformer(cfg, params)
-    ref = torch.nn.Transformer(
-        12,
-        3,
-        2,
-        2,
-        20,
-        dropout=0.0,
-        activation="gelu",
-        batch_first=True,
-        norm_first=True,
-        dtype=torch.float64,
-    ).eval()
+    ref = torch.nn.Transformer(12, 3, 2, 2, 20, **TORCH_LAYER).eval()
     state = {
         k: torch.from_numpy(v) for k, v in params.items() if k.startswith(("encoder.", "decoder."))
     }

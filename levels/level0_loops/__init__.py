@@ -20,36 +20,18 @@ How it is built (docs/level0_loops.md tells the story):
 from __future__ import annotations
 
 from . import convert, ops
-from .bind import bind
+from .bind import INTERFACE, bind
 from .convert import asarray, to_numpy
 from .models import KVCache
 from .ops import attention
 
-_classes = bind(ops, convert, __name__)
-LayerNorm = _classes.LayerNorm
-FeedForward = _classes.FeedForward
-MultiHeadAttention = _classes.MultiHeadAttention
-EncoderLayer = _classes.EncoderLayer
-DecoderLayer = _classes.DecoderLayer
-DecoderOnlyTransformer = _classes.DecoderOnlyTransformer
-Seq2SeqTransformer = _classes.Seq2SeqTransformer
+# LayerNorm, FeedForward, MultiHeadAttention, EncoderLayer, DecoderLayer,
+# DecoderOnlyTransformer and Seq2SeqTransformer: the architecture computing with this level's ops.
+globals().update(bind(ops, convert, __name__))
 
 
 def describe() -> str:
     return "pure Python loops over nested lists, float64"
 
 
-__all__ = [
-    "DecoderLayer",
-    "DecoderOnlyTransformer",
-    "EncoderLayer",
-    "FeedForward",
-    "KVCache",
-    "LayerNorm",
-    "MultiHeadAttention",
-    "Seq2SeqTransformer",
-    "asarray",
-    "attention",
-    "describe",
-    "to_numpy",
-]
+__all__ = [*INTERFACE, "KVCache", "asarray", "attention", "describe", "to_numpy"]

@@ -1,6 +1,6 @@
 """Give the architecture (``pieces.py``, ``models.py``) one level's arithmetic.
 
-``bind(ops, convert, module_name)`` returns the level's classes: subclasses of
+``bind(ops, convert, module_name)`` makes the level's classes: subclasses of
 the architecture classes that only set ``ops`` (the array primitives),
 ``convert`` (the numpy converters) and ``classes`` (this same namespace, so a
 block builds children of its own level). Level 0 binds its loops, level 1
@@ -24,8 +24,14 @@ ARCHITECTURE = (
 )
 
 
-def bind(ops: ModuleType, convert: ModuleType, module_name: str) -> SimpleNamespace:
-    """The classes of ``ARCHITECTURE`` computing with ``ops``, named as members of ``module_name``."""
+INTERFACE = tuple(cls.__name__ for cls in ARCHITECTURE)
+
+
+def bind(ops: ModuleType, convert: ModuleType, module_name: str) -> dict[str, type]:
+    """The classes of ``ARCHITECTURE`` computing with ``ops``, named as members of ``module_name``.
+
+    Returns ``{name: class}``; a level's ``__init__`` puts them in its namespace.
+    """
     classes = SimpleNamespace()
     for base in ARCHITECTURE:
         bound = type(
@@ -41,4 +47,4 @@ def bind(ops: ModuleType, convert: ModuleType, module_name: str) -> SimpleNamesp
             },
         )
         setattr(classes, base.__name__, bound)
-    return classes
+    return dict(vars(classes))

@@ -52,8 +52,11 @@ class _Model(Component):
 
     kind: str
 
-    def _check_params(self, config, params) -> None:
+    def _start(self, config, params, device, dtype) -> tuple[dict, bool]:
+        """Check the whole parameter dict; return the pieces' keyword arguments and the RoPE flag."""
         check_params(params, param_shapes(config, self.kind))
+        self._setup(config, device, dtype)
+        return {"device": device, "dtype": dtype}, config.positional == "rope"
 
     def _check_ids(self, tokens: Native, ndim: int, what: str) -> tuple[int, ...]:
         """Integer token ids of ``ndim`` axes, none empty, all in ``[0, V)``; returns the shape."""
@@ -130,8 +133,12 @@ class _Model(Component):
         logits = self._decode(column, self.ops.all_valid(B, 1), cache)  # (B,1,V)
         return self.ops.take_position(logits, 0)  # (B,V)
 
-    def _to_native(self, array):
-        return self.convert.asarray(array, device=self.device)
+    def _generation_io(self) -> dict:
+        """The converters the shared greedy loop needs (it works on numpy token arrays)."""
+        return {
+            "to_native": lambda array: self.convert.asarray(array, device=self.device),
+            "to_numpy": self.convert.to_numpy,
+        }
 
 
 class DecoderOnlyTransformer(_Model):
@@ -144,10 +151,7 @@ class DecoderOnlyTransformer(_Model):
     kind = "decoder_only"
 
     def __init__(self, config, params, *, device=None, dtype=None):
-        self._check_params(config, params)
-        self._setup(config, device, dtype)
-        kw = {"device": device, "dtype": dtype}
-        rope = config.positional == "rope"
+        kw, rope = self._start(config, params, device, dtype)
         self.token_embedding = self._native(params["token_embedding.weight"])  # (V, D)
         self.layers = [
             self.classes.EncoderLayer(config, params, prefix=f"layers.{i}.", rope=rope, **kw)
@@ -180,8 +184,7 @@ class DecoderOnlyTransformer(_Model):
             prefix,
             max_new_tokens,
             use_cache=use_cache,
-            to_native=self._to_native,
-            to_numpy=self.convert.to_numpy,
+            **self._generation_io(),
         )
 
 
@@ -195,10 +198,7 @@ class Seq2SeqTransformer(_Model):
     kind = "seq2seq"
 
     def __init__(self, config, params, *, device=None, dtype=None):
-        self._check_params(config, params)
-        self._setup(config, device, dtype)
-        kw = {"device": device, "dtype": dtype}
-        rope = config.positional == "rope"
+        kw, rope = self._start(config, params, device, dtype)
         pieces = self.classes
         self.source_embedding = self._native(params["source_embedding.weight"])  # (V, D)
         self.target_embedding = self._native(params["target_embedding.weight"])  # (V, D)
@@ -265,6 +265,5 @@ class Seq2SeqTransformer(_Model):
             eos_id=config.eos_id if eos_id is None else eos_id,
             max_new_tokens=config.max_seq_len - 1 if max_new_tokens is None else max_new_tokens,
             use_cache=use_cache,
-            to_native=self._to_native,
-            to_numpy=self.convert.to_numpy,
+            **self._generation_io(),
         )

@@ -16,37 +16,19 @@ level is the reference at sizes level 0 is too slow for. Inference only:
 
 from __future__ import annotations
 
-from ..level0_loops.bind import bind
+from ..level0_loops.bind import INTERFACE, bind
 from ..level0_loops.models import KVCache
 from . import convert, ops
 from .convert import asarray, to_numpy
 from .ops import attention
 
-_classes = bind(ops, convert, __name__)
-LayerNorm = _classes.LayerNorm
-FeedForward = _classes.FeedForward
-MultiHeadAttention = _classes.MultiHeadAttention
-EncoderLayer = _classes.EncoderLayer
-DecoderLayer = _classes.DecoderLayer
-DecoderOnlyTransformer = _classes.DecoderOnlyTransformer
-Seq2SeqTransformer = _classes.Seq2SeqTransformer
+# LayerNorm, FeedForward, MultiHeadAttention, EncoderLayer, DecoderLayer,
+# DecoderOnlyTransformer and Seq2SeqTransformer: the architecture computing with this level's ops.
+globals().update(bind(ops, convert, __name__))
 
 
 def describe() -> str:
     return "numpy (vectorised), float64 by default"
 
 
-__all__ = [
-    "DecoderLayer",
-    "DecoderOnlyTransformer",
-    "EncoderLayer",
-    "FeedForward",
-    "KVCache",
-    "LayerNorm",
-    "MultiHeadAttention",
-    "Seq2SeqTransformer",
-    "asarray",
-    "attention",
-    "describe",
-    "to_numpy",
-]
+__all__ = [*INTERFACE, "KVCache", "asarray", "attention", "describe", "to_numpy"]
