@@ -1,0 +1,182 @@
+"""Attention through ``F.scaled_dot_product_attention`` with the ladder's semantics.
+
+SDPA differs from the contract (docs/conventions.md) in two places, handled here
+before the call rather than patched after it:
+
+* its ``is_causal`` is aligned top-left (``j <= i``); the ladder's is bottom-right
+  (``j <= i + S - T``). The two agree when ``T == S``, and with ``T == 1`` the
+  bottom-right rule masks nothing, so only ``1 < T < S`` needs an explicit mask;
+* a query row with no allowed key comes out of SDPA as NaN; here it is a
+  ``ValueError``, decided from the shapes and the mask before any kernel runs.
+
+Which kernel runs is SDPA's choice among the enabled backends, in PyTorch's
+priority order. ``backend=`` narrows the choice to one backend through
+``torch.nn.attention.sdpa_kernel``; ``which_backend`` reports the choice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from ..common.checks import EMPTY_ROW_MESSAGE, attention_dims, check_mask
+from ..level2_torch_manual.attention import allowed_keys, causal_mask
+
+# The names accepted by ``backend=``. On a CPU build only "flash" (a fused,
+# tiled CPU kernel) and "math" (the unfused reference) exist; "efficient"
+# (memory-efficient attention) and "cudnn" are CUDA kernels.
+BACKENDS: dict[str, SDPBackend] = {
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "math": SDPBackend.MATH,
+}
+BACKEND_CHOICES = ("auto", *BACKENDS)
+
+
+def check_backend(backend: str) -> str:
+    if backend not in BACKEND_CHOICES:
+        raise ValueError(f"backend must be one of {BACKEND_CHOICES}, got {backend!r}")
+    return backend
+
+
+def sdpa_mask(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool,
+    mask: torch.Tensor | None,
+) -> tuple[torch.Tensor | None, bool]:
+    """Translate the ladder's ``(causal, mask)`` into SDPA's ``(attn_mask, is_causal)``.
+
+    Validates shapes and the mask, and raises ``ValueError`` for a query row
+    with no allowed key, so SDPA never sees one. Returns the boolean mask to
+    pass (True = may attend, broadcastable to ``(B,H,T,S)``, or ``None``) and
+    whether to set SDPA's (top-left) ``is_causal``.
+    """
+    B, H, T, S, _, _ = attention_dims(q.shape, k.shape, v.shape)
+    if mask is not None:
+        check_mask(mask.shape, mask.dtype == torch.bool, (B, H, T, S))
+        if bool(mask.all()):
+            # A mask that hides nothing is dropped: fused kernels that take no
+            # mask at all (flash on CUDA) stay eligible, e.g. for unpadded decoding.
+            mask = None
+    if mask is not None:
+        # Padding (and maybe causal): one explicit boolean mask, checked for empty rows.
+        return allowed_keys(q, k, v, causal=causal, mask=mask), False
+    if not causal:
+        return None, False
+    if T > S:
+        raise ValueError(EMPTY_ROW_MESSAGE)  # the first T - S queries would see no key
+    if T == S:
+        return None, True  # top-left and bottom-right coincide: SDPA's fast causal path
+    if T == 1:
+        return None, False  # j <= 0 + S - 1 holds for every key: nothing to mask
+    # 1 < T < S (a chunk of queries after cached keys): an explicit (T, S) mask.
+    # torch.nn.attention.bias.causal_lower_right would avoid materialising it,
+    # but on CUDA it calls the flash / efficient kernels directly, bypassing
+    # sdpa_kernel, so `backend=` and which_backend() could not be trusted.
+    return causal_mask(T, S, device=q.device), False  # (T, S)
+
+
+def _backend_context(backend: str):
+    """``sdpa_kernel`` restricted to one backend, or no restriction for ``"auto"``.
+
+    With ``"auto"`` an enclosing ``sdpa_kernel(...)`` block chosen by the caller
+    still applies, so a whole model can be steered from outside.
+    """
+    if check_backend(backend) == "auto":
+        return contextlib.nullcontext()
+    return sdpa_kernel([BACKENDS[backend]])
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """``q (B,H,T,Dh)``, ``k (B,H,S,Dh)``, ``v (B,H,S,Dv)`` -> ``(B,H,T,Dv)`` via SDPA.
+
+    Same contract as level 2's ``attention`` (True = may attend, bottom-right
+    causal, ``ValueError`` on an empty row). ``backend`` is ``"auto"`` (SDPA
+    chooses) or one of ``BACKENDS``; a forced backend that cannot run these
+    inputs raises ``RuntimeError`` saying so. ``scale`` defaults to ``1/sqrt(Dh)``.
+    """
+    attn_mask, is_causal = sdpa_mask(q, k, v, causal=causal, mask=mask)
+    with _backend_context(backend):
+        try:
+            return F.scaled_dot_product_attention(
+                q,  # (B,H,T,Dh)
+                k,  # (B,H,S,Dh)
+                v,  # (B,H,S,Dv)
+                attn_mask=attn_mask,  # broadcastable to (B,H,T,S), True = may attend
+                dropout_p=dropout_p,
+                is_causal=is_causal,
+                scale=scale,
+            )  # (B,H,T,Dv)
+        except RuntimeError as exc:
+            if backend == "auto":
+                raise
+            raise RuntimeError(
+                f"SDPA backend {backend!r} cannot run these inputs "
+                f"({q.dtype} on {q.device}, dropout_p={dropout_p}, "
+                f"mask={'yes' if attn_mask is not None else 'no'}): {exc}"
+            ) from exc
+
+
+def _priority_order() -> list[str]:
+    """Backend names in the order SDPA tries them."""
+    try:
+        order = [SDPBackend(i) for i in torch._C._get_sdp_priority_order()]
+    except (AttributeError, TypeError, ValueError):
+        # Older builds without the query: PyTorch's documented default order.
+        order = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    names = {b: name for name, b in BACKENDS.items()}
+    return [names[b] for b in order if b in names]
+
+
+def which_backend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    backend: str = "auto",
+) -> str:
+    """The SDPA backend that ``attention`` runs for these inputs: ``"flash"``, ``"math"``, ...
+
+    Found by experiment rather than by restating PyTorch's rules: each backend,
+    in SDPA's priority order, is forced alone and the first one that accepts
+    the inputs is the one the unrestricted dispatcher picks (it applies the
+    same per-backend checks in the same order). With a forced ``backend`` the
+    answer is that backend, or ``RuntimeError`` if it cannot run. Runs the
+    attention up to once per backend, so call it to report, not in a hot loop.
+    On a CPU build "flash" means PyTorch's fused CPU kernel (tiled, online
+    softmax), not the CUDA FlashAttention library.
+    """
+    candidates = _priority_order() if check_backend(backend) == "auto" else [backend]
+    for name in candidates:
+        with warnings.catch_warnings():
+            # A backend that declines explains why in a UserWarning; we expect some to decline.
+            warnings.simplefilter("ignore", UserWarning)
+            try:
+                attention(q, k, v, causal=causal, mask=mask, dropout_p=dropout_p, backend=name)
+            except RuntimeError:
+                if backend != "auto":
+                    raise
+                continue
+        return name
+    raise RuntimeError("no SDPA backend can run these inputs (are they all disabled?)")
