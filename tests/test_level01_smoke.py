@@ -129,7 +129,7 @@ def test_rope_self_attention_matches_reference(name):
 
 @pytest.mark.parametrize("name", LEVELS)
 def test_encoder_layer_matches_torch(name):
-    L, cfg, params = setup(name, 2)
+    L, cfg, params = setup(name, 2, positional="none")  # torch's layer has no RoPE
     layer = L.EncoderLayer(cfg, params, prefix="layers.1.")
     ref = torch.nn.TransformerEncoderLayer(12, 3, 20, **TORCH_LAYER).eval()
     ref.load_state_dict(torch_state(params, "layers.1."))

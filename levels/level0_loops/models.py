@@ -52,11 +52,11 @@ class _Model(Component):
 
     kind: str
 
-    def _start(self, config, params, device, dtype) -> tuple[dict, bool]:
-        """Check the whole parameter dict; return the pieces' keyword arguments and the RoPE flag."""
+    def _start(self, config, params, device, dtype) -> dict:
+        """Check the whole parameter dict; return the pieces' keyword arguments."""
         check_params(params, param_shapes(config, self.kind))
         self._setup(config, device, dtype)
-        return {"device": device, "dtype": dtype}, config.positional == "rope"
+        return {"device": device, "dtype": dtype}
 
     def _check_ids(self, tokens: Native, ndim: int, what: str) -> tuple[int, ...]:
         """Integer token ids of ``ndim`` axes, none empty, all in ``[0, V)``; returns the shape."""
@@ -151,10 +151,10 @@ class DecoderOnlyTransformer(_Model):
     kind = "decoder_only"
 
     def __init__(self, config, params, *, device=None, dtype=None):
-        kw, rope = self._start(config, params, device, dtype)
+        kw = self._start(config, params, device, dtype)
         self.token_embedding = self._native(params["token_embedding.weight"])  # (V, D)
         self.layers = [
-            self.classes.EncoderLayer(config, params, prefix=f"layers.{i}.", rope=rope, **kw)
+            self.classes.EncoderLayer(config, params, prefix=f"layers.{i}.", **kw)
             for i in range(config.n_layers)
         ]
         self.norm = self.classes.LayerNorm(config, params, prefix="norm.", **kw)
@@ -198,18 +198,18 @@ class Seq2SeqTransformer(_Model):
     kind = "seq2seq"
 
     def __init__(self, config, params, *, device=None, dtype=None):
-        kw, rope = self._start(config, params, device, dtype)
+        kw = self._start(config, params, device, dtype)
         pieces = self.classes
         self.source_embedding = self._native(params["source_embedding.weight"])  # (V, D)
         self.target_embedding = self._native(params["target_embedding.weight"])  # (V, D)
         self.output_projection = self._native(params["output_projection.weight"])  # (V, D)
         self.encoder_layers = [
-            pieces.EncoderLayer(config, params, prefix=f"encoder.layers.{i}.", rope=rope, **kw)
+            pieces.EncoderLayer(config, params, prefix=f"encoder.layers.{i}.", **kw)
             for i in range(config.n_layers)
         ]
         self.encoder_norm = pieces.LayerNorm(config, params, prefix="encoder.norm.", **kw)
         self.decoder_layers = [
-            pieces.DecoderLayer(config, params, prefix=f"decoder.layers.{i}.", rope=rope, **kw)
+            pieces.DecoderLayer(config, params, prefix=f"decoder.layers.{i}.", **kw)
             for i in range(config.n_layers)
         ]
         self.decoder_norm = pieces.LayerNorm(config, params, prefix="decoder.norm.", **kw)

@@ -173,6 +173,8 @@ class _Block(Component):
 
     def _build_common(self, config, params, prefix, rope, device, dtype) -> None:
         self._setup(config, device, dtype)
+        if rope is None:  # a block of a RoPE model rotates its self-attention
+            rope = config.positional == "rope"
         pieces = self.classes
         kw = {"device": device, "dtype": dtype}
         self.norm1 = pieces.LayerNorm(config, params, prefix=f"{prefix}norm1.", **kw)
@@ -210,9 +212,10 @@ class EncoderLayer(_Block):
 
     ``layer(x, *, valid=None, causal=False)``: ``x (B,T,D)``, ``valid (B,T)`` -> ``(B,T,D)``.
     Reads ``{prefix}norm1``, ``self_attn``, ``norm2``, ``linear1``, ``linear2``.
+    Self-attention uses RoPE when ``config.positional == "rope"`` (``rope=`` overrides).
     """
 
-    def __init__(self, config, params, *, prefix="", rope=False, device=None, dtype=None):
+    def __init__(self, config, params, *, prefix="", rope=None, device=None, dtype=None):
         self._build_common(config, params, prefix, rope, device, dtype)
 
     def step(self, x, *, key_valid=None, causal=False, past=None, position_offset=0):
@@ -234,7 +237,7 @@ class DecoderLayer(_Block):
     ``norm2``, ``multihead_attn``, ``norm3``, ``linear1``, ``linear2``.
     """
 
-    def __init__(self, config, params, *, prefix="", rope=False, device=None, dtype=None):
+    def __init__(self, config, params, *, prefix="", rope=None, device=None, dtype=None):
         self._build_common(config, params, prefix, rope, device, dtype)
         kw = {"device": device, "dtype": dtype}
         # Cross-attention never rotates: memory positions and target positions
