@@ -220,8 +220,12 @@ class Seq2SeqTransformer(_Model):
     def _layer_inputs(self, cache, i):
         return {"cross_kv": cache.cross_kv[i], "memory_valid": cache.memory_valid}
 
-    def encode(self, src, src_valid):
-        """``src (B,S)`` ids, checked ``src_valid (B,S)`` -> memory ``(B,S,D)`` (encoder stack + final norm)."""
+    def encode(self, src, *, src_valid=None):
+        """``src (B,S)`` ids, ``src_valid (B,S)`` (default ``src != pad_id``) -> memory ``(B,S,D)``."""
+        return self._encode(src, self._check_sequence(src, src_valid, "source"))
+
+    def _encode(self, src, src_valid):
+        """The encoder stack and its final norm, on checked inputs."""
         x = self.ops.embed(self.source_embedding, src, math.sqrt(self.config.d_model))  # (B,S,D)
         for layer in self.encoder_layers:
             x = layer(x, valid=src_valid)
@@ -238,7 +242,7 @@ class Seq2SeqTransformer(_Model):
         B, B_tgt = self.ops.shape(src)[0], self.ops.shape(tgt_in)[0]
         if B != B_tgt:
             raise ValueError(f"source batch {B} != target batch {B_tgt}")
-        memory = self.encode(src, src_valid)  # (B,S,D)
+        memory = self._encode(src, src_valid)  # (B,S,D)
         cross_kv = [layer.multihead_attn.keys_values(memory) for layer in self.decoder_layers]
         cache = self._new_cache(B, cross_kv=cross_kv, memory_valid=src_valid)
         return self._decode(tgt_in, tgt_valid, cache), cache

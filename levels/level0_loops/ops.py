@@ -125,6 +125,8 @@ def zero_invalid(x: Nested, valid: Nested) -> Nested:
 
 def _on_vectors(fn: Callable[[list], list], x: Nested) -> Nested:
     """Apply ``fn`` to every vector along the last axis of ``x (..., N)``."""
+    if not isinstance(x, list):
+        raise TypeError(f"level 0 computes on nested lists (see asarray), got {type(x).__name__}")
     if isinstance(x[0], list):
         return [_on_vectors(fn, item) for item in x]
     return fn(x)

@@ -105,8 +105,10 @@ def layer_norm(x: np.ndarray, weight, bias, eps: float) -> np.ndarray:
 
 
 # numpy has no erf; math.erf applied elementwise keeps GELU exact (not the tanh
-# approximation) at the price of one Python call per element, the one
-# non-vectorised step of this level.
+# approximation) at the price of one Python call per element (~0.2 us), the one
+# non-vectorised step of this level. It is the slowest step of the FFN: at
+# B=4, T=128, D=256, F=1024 GELU takes ~110 ms against ~15 ms for linear1's
+# matmul (one BLAS thread). The faster levels use torch's vectorised erf.
 _erf = np.frompyfunc(math.erf, 1, 1)
 
 
