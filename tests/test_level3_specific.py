@@ -1,0 +1,276 @@
+"""What only level 3 has: SDPA backend choice and reporting, bottom-right causal
+alignment on top of SDPA, empty rows refused before SDPA, the static KV cache,
+and length bucketing. The shared suite runs level 3 through everything else.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
+
+from levels import TransformerConfig, init_params
+from levels import level2_torch_manual as level2
+from levels import level3_sdpa_flash as level3
+from levels.common.bucketing import make_batches, pad_batch, padding_waste
+from levels.level3_sdpa_flash.attention import sdpa_mask
+
+F64 = torch.float64
+# float64 paths differ from the reference only by summation order: ~1e-16 per
+# operation over a few dozen terms, so 1e-12 leaves a wide margin yet catches
+# any semantic slip (a wrong mask moves results by O(0.1)).
+F64_TOL = 1e-12
+# float32 flash vs math: tiled online softmax vs one-pass softmax reorder the
+# sums; errors are a few ulp (~1e-7) of O(1) outputs, so 1e-5 is loose but tight
+# enough to catch any masking or scaling error.
+F32_TOL = 1e-5
+
+
+def qkv(B, H, T, S, Dh, *, dtype=F64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, T, Dh, generator=g, dtype=dtype)
+    k = torch.randn(B, H, S, Dh, generator=g, dtype=dtype)
+    v = torch.randn(B, H, S, Dh, generator=g, dtype=dtype)
+    return q, k, v
+
+
+def explicit_bottom_right(T: int, S: int) -> torch.Tensor:
+    """(T, S) bool written with loops, independently of the code under test."""
+    m = np.zeros((T, S), dtype=bool)
+    for i in range(T):
+        for j in range(S):
+            m[i, j] = j <= i + (S - T)
+    return torch.from_numpy(m)
+
+
+def small_config(**kw) -> TransformerConfig:
+    base = dict(vocab_size=29, d_model=16, n_heads=2, d_ff=24, n_layers=2, max_seq_len=12)
+    return TransformerConfig(**(base | kw))
+
+
+# ---------------------------------------------------------------- causal alignment
+
+
+@pytest.mark.parametrize("T,S", [(1, 9), (3, 7), (5, 6), (7, 7), (2, 13)])
+def test_causal_is_bottom_right(T, S):
+    q, k, v = qkv(2, 3, T, S, 5)
+    out = level3.attention(q, k, v, causal=True)
+    # Two independent references: an explicit loop-built mask, and PyTorch's own
+    # lower-right causal bias (which level 3 does not use).
+    by_mask = F.scaled_dot_product_attention(q, k, v, attn_mask=explicit_bottom_right(T, S))
+    by_bias = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(T, S))
+    torch.testing.assert_close(out, by_mask, atol=F64_TOL, rtol=0)
+    torch.testing.assert_close(out, by_bias, atol=F64_TOL, rtol=0)
+    if 1 < T < S:
+        # SDPA's is_causal would have been wrong here: top-left hides keys that
+        # bottom-right allows, so the outputs must differ visibly.
+        top_left = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        assert (out - top_left).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("T,S", [(3, 7), (6, 6)])
+def test_causal_and_padding_mask_combine(T, S):
+    q, k, v = qkv(2, 2, T, S, 4, seed=1)
+    valid = torch.ones(2, S, dtype=torch.bool)
+    valid[0, S - 2 :] = False  # row 0 has two padded keys at the end
+    out = level3.attention(q, k, v, causal=True, mask=valid[:, None, None, :])
+    both = explicit_bottom_right(T, S) & valid[:, None, None, :]  # (B,1,T,S)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=both)
+    torch.testing.assert_close(out, ref, atol=F64_TOL, rtol=0)
+
+
+# ---------------------------------------------------------------- empty rows
+
+
+@pytest.mark.parametrize("how", ["all_masked_row", "causal_T_gt_S", "padding_hides_causal_prefix"])
+def test_empty_row_is_value_error_not_nan(how):
+    T, S = (5, 3) if how == "causal_T_gt_S" else (4, 4)
+    q, k, v = qkv(1, 2, T, S, 4)
+    mask, causal = None, how != "all_masked_row"
+    if how == "all_masked_row":
+        mask = torch.ones(1, 1, T, S, dtype=torch.bool)
+        mask[0, 0, 2] = False  # query 2 may attend nothing
+    elif how == "padding_hides_causal_prefix":
+        mask = torch.tensor([False, True, True, True])  # key 0 padded: query 0 sees nothing
+    with pytest.raises(ValueError, match="no key"):
+        level3.attention(q, k, v, causal=causal, mask=mask)
+    with pytest.raises(ValueError, match="no key"):
+        which = level3.which_backend(q, k, v, causal=causal, mask=mask)
+        pytest.fail(f"which_backend ran {which} on an empty row")
+
+
+def test_all_true_mask_is_dropped_so_fused_kernels_stay_eligible():
+    q, k, v = qkv(2, 2, 1, 9, 4)
+    ones = torch.ones(2, 1, 1, 9, dtype=torch.bool)
+    assert sdpa_mask(q, k, v, causal=True, mask=ones) == (None, False)
+    torch.testing.assert_close(
+        level3.attention(q, k, v, causal=True, mask=ones),
+        level2.attention(q, k, v, causal=True, mask=ones),
+        atol=F64_TOL,
+        rtol=0,
+    )
+
+
+# ---------------------------------------------------------------- backends
+
+
+def _dispatcher_choice(q, k, v, *, causal, mask, dropout_p) -> str:
+    """PyTorch's own answer for these inputs (its private dispatcher query)."""
+    attn_mask, is_causal = sdpa_mask(q, k, v, causal=causal, mask=mask)
+    chosen = SDPBackend(torch._fused_sdp_choice(q, k, v, attn_mask, dropout_p, is_causal))
+    return {b: n for n, b in level3.BACKENDS.items()}[chosen]
+
+
+@pytest.mark.skipif(not hasattr(torch, "_fused_sdp_choice"), reason="private query absent")
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize(
+    "causal,padded,dropout_p", [(True, False, 0.0), (False, True, 0.0), (True, False, 0.2)]
+)
+def test_which_backend_agrees_with_the_dispatcher(dtype, causal, padded, dropout_p):
+    q, k, v = qkv(2, 2, 6, 6, 8, dtype=dtype)
+    mask = None
+    if padded:
+        mask = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])[:, None, None, :]
+    reported = level3.which_backend(q, k, v, causal=causal, mask=mask, dropout_p=dropout_p)
+    assert reported == _dispatcher_choice(q, k, v, causal=causal, mask=mask, dropout_p=dropout_p)
+
+
+def test_forced_backends_report_themselves_and_agree_on_values():
+    q, k, v = qkv(2, 3, 17, 17, 8, dtype=torch.float32)
+    ref = level2.attention(q, k, v, causal=True)
+    for name in ("flash", "math"):  # the two CPU kernels
+        assert level3.which_backend(q, k, v, causal=True, backend=name) == name
+        out = level3.attention(q, k, v, causal=True, backend=name)
+        torch.testing.assert_close(out, ref, atol=F32_TOL, rtol=0)
+
+
+def test_a_backend_that_cannot_run_says_so():
+    q, k, v = qkv(1, 2, 4, 4, 8, dtype=torch.float32)  # CPU tensors: no CUDA kernel applies
+    with pytest.raises(RuntimeError, match="'efficient'"):
+        level3.attention(q, k, v, backend="efficient")
+    with pytest.raises(RuntimeError):
+        level3.which_backend(q, k, v, backend="efficient")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        level3.attention(q, k, v, backend="fastest")
+
+
+def test_model_backend_reaches_the_core_and_auto_obeys_an_enclosing_sdpa_kernel():
+    cfg = small_config()
+    params = init_params(cfg, "decoder_only", seed=0, scheme="random")
+    tokens = torch.tensor([[3, 4, 5, 6, 7], [8, 9, 10, 0, 0]])
+    auto = level3.DecoderOnlyTransformer(cfg, params)
+    math = level3.DecoderOnlyTransformer(cfg, params, backend="math")
+    torch.testing.assert_close(math(tokens), auto(tokens), atol=F32_TOL, rtol=0)
+    with pytest.raises(RuntimeError, match="'efficient'"):
+        level3.DecoderOnlyTransformer(cfg, params, backend="efficient")(tokens)
+    # "auto" adds no restriction of its own, so the caller's context decides.
+    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]), pytest.raises(RuntimeError):
+        auto(tokens)
+    assert "static KV cache" in level3.describe()
+    assert "-> math" in level3.describe("math")
+
+
+# ---------------------------------------------------------------- static KV cache
+
+
+def _model_and_tokens(seed=0):
+    cfg = small_config()
+    params = init_params(cfg, "decoder_only", seed=seed, scheme="random")
+    model = level3.DecoderOnlyTransformer(cfg, params, dtype=F64)
+    tokens = torch.randint(
+        3, cfg.vocab_size, (2, cfg.max_seq_len), generator=torch.Generator().manual_seed(seed)
+    )
+    return cfg, params, model, tokens
+
+
+def test_cache_is_allocated_once_and_written_in_place():
+    cfg, params, model, tokens = _model_and_tokens()
+    _, cache = model.prefill(tokens[:, :4])
+    assert isinstance(cache, level3.StaticKVCache)
+    assert cache.k.shape == (cfg.n_layers, 2, cfg.n_heads, cfg.max_seq_len, cfg.d_head)
+    k_ptr, v_ptr, k_buf = cache.k.data_ptr(), cache.v.data_ptr(), cache.k
+    for t in range(4, 8):
+        model.decode_step(tokens[:, t], cache)
+        assert cache.k is k_buf and cache.k.data_ptr() == k_ptr and cache.v.data_ptr() == v_ptr
+    assert cache.length == 8
+    # The filled slots hold exactly the keys and values level 2's growing cache holds.
+    ref = level2.DecoderOnlyTransformer(cfg, params, dtype=F64)
+    _, ref_cache = ref.prefill(tokens[:, :8])
+    for layer in range(cfg.n_layers):
+        torch.testing.assert_close(
+            cache.k[layer, :, :, :8], ref_cache._k[layer], atol=F64_TOL, rtol=0
+        )
+        torch.testing.assert_close(
+            cache.v[layer, :, :, :8], ref_cache._v[layer], atol=F64_TOL, rtol=0
+        )
+
+
+def test_appended_views_share_the_buffer():
+    cfg = small_config()
+    cache = level3.StaticKVCache(cfg, 2, dtype=F64)
+    k_new = torch.randn(2, cfg.n_heads, 3, cfg.d_head, dtype=F64)
+    k, v = cache.append(0, k_new, k_new)
+    assert k.untyped_storage().data_ptr() == cache.k.untyped_storage().data_ptr()
+    assert torch.equal(k, k_new) and cache.length == 0  # nothing counts until advance()
+
+
+def test_decoding_reads_only_the_filled_prefix():
+    cfg, params, model, tokens = _model_and_tokens(seed=1)
+    full = model(tokens[:, :7], valid=torch.ones(2, 7, dtype=torch.bool))  # (B,7,V)
+    _, cache = model.prefill(tokens[:, :5])
+    # Poison every slot past the filled prefix: a read there would show as NaN.
+    cache.k[:, :, :, 5:] = float("nan")
+    cache.v[:, :, :, 5:] = float("nan")
+    for t in (5, 6):
+        step = model.decode_step(tokens[:, t], cache)
+        torch.testing.assert_close(step, full[:, t], atol=F64_TOL, rtol=0)
+
+
+def test_overflow_raises_and_leaves_the_cache_bit_identical():
+    cfg, params, model, tokens = _model_and_tokens(seed=2)
+    _, cache = model.prefill(tokens[:, : cfg.max_seq_len - 1])
+    model.decode_step(tokens[:, -1], cache)  # fills the last slot
+    assert cache.length == cache.capacity == cfg.max_seq_len
+    before = (cache.k.clone(), cache.v.clone(), cache.valid.clone(), cache.length)
+    with pytest.raises(ValueError, match="overflow"):
+        model.decode_step(tokens[:, 0], cache)
+    assert torch.equal(cache.k, before[0]) and torch.equal(cache.v, before[1])
+    assert torch.equal(cache.valid, before[2]) and cache.length == before[3]
+
+
+# ---------------------------------------------------------------- bucketing
+
+
+def test_bucketing_cuts_padding_waste_of_a_long_tailed_mix():
+    rng = np.random.default_rng(0)
+    lengths = np.minimum(1 + (rng.pareto(1.5, 2000) * 20).astype(int), 1000)
+    plain = padding_waste(make_batches(lengths, batch_size=16, bucketed=False), lengths)
+    bucketed = padding_waste(make_batches(lengths, batch_size=16, bucketed=True), lengths)
+    # A heavy tail makes random batches mostly padding; sorting within pools of
+    # 50 batches should remove the bulk of it (measured: well over 10x).
+    assert plain > 1.0
+    assert bucketed < plain / 5
+
+
+def test_a_sequence_gets_the_same_logits_in_any_bucket():
+    cfg = small_config(max_seq_len=16)
+    params = init_params(cfg, "decoder_only", seed=4, scheme="random")
+    model = level3.DecoderOnlyTransformer(cfg, params, dtype=F64)
+    rng = np.random.default_rng(1)
+    seqs = [list(rng.integers(3, cfg.vocab_size, n)) for n in (2, 9, 3, 16, 8, 4)]
+    lengths = [len(s) for s in seqs]
+    alone = [
+        model(torch.tensor([seq]), valid=torch.ones(1, len(seq), dtype=torch.bool))[0]
+        for seq in seqs
+    ]  # (n_i, V) each
+    for bucketed in (True, False):
+        for batch in make_batches(lengths, batch_size=3, bucketed=bucketed, seed=0):
+            toks, valid = pad_batch([seqs[i] for i in batch], cfg.pad_id)  # (B,T) each
+            logits = model(torch.from_numpy(toks), valid=torch.from_numpy(valid))  # (B,T,V)
+            for row, i in enumerate(batch):
+                n = lengths[i]
+                torch.testing.assert_close(logits[row, :n], alone[i], atol=F64_TOL, rtol=0)
+                assert torch.all(logits[row, n:] == 0)
