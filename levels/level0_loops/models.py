@@ -128,7 +128,6 @@ class _Model(Component):
         (B,) = self._check_ids(tokens, 1, "tokens")
         if B != cache.batch:
             raise ValueError(f"decode_step got {B} tokens for a cache of batch {cache.batch}")
-        checks.check_cache_room(cache.length, 1, cache.capacity)
         column = self.ops.as_column(tokens)  # (B,1)
         logits = self._decode(column, self.ops.all_valid(B, 1), cache)  # (B,1,V)
         return self.ops.take_position(logits, 0)  # (B,V)
