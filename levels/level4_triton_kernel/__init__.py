@@ -1,0 +1,104 @@
+"""Level 4: hand-written Triton kernels for attention (forward and backward) and LayerNorm.
+
+What it adds over level 3 (which hands attention to PyTorch's fused SDPA):
+the fused kernels themselves, written out so they can be read.
+
+- ``flash_forward.py``: FlashAttention-2 forward. One program per
+  (query tile, batch*head) walks the key tiles with an online softmax
+  (running max ``m_i``, running sum ``l_i``, fp32 accumulator ``acc``), never
+  materialising the ``(T, S)`` score matrix; bottom-right causal with the key
+  tiles past the diagonal skipped; boolean masks read as stride-0 views;
+  any T, S and head widths 4..256 (padded to a power of two with masked loads).
+- ``flash_backward.py``: dQ, dK, dV recomputed from the saved log-sum-exp, a
+  ``delta = rowsum(dO * O)`` pre-pass, then one kernel per key tile (dK, dV)
+  and one per query tile (dQ): deterministic, no atomics.
+- ``layer_norm.py``: fused LayerNorm forward and backward (formula derived
+  in its docstring), with or without bias.
+- ``attention.py``: the host side: the shared checks, refusing empty query
+  rows before launch, and the ``torch.autograd.Function`` wrappers.
+- ``tiles.py``: tile sizes, autotuned on a GPU, fixed under the interpreter;
+  decoding (T <= 16 queries against a KV cache) goes through the forward kernel
+  with a 16-row query tile.
+- ``models.py``: level 2's modules with only the attention core and the
+  LayerNorm swapped (level 2's ``Kernels`` hook); no model code is repeated.
+- ``gpu_bench.py``: the GPU checks and benchmarks run by ``benchmarks/gpu_check.sh``.
+
+Without CUDA the kernels run in Triton's interpreter (numpy on the CPU, one
+program instance at a time): correct for float32 and float16, wrong for
+bfloat16, and thousands of times slower than a GPU. ``describe()`` says which
+one is in use, so nobody mistakes interpreter timings for kernel timings.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import torch
+
+if importlib.util.find_spec("triton") is None:  # levels.load turns this into a skip with the reason
+    raise ImportError("level 4 needs the 'triton' package (pip install 'attention-ladder[triton]')")
+if not torch.cuda.is_available():
+    # Triton reads TRITON_INTERPRET when a @triton.jit function is defined, and
+    # triton.language defines some (tl.sum, tl.max, ...) on import: so the
+    # interpreter is chosen here, before triton itself is imported.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+_TRITON_WAS_IMPORTED = "triton" in sys.modules
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+if (
+    os.environ.get("TRITON_INTERPRET") == "1"
+    and _TRITON_WAS_IMPORTED
+    and type(tl.sum).__name__ != "InterpretedFunction"
+):
+    raise ImportError(
+        "triton was imported before TRITON_INTERPRET=1 was set, so its built-in kernels "
+        "cannot run in the interpreter; set TRITON_INTERPRET=1 before importing triton"
+    )
+
+from ..level2_torch_manual import FeedForward, asarray, to_numpy  # noqa: E402
+from .attention import FlashAttention, attention  # noqa: E402
+from .layer_norm import FusedLayerNorm, layer_norm  # noqa: E402
+from .models import (  # noqa: E402
+    KERNELS,
+    DecoderLayer,
+    DecoderOnlyTransformer,
+    EncoderLayer,
+    LayerNorm,
+    MultiHeadAttention,
+    Seq2SeqTransformer,
+    kernel_attention,
+)
+from .tiles import Tiles, interpreting  # noqa: E402
+
+
+def describe() -> str:
+    """One line saying what computes at this level."""
+    if interpreting():
+        why = "no CUDA" if not torch.cuda.is_available() else "TRITON_INTERPRET=1, CUDA unused"
+        return f"Triton interpreter ({why}): triton {triton.__version__} kernels run by numpy on the CPU"
+    return f"Triton {triton.__version__} kernels on CUDA ({torch.cuda.get_device_name()})"
+
+
+__all__ = [
+    "KERNELS",
+    "DecoderLayer",
+    "DecoderOnlyTransformer",
+    "EncoderLayer",
+    "FeedForward",
+    "FlashAttention",
+    "FusedLayerNorm",
+    "LayerNorm",
+    "MultiHeadAttention",
+    "Seq2SeqTransformer",
+    "Tiles",
+    "asarray",
+    "attention",
+    "describe",
+    "kernel_attention",
+    "layer_norm",
+    "to_numpy",
+]

@@ -1,0 +1,307 @@
+"""Flash-attention backward: dQ, dK, dV by recomputing the probabilities tile by tile.
+
+The math
+--------
+With ``s = scale * q k^T`` (per head), ``p = softmax(s)`` row-wise and
+``o = p v``, the gradients for an incoming ``dO`` are
+
+    dV = p^T dO                      (S, Dv)
+    dP = dO v^T                      (T, S)
+    dS = p * (dP - delta[:, None])   (T, S), the softmax backward,
+         delta_i = sum_j p_ij dP_ij = sum_d dO_id o_id   (the second form is cheap)
+    dQ = scale * dS k                (T, Dh)
+    dK = scale * dS^T q              (S, Dh)
+
+Nothing of size ``T x S`` is stored between the passes: the forward saved only
+each row's log-sum-exp ``lse_i`` (base 2), so any tile of ``p`` is recomputed
+exactly as ``p_ij = exp2(s_ij * log2(e) - lse_i)``, with no running max needed.
+
+Structure: three kernels, no atomics
+------------------------------------
+1. ``_attn_bwd_delta_kernel``: ``delta = rowsum(dO * O)``, one pass over O and dO.
+2. ``_attn_bwd_dkdv_kernel``: one program per *key* tile; it keeps its dK and dV
+   tiles in registers and loops over the query tiles that can see it.
+3. ``_attn_bwd_dq_kernel``: one program per *query* tile; it keeps its dQ tile in
+   registers and loops over the key tiles it can see (the forward's loop).
+
+The alternative, one kernel per key tile that also adds its share of dQ into
+memory with atomic adds, recomputes ``p`` once instead of twice, but makes the
+result depend on the order of the atomic adds (not bitwise reproducible) and
+needs dQ zeroed and kept in fp32. Two kernels recompute ``q k^T`` twice (about
+20% more FLOPs in the backward) and in exchange every output is written once,
+deterministically, by one program. That is the clearer reference here.
+
+Both loops honour the causal bound, so tiles that lie entirely above the
+bottom-right diagonal are skipped in the backward too: a key tile starting at
+``start_n`` is seen only by queries ``i >= start_n - (S - T)``.
+Any T and S work: every load and the allowed-pair test are masked, as in the
+forward (flash_forward._allowed is shared).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .flash_forward import LOG2E, _allowed, _key_end, dot_precision, mask_strides
+from .tiles import Tiles, autotuned, head_block, launch, length_key
+
+DELTA_BLOCK_ROWS = 16  # rows of O per program in the delta pre-pass
+
+
+@triton.jit
+def _attn_bwd_delta_kernel(
+    Out,  # (R, Dv) forward output, contiguous, R = B * H * T rows
+    dOut,  # (R, Dv) incoming gradient, contiguous
+    Delta,  # (R,) fp32 out: rowsum(dO * O)
+    R,  # number of rows
+    DV,  # true value width
+    BLOCK_R: tl.constexpr,  # rows per program
+    BLOCK_DV: tl.constexpr,  # DV padded to a power of two >= 16
+):
+    offs_r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    offs_d = tl.arange(0, BLOCK_DV)
+    ok = (offs_r < R)[:, None] & (offs_d < DV)[None, :]
+    ptrs = offs_r[:, None] * DV + offs_d[None, :]
+    o = tl.load(Out + ptrs, mask=ok, other=0.0).to(tl.float32)
+    do = tl.load(dOut + ptrs, mask=ok, other=0.0).to(tl.float32)
+    tl.store(Delta + offs_r, tl.sum(o * do, 1), mask=offs_r < R)
+
+
+@triton.jit
+def _attn_bwd_dkdv_kernel(
+    Q, K, V,  # (B, H, T, Dh), (B, H, S, Dh), (B, H, S, Dv) forward inputs, any strides
+    Mask,  # (B, H, T, S) bool view; a dummy pointer unless HAS_MASK
+    dOut,  # (B, H, T, Dv) incoming gradient, contiguous
+    Lse,  # (B * H, T) fp32 log2-sum-exp2 saved by the forward
+    Delta,  # (B * H, T) fp32 rowsum(dO * O)
+    dK,  # (B, H, S, Dh) out, contiguous
+    dV,  # (B, H, S, Dv) out, contiguous
+    stride_qb, stride_qh, stride_qt, stride_qd,  # Q strides (elements)
+    stride_kb, stride_kh, stride_ks, stride_kd,  # K strides
+    stride_vb, stride_vh, stride_vs, stride_vd,  # V strides
+    stride_mb, stride_mh, stride_mt, stride_ms,  # mask strides (0 on broadcast dims)
+    H, T, S, DH, DV,  # heads, lengths and true head widths
+    scale,  # the softmax scale (natural units): dK = scale * dS^T q
+    qk_scale,  # scale * log2(e), to recompute scores in base-2 units
+    T_KEY, S_KEY,  # power-of-two buckets of T and S: the autotuner's cache key only
+    CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,  # as in the forward
+    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs
+    BLOCK_DH: tl.constexpr, BLOCK_DV: tl.constexpr,  # padded head widths
+    BLOCK_M: tl.constexpr,  # queries per loop iteration
+    BLOCK_N: tl.constexpr,  # keys per program
+):  # fmt: skip
+    start_n = tl.program_id(0) * BLOCK_N
+    pid_bh = tl.program_id(1)
+    off_b = (pid_bh // H).to(tl.int64)
+    off_h = (pid_bh % H).to(tl.int64)
+
+    offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key indices owned by this program
+    offs_m0 = tl.arange(0, BLOCK_M)
+    offs_dh = tl.arange(0, BLOCK_DH)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    key_ok = offs_n < S
+
+    # This program's keys and values stay in registers for the whole loop.
+    k = tl.load(
+        K + off_b * stride_kb + off_h * stride_kh
+        + offs_n[:, None] * stride_ks + offs_dh[None, :] * stride_kd,
+        mask=key_ok[:, None] & (offs_dh < DH)[None, :], other=0.0,
+    )  # (BLOCK_N, BLOCK_DH)  # fmt: skip
+    v = tl.load(
+        V + off_b * stride_vb + off_h * stride_vh
+        + offs_n[:, None] * stride_vs + offs_dv[None, :] * stride_vd,
+        mask=key_ok[:, None] & (offs_dv < DV)[None, :], other=0.0,
+    )  # (BLOCK_N, BLOCK_DV)  # fmt: skip
+    dk = tl.zeros([BLOCK_N, BLOCK_DH], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+
+    q_base = Q + off_b * stride_qb + off_h * stride_qh
+    do_base = dOut + pid_bh * T * DV  # dO is contiguous (B*H, T, Dv)
+    mask_base = Mask + off_b * stride_mb + off_h * stride_mh
+
+    # Causal: key j is seen only by queries i >= j - (S - T); earlier query tiles are skipped.
+    query_start = 0
+    if CAUSAL:
+        query_start = tl.maximum(0, start_n - (S - T))
+    for start_m in range(query_start, T, BLOCK_M):
+        offs_m = start_m + offs_m0
+        row_ok = offs_m < T
+        qT = tl.load(
+            q_base + offs_m[None, :] * stride_qt + offs_dh[:, None] * stride_qd,
+            mask=row_ok[None, :] & (offs_dh < DH)[:, None], other=0.0,
+        )  # (BLOCK_DH, BLOCK_M)  # fmt: skip
+        do = tl.load(
+            do_base + offs_m[:, None] * DV + offs_dv[None, :],
+            mask=row_ok[:, None] & (offs_dv < DV)[None, :], other=0.0,
+        )  # (BLOCK_M, BLOCK_DV)  # fmt: skip
+        lse = tl.load(Lse + pid_bh * T + offs_m, mask=row_ok, other=0.0)  # (BLOCK_M,)
+        delta = tl.load(Delta + pid_bh * T + offs_m, mask=row_ok, other=0.0)  # (BLOCK_M,)
+
+        # The tile transposed (keys along rows), so dK and dV need no transposes.
+        sT = tl.dot(k, qT, input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_N, BLOCK_M)
+        ok = _allowed(
+            offs_m[None, :], offs_n[:, None], T, S, mask_base, stride_mt, stride_ms,
+            CAUSAL, HAS_MASK,
+        )  # fmt: skip
+        # -inf before exp2: disallowed pairs give exactly 0 and never overflow.
+        pT = tl.math.exp2(tl.where(ok, sT - lse[None, :], float("-inf")))  # (BLOCK_N, BLOCK_M)
+        dv += tl.dot(pT.to(do.dtype), do, input_precision=DOT_PRECISION)  # (BLOCK_N, BLOCK_DV)
+        dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # (BLOCK_N, BLOCK_M)
+        dsT = pT * (dpT - delta[None, :])  # (BLOCK_N, BLOCK_M) fp32
+        dk += tl.dot(dsT.to(qT.dtype), tl.trans(qT), input_precision=DOT_PRECISION)
+
+    out_ok = key_ok[:, None]
+    dk_ptrs = dK + pid_bh * S * DH + offs_n[:, None] * DH + offs_dh[None, :]
+    dv_ptrs = dV + pid_bh * S * DV + offs_n[:, None] * DV + offs_dv[None, :]
+    tl.store(dk_ptrs, (dk * scale).to(dK.dtype.element_ty), mask=out_ok & (offs_dh < DH)[None, :])
+    tl.store(dv_ptrs, dv.to(dV.dtype.element_ty), mask=out_ok & (offs_dv < DV)[None, :])
+
+
+@triton.jit
+def _attn_bwd_dq_kernel(
+    Q, K, V,  # (B, H, T, Dh), (B, H, S, Dh), (B, H, S, Dv) forward inputs, any strides
+    Mask,  # (B, H, T, S) bool view; a dummy pointer unless HAS_MASK
+    dOut,  # (B, H, T, Dv) incoming gradient, contiguous
+    Lse,  # (B * H, T) fp32 log2-sum-exp2 saved by the forward
+    Delta,  # (B * H, T) fp32 rowsum(dO * O)
+    dQ,  # (B, H, T, Dh) out, contiguous
+    stride_qb, stride_qh, stride_qt, stride_qd,  # Q strides (elements)
+    stride_kb, stride_kh, stride_ks, stride_kd,  # K strides
+    stride_vb, stride_vh, stride_vs, stride_vd,  # V strides
+    stride_mb, stride_mh, stride_mt, stride_ms,  # mask strides (0 on broadcast dims)
+    H, T, S, DH, DV,  # heads, lengths and true head widths
+    scale,  # the softmax scale (natural units): dQ = scale * dS k
+    qk_scale,  # scale * log2(e)
+    T_KEY, S_KEY,  # power-of-two buckets of T and S: the autotuner's cache key only
+    CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,  # as in the forward
+    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs
+    BLOCK_DH: tl.constexpr, BLOCK_DV: tl.constexpr,  # padded head widths
+    BLOCK_M: tl.constexpr,  # queries per program
+    BLOCK_N: tl.constexpr,  # keys per loop iteration
+):  # fmt: skip
+    start_m = tl.program_id(0) * BLOCK_M
+    pid_bh = tl.program_id(1)
+    off_b = (pid_bh // H).to(tl.int64)
+    off_h = (pid_bh % H).to(tl.int64)
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)  # (BLOCK_M,) query indices owned by this program
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_dh = tl.arange(0, BLOCK_DH)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    row_ok = offs_m < T
+
+    q = tl.load(
+        Q + off_b * stride_qb + off_h * stride_qh
+        + offs_m[:, None] * stride_qt + offs_dh[None, :] * stride_qd,
+        mask=row_ok[:, None] & (offs_dh < DH)[None, :], other=0.0,
+    )  # (BLOCK_M, BLOCK_DH)  # fmt: skip
+    do = tl.load(
+        dOut + pid_bh * T * DV + offs_m[:, None] * DV + offs_dv[None, :],
+        mask=row_ok[:, None] & (offs_dv < DV)[None, :], other=0.0,
+    )  # (BLOCK_M, BLOCK_DV)  # fmt: skip
+    lse = tl.load(Lse + pid_bh * T + offs_m, mask=row_ok, other=0.0)  # (BLOCK_M,)
+    delta = tl.load(Delta + pid_bh * T + offs_m, mask=row_ok, other=0.0)  # (BLOCK_M,)
+    dq = tl.zeros([BLOCK_M, BLOCK_DH], dtype=tl.float32)
+
+    k_base = K + off_b * stride_kb + off_h * stride_kh
+    v_base = V + off_b * stride_vb + off_h * stride_vh
+    mask_base = Mask + off_b * stride_mb + off_h * stride_mh
+
+    key_end = _key_end(start_m, T, S, BLOCK_M, CAUSAL)  # the forward's loop bound
+    for start_n in range(0, key_end, BLOCK_N):
+        offs_n = start_n + offs_n0
+        key_ok = offs_n < S
+        kT = tl.load(
+            k_base + offs_n[None, :] * stride_ks + offs_dh[:, None] * stride_kd,
+            mask=key_ok[None, :] & (offs_dh < DH)[:, None], other=0.0,
+        )  # (BLOCK_DH, BLOCK_N)  # fmt: skip
+        vT = tl.load(
+            v_base + offs_n[None, :] * stride_vs + offs_dv[:, None] * stride_vd,
+            mask=key_ok[None, :] & (offs_dv < DV)[:, None], other=0.0,
+        )  # (BLOCK_DV, BLOCK_N)  # fmt: skip
+        s = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N)
+        ok = _allowed(
+            offs_m[:, None], offs_n[None, :], T, S, mask_base, stride_mt, stride_ms,
+            CAUSAL, HAS_MASK,
+        )  # fmt: skip
+        p = tl.math.exp2(tl.where(ok, s - lse[:, None], float("-inf")))  # (BLOCK_M, BLOCK_N)
+        dp = tl.dot(do, vT, input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N)
+        ds = p * (dp - delta[:, None])  # (BLOCK_M, BLOCK_N) fp32
+        dq += tl.dot(ds.to(kT.dtype), tl.trans(kT), input_precision=DOT_PRECISION)
+
+    dq_ptrs = dQ + pid_bh * T * DH + offs_m[:, None] * DH + offs_dh[None, :]
+    tl.store(dq_ptrs, (dq * scale).to(dQ.dtype.element_ty), mask=row_ok[:, None] & (offs_dh < DH)[None, :])  # fmt: skip
+
+
+_TUNING_KEY = ["T_KEY", "S_KEY", "BLOCK_DH", "BLOCK_DV", "CAUSAL", "HAS_MASK"]
+_dkdv_tuned = autotuned(_attn_bwd_dkdv_kernel, key=_TUNING_KEY)
+_dq_tuned = autotuned(_attn_bwd_dq_kernel, key=_TUNING_KEY)
+
+
+def flash_backward(
+    d_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    mask: torch.Tensor | None,
+    causal: bool,
+    scale: float,
+    tiles: Tiles | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients ``(dq, dk, dv)`` with the shapes and dtypes of ``q``, ``k``, ``v``.
+
+    ``out (B,H,T,Dv)`` and ``lse (B*H,T)`` are what ``flash_forward`` returned
+    for the same inputs; ``d_out (B,H,T,Dv)`` any strides.
+    """
+    B, H, T, Dh = q.shape
+    S, Dv = k.shape[2], v.shape[3]
+    d_out = d_out.contiguous()  # (B, H, T, Dv)
+    out = out.contiguous()
+    dq = torch.empty((B, H, T, Dh), device=q.device, dtype=q.dtype)
+    dk = torch.empty((B, H, S, Dh), device=k.device, dtype=k.dtype)
+    dv = torch.empty((B, H, S, Dv), device=v.device, dtype=v.dtype)
+
+    # 1. delta = rowsum(dO * O), fp32: (B*H*T,)
+    delta = torch.empty((B * H, T), device=q.device, dtype=torch.float32)
+    rows = B * H * T
+    _attn_bwd_delta_kernel[(triton.cdiv(rows, DELTA_BLOCK_ROWS),)](
+        out, d_out, delta, rows, Dv, BLOCK_R=DELTA_BLOCK_ROWS, BLOCK_DV=head_block(Dv)
+    )
+
+    shared = (
+        *q.stride(), *k.stride(), *v.stride(), *mask_strides(mask),
+        H, T, S, Dh, Dv, scale, scale * LOG2E, length_key(T), length_key(S),
+    )  # fmt: skip
+    constants = dict(
+        CAUSAL=causal,
+        HAS_MASK=mask is not None,
+        DOT_PRECISION=dot_precision(q.dtype),
+        BLOCK_DH=head_block(Dh),
+        BLOCK_DV=head_block(Dv),
+    )
+    mask_ptr = mask if mask is not None else q
+    inputs = (q, k, v, mask_ptr, d_out, lse, delta)
+
+    # 2. dK, dV: one program per key tile.
+    launch(
+        _attn_bwd_dkdv_kernel,
+        _dkdv_tuned,
+        lambda block_m, block_n: (triton.cdiv(S, block_n), B * H),
+        (*inputs, dk, dv, *shared),
+        constants,
+        tiles,
+    )
+    # 3. dQ: one program per query tile.
+    launch(
+        _attn_bwd_dq_kernel,
+        _dq_tuned,
+        lambda block_m, block_n: (triton.cdiv(T, block_m), B * H),
+        (*inputs, dq, *shared),
+        constants,
+        tiles,
+    )
+    return dq, dk, dv

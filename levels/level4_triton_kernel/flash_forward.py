@@ -1,0 +1,263 @@
+"""Flash-attention forward kernel (the FlashAttention-2 algorithm) and its launcher.
+
+Motivation
+----------
+Level 2 writes attention as four steps: ``scores = q @ k^T``, mask, softmax,
+``out = probs @ v``. Each step reads and writes a ``(B, H, T, S)`` matrix in
+memory: for T = S = 4096, H = 16, fp16 that is 512 MiB per step, against 8 MiB
+for q, k, v and the output together. The arithmetic is cheap next to moving that
+matrix, so the unfused version is bound by memory bandwidth.
+
+The fused kernel never writes the score matrix. One program owns a tile of
+``BLOCK_M`` query rows and walks over the keys ``BLOCK_N`` at a time, keeping
+the scores of only the current ``BLOCK_M x BLOCK_N`` tile in registers. The
+softmax is computed *online* (Milakov & Gimelshein 2018; Dao 2023): per query
+row it keeps
+
+* ``m_i``: the largest score seen so far (for numerical stability),
+* ``l_i``: the sum of ``exp(score - m_i)`` over the keys seen so far,
+* ``acc``: the sum of ``exp(score - m_i) * v`` over the keys seen so far,
+
+and when a new tile raises the running maximum from ``m_old`` to ``m_new`` it
+rescales ``l_i`` and ``acc`` by ``exp(m_old - m_new)``. After the last tile,
+``acc / l_i`` is exactly ``softmax(scores) @ v``. Memory traffic drops to reading
+q once and k, v once per query tile: O(T * Dh + S * Dh * T / BLOCK_M) instead of
+O(T * S).
+
+The kernel also stores each query row's log-sum-exp. The backward pass uses it to
+recompute the probabilities tile by tile instead of storing them
+(flash_backward.py).
+
+Numerics
+--------
+* Scores, ``m_i``, ``l_i`` and ``acc`` are fp32 whatever the input dtype
+  (fp16/bf16 inputs feed the tensor cores, which accumulate in fp32).
+* ``exp(x) = exp2(x * log2(e))``; exp2 is the hardware instruction, so
+  ``log2(e)`` is folded into the softmax scale once (``qk_scale``) and every
+  score, ``m_i`` and the saved log-sum-exp live in base-2 units.
+* A disallowed score is set to ``-inf``, so ``exp2`` gives exactly 0 (a large
+  negative number such as -1e9 would not be exactly 0 after a shift, and would
+  turn a fully masked row into a silent uniform average). ``-inf`` needs one
+  guard: a row whose keys so far are *all* disallowed has ``m_i = -inf``, and
+  ``-inf - (-inf)`` is NaN; the kernel subtracts 0 instead for such rows, which
+  still gives ``exp2(-inf) = 0``. A row that stays empty to the end is refused on
+  the host before launch (attention.py), so ``l_i > 0`` for every stored row.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .tiles import DECODE_MAX_T, DECODE_TILES, Tiles, autotuned, head_block, launch, length_key
+
+LOG2E = math.log2(math.e)  # exp(x) == exp2(x * LOG2E)
+
+
+@triton.jit
+def _key_end(start_m, T, S, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
+    """One past the last key that any query of the tile ``[start_m, start_m + BLOCK_M)`` may see.
+
+    Causal, bottom-right: query ``i`` may see key ``j`` iff ``j <= i + (S - T)``.
+    The tile's last query is ``start_m + BLOCK_M - 1``, so keys at or beyond
+    ``start_m + BLOCK_M + S - T`` are invisible to the whole tile and the loop
+    stops before them: those tiles are skipped, not loaded and masked.
+    """
+    end = S
+    if CAUSAL:
+        end = tl.minimum(S, start_m + BLOCK_M + S - T)
+    return end
+
+
+@triton.jit
+def _allowed(
+    qi,  # query indices, a 2-D tile broadcastable against kj: (BLOCK_M, 1) or (1, BLOCK_M)
+    kj,  # key indices: (1, BLOCK_N) or (BLOCK_N, 1)
+    T,  # number of queries; rows qi >= T are tile padding
+    S,  # number of keys; columns kj >= S are tile padding
+    mask_base,  # pointer to mask[b, h, 0, 0] (a bool view, stride 0 on broadcast dims)
+    stride_mt,  # mask stride between queries
+    stride_ms,  # mask stride between keys
+    CAUSAL: tl.constexpr,  # apply the bottom-right causal rule
+    HAS_MASK: tl.constexpr,  # read the boolean mask (True = may attend)
+):
+    """Which (query, key) pairs of a tile may attend: padding, causal rule and mask combined.
+
+    Works in either orientation (queries along rows or along columns), so the
+    forward, the dQ kernel and the transposed dK/dV kernel share one definition.
+    """
+    ok = (qi < T) & (kj < S)
+    if CAUSAL:
+        ok = ok & (kj <= qi + (S - T))
+    if HAS_MASK:
+        # A masked load: padding and causally excluded entries are not even read.
+        ok = ok & (tl.load(mask_base + qi * stride_mt + kj * stride_ms, mask=ok, other=0) != 0)
+    return ok
+
+
+@triton.jit
+def _attn_fwd_kernel(
+    Q,  # (B, H, T, Dh) queries, any strides
+    K,  # (B, H, S, Dh) keys
+    V,  # (B, H, S, Dv) values
+    Mask,  # (B, H, T, S) bool view, True = may attend; a dummy pointer unless HAS_MASK
+    Out,  # (B, H, T, Dv) output
+    Lse,  # (B * H, T) fp32 out: log2-sum-exp2 of each row's scaled scores, for the backward
+    stride_qb, stride_qh, stride_qt, stride_qd,  # Q strides (elements)
+    stride_kb, stride_kh, stride_ks, stride_kd,  # K strides
+    stride_vb, stride_vh, stride_vs, stride_vd,  # V strides
+    stride_mb, stride_mh, stride_mt, stride_ms,  # mask strides (0 on broadcast dims)
+    stride_ob, stride_oh, stride_ot, stride_od,  # Out strides
+    H,  # number of heads: program_id(1) = b * H + h
+    T,  # number of queries (any value, not a multiple of BLOCK_M)
+    S,  # number of keys (any value, not a multiple of BLOCK_N)
+    DH,  # true query/key head width
+    DV,  # true value head width
+    qk_scale,  # softmax scale * log2(e): scores come out in base-2 units
+    T_KEY,  # T rounded up to a power of two: the autotuner's cache key only
+    S_KEY,  # S rounded up likewise
+    CAUSAL: tl.constexpr,  # bottom-right causal rule, key tiles past the diagonal skipped
+    HAS_MASK: tl.constexpr,  # read Mask
+    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (no silent TF32); ignored for fp16/bf16
+    BLOCK_DH: tl.constexpr,  # DH padded to a power of two >= 16
+    BLOCK_DV: tl.constexpr,  # DV padded likewise
+    BLOCK_M: tl.constexpr,  # queries per program
+    BLOCK_N: tl.constexpr,  # keys per loop iteration
+):  # fmt: skip
+    start_m = tl.program_id(0) * BLOCK_M
+    pid_bh = tl.program_id(1)
+    # int64 offsets: b * stride_qb overflows int32 once a tensor passes 2^31 elements.
+    off_b = (pid_bh // H).to(tl.int64)
+    off_h = (pid_bh % H).to(tl.int64)
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)  # (BLOCK_M,) query indices
+    offs_n0 = tl.arange(0, BLOCK_N)  # (BLOCK_N,) key offsets inside a tile
+    offs_dh = tl.arange(0, BLOCK_DH)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    row_ok = offs_m < T
+
+    # The query tile stays in registers for the whole loop. Padded rows and
+    # padded head columns load as 0 and add nothing to the dot products.
+    q = tl.load(
+        Q + off_b * stride_qb + off_h * stride_qh
+        + offs_m[:, None] * stride_qt + offs_dh[None, :] * stride_qd,
+        mask=row_ok[:, None] & (offs_dh < DH)[None, :], other=0.0,
+    )  # (BLOCK_M, BLOCK_DH)  # fmt: skip
+
+    k_base = K + off_b * stride_kb + off_h * stride_kh
+    v_base = V + off_b * stride_vb + off_h * stride_vh
+    mask_base = Mask + off_b * stride_mb + off_h * stride_mh
+
+    # Online-softmax state, fp32, one entry per query row (base-2 units).
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max of scores
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of exp2(score - m_i)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)  # running sum of exp2(score - m_i) * v
+
+    key_end = _key_end(start_m, T, S, BLOCK_M, CAUSAL)
+    for start_n in range(0, key_end, BLOCK_N):
+        offs_n = start_n + offs_n0
+        # K^T tile, loaded transposed: (BLOCK_DH, BLOCK_N)
+        kT = tl.load(
+            k_base + offs_n[None, :] * stride_ks + offs_dh[:, None] * stride_kd,
+            mask=(offs_n < S)[None, :] & (offs_dh < DH)[:, None],
+            other=0.0,
+        )
+        s = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N) fp32
+        ok = _allowed(
+            offs_m[:, None], offs_n[None, :], T, S, mask_base, stride_mt, stride_ms,
+            CAUSAL, HAS_MASK,
+        )  # (BLOCK_M, BLOCK_N)  # fmt: skip
+        s = tl.where(ok, s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # (BLOCK_M,)
+        # Rows with no allowed key yet have m_new = -inf; shift them by 0 instead,
+        # so exp2(-inf - 0) = 0 rather than exp2(-inf + inf) = NaN.
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_shift[:, None])  # (BLOCK_M, BLOCK_N), in [0, 1]
+        alpha = tl.math.exp2(m_i - m_shift)  # rescales the old state to the new max
+        l_i = l_i * alpha + tl.sum(p, 1)
+
+        v = tl.load(
+            v_base + offs_n[:, None] * stride_vs + offs_dv[None, :] * stride_vd,
+            mask=(offs_n < S)[:, None] & (offs_dv < DV)[None, :],
+            other=0.0,
+        )  # (BLOCK_N, BLOCK_DV)
+        # p is cast to v's dtype for the tensor cores (fp16/bf16); the sum stays fp32.
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    # Every stored row has l_i > 0 (the host refused empty rows); only padded rows
+    # (offs_m >= T) may have l_i = 0, and the guard keeps them free of NaN.
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    out = acc / l_safe[:, None]  # (BLOCK_M, BLOCK_DV)
+    o_ptrs = (
+        Out
+        + off_b * stride_ob
+        + off_h * stride_oh
+        + offs_m[:, None] * stride_ot
+        + offs_dv[None, :] * stride_od
+    )
+    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_dv < DV)[None, :])
+    # log2(sum_j exp2(s_j)) = m_i + log2(l_i): the backward gets p_ij = exp2(s_ij - lse_i).
+    tl.store(Lse + pid_bh * T + offs_m, m_i + tl.math.log2(l_safe), mask=row_ok)
+
+
+_attn_fwd_tuned = autotuned(
+    _attn_fwd_kernel, key=["T_KEY", "S_KEY", "BLOCK_DH", "BLOCK_DV", "CAUSAL", "HAS_MASK"]
+)
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """fp32 inputs get exact fp32 products ("ieee"); Triton would otherwise use TF32."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def mask_strides(mask: torch.Tensor | None) -> tuple[int, int, int, int]:
+    """Strides of the (B, H, T, S) mask view; zeros when there is no mask."""
+    return tuple(mask.stride()) if mask is not None else (0, 0, 0, 0)
+
+
+def flash_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    causal: bool,
+    scale: float,
+    tiles: Tiles | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the forward kernel. Inputs are already validated (attention.py).
+
+    ``q (B,H,T,Dh)``, ``k (B,H,S,Dh)``, ``v (B,H,S,Dv)``, ``mask`` a bool
+    ``(B,H,T,S)`` view or None. Returns ``out (B,H,T,Dv)`` in q's dtype and
+    ``lse (B*H, T)`` fp32 in base-2 units. ``tiles`` pins the tile sizes
+    (default: autotuned on a GPU, fixed under the interpreter; decoding with
+    ``T <= 16`` uses ``DECODE_TILES``).
+    """
+    B, H, T, Dh = q.shape
+    S, Dv = k.shape[2], v.shape[3]
+    out = torch.empty((B, H, T, Dv), device=q.device, dtype=q.dtype)  # (B, H, T, Dv)
+    lse = torch.empty((B * H, T), device=q.device, dtype=torch.float32)  # (B*H, T)
+    if tiles is None and T <= DECODE_MAX_T:
+        tiles = DECODE_TILES
+    args = (
+        q, k, v, mask if mask is not None else q, out, lse,
+        *q.stride(), *k.stride(), *v.stride(), *mask_strides(mask), *out.stride(),
+        H, T, S, Dh, Dv, scale * LOG2E, length_key(T), length_key(S),
+    )  # fmt: skip
+    constants = dict(
+        CAUSAL=causal,
+        HAS_MASK=mask is not None,
+        DOT_PRECISION=dot_precision(q.dtype),
+        BLOCK_DH=head_block(Dh),
+        BLOCK_DV=head_block(Dv),
+    )
+
+    def grid(block_m: int, block_n: int) -> tuple[int, int]:
+        return (triton.cdiv(T, block_m), B * H)
+
+    launch(_attn_fwd_kernel, _attn_fwd_tuned, grid, args, constants, tiles)
+    return out, lse

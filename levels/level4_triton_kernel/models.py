@@ -1,0 +1,73 @@
+"""Level 4's modules: level 2's, with the attention core and LayerNorm swapped for kernels.
+
+Nothing of the architecture is repeated here. Level 2's modules read the parts
+a faster level may replace from a ``Kernels`` record (level2/kernels.py); this
+module builds level 4's record and subclasses each public module only to point
+its ``kernels`` attribute at it. Parameter loading, the checks, RoPE, the FFN,
+the KV-cache protocol, prefill / decode_step and generation are level 2's code.
+
+The KV cache stays level 2's (it concatenates). The attention kernel takes any
+strides, so a cache that hands out slices of a preallocated buffer would work
+unchanged; decoding's cost here is dominated by the interpreter on CPU and by
+the attention kernel on a GPU, not by the cache.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import level2_torch_manual as level2
+from .attention import attention
+from .layer_norm import layer_norm
+
+
+def kernel_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+) -> torch.Tensor:
+    """The ``Kernels.attention`` hook: the flash kernel, which has no attention dropout.
+
+    Level 2 passes ``dropout_p`` only in training mode with ``config.dropout > 0``;
+    rather than silently training without it, that combination is refused.
+    """
+    if dropout_p > 0.0:
+        raise NotImplementedError(
+            "level 4's attention kernel has no attention dropout; train with "
+            "config.dropout = 0.0 (the default) or use a lower level"
+        )
+    return attention(q, k, v, causal=causal, mask=mask)
+
+
+class LayerNorm(level2.LayerNorm):
+    """Level 2's LayerNorm (same parameters and state dict) computed by the fused kernel."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return layer_norm(x, self.weight, self.bias, self.eps)  # (..., D) -> (..., D)
+
+
+KERNELS = level2.Kernels(attention=kernel_attention, layer_norm=LayerNorm, kv_cache=level2.KVCache)
+
+
+class MultiHeadAttention(level2.MultiHeadAttention):
+    kernels = KERNELS
+
+
+class EncoderLayer(level2.EncoderLayer):
+    kernels = KERNELS
+
+
+class DecoderLayer(level2.DecoderLayer):
+    kernels = KERNELS
+
+
+class DecoderOnlyTransformer(level2.DecoderOnlyTransformer):
+    kernels = KERNELS
+
+
+class Seq2SeqTransformer(level2.Seq2SeqTransformer):
+    kernels = KERNELS
