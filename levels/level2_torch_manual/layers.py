@@ -192,6 +192,7 @@ class EncoderLayer(nn.Module):
 
     Also the decoder-only model's block, called with ``causal=True``. Dropout
     (training only) follows the attention output and the FFN, as in PyTorch.
+    Self-attention uses RoPE when ``config.positional == "rope"`` (``rope=`` overrides).
     """
 
     kernels: Kernels = LEVEL2_KERNELS
@@ -204,12 +205,14 @@ class EncoderLayer(nn.Module):
         prefix: str = "",
         device=None,
         dtype=None,
-        rope: bool = False,
+        rope: bool | None = None,
         kernels: Kernels | None = None,
     ):
         super().__init__()
         if kernels is not None:
             self.kernels = kernels
+        if rope is None:  # a block of a RoPE model rotates its self-attention
+            rope = config.positional == "rope"
         kw = {"device": device, "dtype": dtype}
         LN = self.kernels.layer_norm
         self.dropout_p = config.dropout
@@ -265,7 +268,7 @@ class DecoderLayer(EncoderLayer):
         prefix: str = "",
         device=None,
         dtype=None,
-        rope: bool = False,
+        rope: bool | None = None,
         kernels: Kernels | None = None,
     ):
         super().__init__(

@@ -91,12 +91,9 @@ class DecoderOnlyTransformer(nn.Module):
         self.config = config
         self.dtype = dtype or torch.float32
         kw = {"device": device, "dtype": self.dtype}
-        rope = config.positional == "rope"
         self.token_embedding = _Embedding(config, params, "token_embedding.weight", **kw)
         self.layers = nn.ModuleList(
-            EncoderLayer(
-                config, params, prefix=f"layers.{i}.", rope=rope, kernels=self.kernels, **kw
-            )
+            EncoderLayer(config, params, prefix=f"layers.{i}.", kernels=self.kernels, **kw)
             for i in range(config.n_layers)
         )
         self.norm = self.kernels.layer_norm(config, params, prefix="norm.", **kw)
@@ -182,24 +179,17 @@ class Seq2SeqTransformer(nn.Module):
         self.config = config
         self.dtype = dtype or torch.float32
         kw = {"device": device, "dtype": self.dtype, "kernels": self.kernels}
-        rope = config.positional == "rope"
         LN = self.kernels.layer_norm
         n = range(config.n_layers)
         emb = {"device": device, "dtype": self.dtype}
         self.source_embedding = _Embedding(config, params, "source_embedding.weight", **emb)
         self.target_embedding = _Embedding(config, params, "target_embedding.weight", **emb)
         self.encoder = _Stack(
-            [
-                EncoderLayer(config, params, prefix=f"encoder.layers.{i}.", rope=rope, **kw)
-                for i in n
-            ],
+            [EncoderLayer(config, params, prefix=f"encoder.layers.{i}.", **kw) for i in n],
             LN(config, params, prefix="encoder.norm.", **emb),
         )
         self.decoder = _Stack(
-            [
-                DecoderLayer(config, params, prefix=f"decoder.layers.{i}.", rope=rope, **kw)
-                for i in n
-            ],
+            [DecoderLayer(config, params, prefix=f"decoder.layers.{i}.", **kw) for i in n],
             LN(config, params, prefix="decoder.norm.", **emb),
         )
         self.output_projection = nn.Linear(
