@@ -1,0 +1,175 @@
+"""One test suite for every level: the level fixtures, the test policy and the tolerances.
+
+A test asks for ``case`` (or ``level``) and runs once per level of
+``levels.LEVELS``. A level that cannot be imported here is reported as
+SKIPPED with the reason ``levels.load`` gives, never left out silently.
+
+``case`` is further parametrised over the float dtypes the policy table below
+assigns to the level, and carries the tolerance of that dtype.
+
+Run the torch levels on a GPU with ``pytest --device cuda``; that adds the
+float16 / bfloat16 runs, held to the flash-attention rule (at most twice
+PyTorch's own error in the same dtype, both against the float64 reference).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+
+import pytest
+from _helpers import Case, Policy, Tolerance
+
+import levels
+
+# ---------------------------------------------------------------------------
+# Per-level policy: which dtypes each level is tested in, and whether its
+# shapes must stay tiny. ``dtypes`` is ordered most precise first; tests marked
+# ``best_dtype`` use only the first entry.
+# ---------------------------------------------------------------------------
+POLICY: dict[str, Policy] = {
+    # Pure Python computes in float64 only, and loops are ~1000x slower than
+    # numpy: tiny shapes.
+    "level0_loops": Policy(framework="python", cpu_dtypes=("float64",), tiny_on_cpu=True),
+    "level1_numpy": Policy(framework="numpy", cpu_dtypes=("float64", "float32")),
+    "level2_torch_manual": Policy(
+        framework="torch",
+        cpu_dtypes=("float64", "float32"),
+        cuda_dtypes=("float64", "float32", "float16", "bfloat16"),
+    ),
+    "level3_sdpa_flash": Policy(
+        framework="torch",
+        cpu_dtypes=("float64", "float32"),
+        cuda_dtypes=("float64", "float32", "float16", "bfloat16"),
+    ),
+    # On CPU the Triton kernels run in the interpreter, which simulates every
+    # program instance in numpy: slow, so tiny shapes; bfloat16 is wrong there
+    # and float16 adds nothing over the CUDA run, so float32 only.
+    "level4_triton_kernel": Policy(
+        framework="torch",
+        cpu_dtypes=("float32",),
+        cuda_dtypes=("float32", "float16", "bfloat16"),
+        tiny_on_cpu=True,
+    ),
+}
+
+# ---------------------------------------------------------------------------
+# Tolerances, llm.c style: |x - ref| <= atol + rtol * |ref|, elementwise,
+# against the float64 reference in tests/reference.py.
+# ---------------------------------------------------------------------------
+TOLERANCE: dict[str, Tolerance] = {
+    # Same maths, different summation orders (loops, BLAS blocking, fused
+    # kernels, erf implementations): a few hundred ulps (eps = 2.2e-16) of the
+    # O(1) values the models produce, through a couple of layers.
+    "float64": Tolerance(atol=1e-12, rtol=1e-12),
+    # eps = 1.2e-7; sums over D, S and F terms and two layers of LayerNorm
+    # amplify that to a few 1e-6 on O(1) logits: ~1e-5 relative.
+    "float32": Tolerance(atol=2e-5, rtol=2e-5),
+    # eps = 9.8e-4 (float16) and 7.8e-3 (bfloat16): no fixed number is honest,
+    # so the flash-attention rule applies: the level's max error may be at most
+    # twice that of PyTorch's own modules in the same dtype (plus a floor of a
+    # few ulps, for when PyTorch happens to be exact).
+    "float16": Tolerance(atol=2e-3, rtol=0.0, baseline_factor=2.0),
+    "bfloat16": Tolerance(atol=1.6e-2, rtol=0.0, baseline_factor=2.0),
+}
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--device",
+        default="cpu",
+        choices=("cpu", "cuda"),
+        help="where the torch levels run; cuda adds float16/bfloat16 (default: cpu)",
+    )
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "best_dtype: run only the level's most precise dtype")
+    config.addinivalue_line(
+        "markers", "no_lowp: no float16/bfloat16 run (no PyTorch baseline to hold it to)"
+    )
+    if config.getoption("--device") == "cpu":
+        # Triton kernels can only run on CPU in the interpreter, which must be
+        # switched on before any module defining @triton.jit kernels is imported.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def _dtypes_for(name: str, device: str, *, best_only: bool, lowp: bool) -> tuple[str, ...]:
+    dtypes = POLICY[name].dtypes(device)
+    if not lowp:
+        dtypes = tuple(d for d in dtypes if d not in ("float16", "bfloat16"))
+    return dtypes[:1] if best_only else dtypes
+
+
+def pytest_generate_tests(metafunc):
+    # The test's own arguments (fixturenames also lists fixtures they depend on).
+    wanted = set(inspect.signature(metafunc.function).parameters)
+    if not wanted & {"case", "level"}:
+        return
+    device = metafunc.config.getoption("--device")
+    best_only = "case" not in wanted or metafunc.definition.get_closest_marker("best_dtype")
+    lowp = metafunc.definition.get_closest_marker("no_lowp") is None
+    pairs, ids = [], []
+    for name in levels.LEVELS:
+        for dtype in _dtypes_for(name, device, best_only=best_only, lowp=lowp):
+            pairs.append((name, dtype))
+            ids.append(f"{name}-{dtype}" if "case" in wanted else name)
+    metafunc.parametrize("_level_dtype", pairs, ids=ids, indirect=True)
+
+
+@pytest.fixture
+def _level_dtype(request):
+    return request.param
+
+
+def load_or_skip(name: str):
+    """Import a level, or skip the test with the reason the level gives."""
+    try:
+        return levels.load(name)
+    except levels.LevelUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture
+def device(request) -> str:
+    return request.config.getoption("--device")
+
+
+@pytest.fixture
+def case(_level_dtype, device) -> Case:
+    """The level under test, in one dtype, with that dtype's tolerance."""
+    name, dtype = _level_dtype
+    module = load_or_skip(name)
+    policy = POLICY[name]
+    return Case(
+        name=name,
+        module=module,
+        dtype=dtype,
+        device=device if policy.framework == "torch" else "cpu",
+        policy=policy,
+        tolerance=TOLERANCE[dtype],
+    )
+
+
+@pytest.fixture
+def level(case) -> Case:
+    """The level under test in its most precise dtype (tests that are about behaviour)."""
+    return case
+
+
+@pytest.fixture
+def reference_level(device):
+    """Load a lower level to compare against: ``reference_level("level0_loops")``."""
+
+    def get(name: str) -> Case:
+        module = load_or_skip(name)
+        return Case(
+            name=name,
+            module=module,
+            dtype="float64",
+            device="cpu",
+            policy=POLICY[name],
+            tolerance=TOLERANCE["float64"],
+        )
+
+    return get

@@ -1,0 +1,138 @@
+"""The attention core of every level against the float64 reference.
+
+The full grid of awkward shapes runs here, on attention only (it is cheap):
+lengths T, S in {1, 7, 13, 33} with T != S, head widths Dh in {4, 8, 12, 16},
+causal on and off, no mask or a random boolean mask with no empty row.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import reference as ref
+from _helpers import random_mask
+
+LENGTHS = (1, 7, 13, 33)
+HEAD_WIDTHS = (4, 8, 12, 16)
+# Every (T, S) pair, each with a head width taken in turn, so each Dh meets
+# short and long, square and rectangular problems.
+SHAPES = [
+    (T, S, HEAD_WIDTHS[n % len(HEAD_WIDTHS)])
+    for n, (T, S) in enumerate(itertools.product(LENGTHS, LENGTHS))
+]
+
+
+def _qkv(rng, B, H, T, S, Dh, Dv=None):
+    Dv = Dh if Dv is None else Dv
+    return (
+        rng.normal(size=(B, H, T, Dh)),
+        rng.normal(size=(B, H, S, Dh)),
+        rng.normal(size=(B, H, S, Dv)),
+    )
+
+
+def _batch(case):
+    """(B, H): keep the slow levels to one batch row."""
+    return (1, 2) if case.tiny else (2, 3)
+
+
+# Causal with T > S leaves the first T - S queries without a key: that is an
+# error (test_errors), so those combinations are not generated here.
+GRID = [
+    (T, S, Dh, causal) for T, S, Dh in SHAPES for causal in (False, True) if T <= S or not causal
+]
+
+
+@pytest.mark.no_lowp
+@pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
+@pytest.mark.parametrize(
+    "T,S,Dh,causal",
+    GRID,
+    ids=[f"T{T}-S{S}-Dh{Dh}-{'causal' if c else 'full'}" for T, S, Dh, c in GRID],
+)
+def test_attention_matches_reference(case, T, S, Dh, causal, masked):
+    B, H = _batch(case)
+    rng = np.random.default_rng(1000 * T + 10 * S + Dh)
+    q, k, v = _qkv(rng, B, H, T, S, Dh)
+    mask = None
+    if masked:
+        mask = random_mask(rng, (B, H, T, S))
+        if causal:
+            # Keep every row non-empty under causality too: also allow each
+            # query the last key it can see causally, j = i + (S - T).
+            mask[..., np.arange(T), np.arange(T) + (S - T)] = True
+    expected = ref.attention(q, k, v, causal=causal, mask=mask)
+    out = case.module.attention(
+        case.arr(q),
+        case.arr(k),
+        case.arr(v),
+        causal=causal,
+        mask=None if mask is None else case.arr(mask),
+    )
+    case.assert_close(out, expected, what="attention")
+
+
+@pytest.mark.no_lowp
+def test_value_width_differs_from_head_width(case):
+    """``v`` may have its own width Dv != Dh."""
+    B, H = _batch(case)
+    rng = np.random.default_rng(7)
+    q, k, v = _qkv(rng, B, H, 5, 9, 8, Dv=12)
+    out = case.module.attention(case.arr(q), case.arr(k), case.arr(v), causal=True)
+    case.assert_close(out, ref.attention(q, k, v, causal=True), what="attention Dv=12")
+
+
+@pytest.mark.no_lowp
+def test_explicit_scale(case):
+    B, H = _batch(case)
+    rng = np.random.default_rng(8)
+    q, k, v = _qkv(rng, B, H, 6, 6, 4)
+    out = case.module.attention(case.arr(q), case.arr(k), case.arr(v), scale=0.3)
+    case.assert_close(out, ref.attention(q, k, v, scale=0.3), what="attention scale=0.3")
+
+
+MASK_SHAPES = {
+    "TS": lambda B, H, T, S: (T, S),
+    "B1TS": lambda B, H, T, S: (B, 1, T, S),
+    "1H1S": lambda B, H, T, S: (1, H, 1, S),
+    "B11S": lambda B, H, T, S: (B, 1, 1, S),
+}
+
+
+@pytest.mark.no_lowp
+@pytest.mark.parametrize("form", list(MASK_SHAPES))
+def test_broadcast_masks(case, form):
+    """Masks broadcast to (B,H,T,S) like numpy arrays, from the right."""
+    B, H = _batch(case)
+    T, S = 5, 7
+    rng = np.random.default_rng(9)
+    q, k, v = _qkv(rng, B, H, T, S, 4)
+    mask = random_mask(rng, MASK_SHAPES[form](B, H, T, S))
+    out = case.module.attention(case.arr(q), case.arr(k), case.arr(v), mask=case.arr(mask))
+    case.assert_close(out, ref.attention(q, k, v, mask=mask), what=f"attention mask {form}")
+
+
+@pytest.mark.best_dtype
+def test_causal_is_bottom_right(case):
+    """With T < S the last query sees every key and the first sees S - T + 1 of them.
+
+    Checked without the reference: causal attention must equal non-causal
+    attention with the bottom-right mask written out by hand.
+    """
+    B, H = _batch(case)
+    T, S = 3, 7
+    rng = np.random.default_rng(10)
+    q, k, v = _qkv(rng, B, H, T, S, 4)
+    by_hand = np.array(
+        [[j <= i + (S - T) for j in range(S)] for i in range(T)]
+    )  # first row: keys 0..4
+    causal = case.np(case.module.attention(case.arr(q), case.arr(k), case.arr(v), causal=True))
+    masked = case.np(
+        case.module.attention(case.arr(q), case.arr(k), case.arr(v), mask=case.arr(by_hand))
+    )
+    case.assert_close(causal, masked, what="causal vs explicit bottom-right mask")
+    # One query against a cache: causal masks nothing.
+    full = case.np(case.module.attention(case.arr(q[:, :, -1:]), case.arr(k), case.arr(v)))
+    case.assert_close(causal[:, :, -1:], full, what="last query sees every key")

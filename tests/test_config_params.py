@@ -1,0 +1,152 @@
+"""TransformerConfig validation and the canonical parameters (no level involved).
+
+``param_shapes`` must list exactly the entries of the state dicts of PyTorch's
+own modules, with the same shapes, so that weights move between this project
+and PyTorch by name.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from _helpers import TorchDecoderOnly, TorchSeq2Seq
+from torch import nn
+
+from levels import TransformerConfig, init_params, param_shapes
+from levels.common.params import check_params
+
+GOOD = dict(vocab_size=11, d_model=12, n_heads=3, d_ff=20, n_layers=2)
+
+
+def test_good_config_and_defaults():
+    config = TransformerConfig(**GOOD)
+    assert config.d_head == 4
+    # SPEC's defaults.
+    assert (config.dropout, config.bias, config.positional) == (0.0, True, "rope")
+    assert (config.rope_base, config.norm_eps, config.pad_id) == (10000.0, 1e-5, 0)
+    assert config.max_seq_len == 1024
+    with pytest.raises(AttributeError):  # frozen
+        config.d_model = 16  # type: ignore[misc]
+
+
+BAD_CONFIGS = {
+    "heads-do-not-divide": dict(d_model=12, n_heads=5),
+    "odd-head-width-with-rope": dict(d_model=12, n_heads=4),  # Dh = 3
+    "zero-vocab": dict(vocab_size=0),
+    "negative-width": dict(d_model=-12),
+    "zero-heads": dict(n_heads=0),
+    "zero-ff": dict(d_ff=0),
+    "zero-layers": dict(n_layers=0),
+    "zero-max-len": dict(max_seq_len=0),
+    "float-size": dict(d_model=12.0),
+    "bool-size": dict(n_layers=True),
+    "unknown-positional": dict(positional="sinusoidal"),
+    "dropout-one": dict(dropout=1.0),
+    "negative-eps": dict(norm_eps=-1e-5),
+    "pad-outside-vocab": dict(pad_id=11),
+}
+
+
+@pytest.mark.parametrize("bad", list(BAD_CONFIGS))
+def test_bad_config_raises(bad):
+    with pytest.raises(ValueError):
+        TransformerConfig(**(GOOD | BAD_CONFIGS[bad]))
+
+
+def test_odd_head_width_is_fine_without_rope():
+    assert TransformerConfig(**(GOOD | dict(n_heads=4, positional="none"))).d_head == 3
+
+
+# ---------------------------------------------------------------------------
+# init_params
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["decoder_only", "seq2seq"])
+@pytest.mark.parametrize("scheme", ["standard", "random"])
+def test_init_params_is_deterministic_by_seed(kind, scheme):
+    config = TransformerConfig(**GOOD)
+    a = init_params(config, kind, seed=3, scheme=scheme)
+    b = init_params(config, kind, seed=3, scheme=scheme)
+    c = init_params(config, kind, seed=4, scheme=scheme)
+    assert list(a) == list(b)
+    for name in a:
+        assert a[name].dtype == np.float64
+        assert a[name].shape == param_shapes(config, kind)[name]
+        np.testing.assert_array_equal(a[name], b[name])
+    assert any(not np.array_equal(a[n], c[n]) for n in a), "another seed must change something"
+    check_params(a, param_shapes(config, kind))
+
+
+def test_random_scheme_randomises_biases_and_norms():
+    config = TransformerConfig(**GOOD)
+    standard = init_params(config, "seq2seq", seed=0)
+    random = init_params(config, "seq2seq", seed=0, scheme="random")
+    for name in (
+        "encoder.layers.0.norm1.weight",
+        "decoder.norm.bias",
+        "encoder.layers.1.linear1.bias",
+    ):
+        trivial = 1.0 if name.endswith("norm1.weight") else 0.0
+        assert (standard[name] == trivial).all()
+        assert (random[name] != trivial).all()
+
+
+# ---------------------------------------------------------------------------
+# Names and shapes match PyTorch's modules
+# ---------------------------------------------------------------------------
+
+
+def _torch_shapes(module: nn.Module, prefix: str = "") -> dict[str, tuple[int, ...]]:
+    return {prefix + n: tuple(t.shape) for n, t in module.state_dict().items()}
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_param_shapes_match_torch_layers(bias):
+    config = TransformerConfig(**GOOD, bias=bias)
+    kw = dict(
+        d_model=config.d_model,
+        nhead=config.n_heads,
+        dim_feedforward=config.d_ff,
+        batch_first=True,
+        norm_first=True,
+        bias=bias,
+    )
+    expected: dict[str, tuple[int, ...]] = {}
+    expected["token_embedding.weight"] = (config.vocab_size, config.d_model)
+    for i in range(config.n_layers):
+        expected |= _torch_shapes(nn.TransformerEncoderLayer(**kw), f"layers.{i}.")
+    expected |= _torch_shapes(nn.LayerNorm(config.d_model, bias=bias), "norm.")
+    assert param_shapes(config, "decoder_only") == expected
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # nested tensors off with norm_first
+        transformer = nn.Transformer(num_encoder_layers=2, num_decoder_layers=2, **kw)
+    expected = _torch_shapes(transformer)
+    for name in ("source_embedding.weight", "target_embedding.weight", "output_projection.weight"):
+        expected[name] = (config.vocab_size, config.d_model)
+    assert param_shapes(config, "seq2seq") == expected
+
+
+@pytest.mark.parametrize("kind", ["decoder_only", "seq2seq"])
+def test_params_load_into_torch_by_name(kind):
+    """The whole dict loads into PyTorch's modules with strict=True (no rename, no reshape)."""
+    config = TransformerConfig(**GOOD, positional="none")
+    model = TorchDecoderOnly(config) if kind == "decoder_only" else TorchSeq2Seq(config)
+    params = init_params(config, kind, seed=0, scheme="random")
+    model.load_state_dict({n: torch.as_tensor(v) for n, v in params.items()}, strict=True)
+
+
+def test_check_params_lists_every_problem():
+    config = TransformerConfig(**GOOD)
+    params = init_params(config, "decoder_only")
+    del params["norm.bias"]
+    params["extra.weight"] = np.zeros(2)
+    params["layers.1.linear2.weight"] = np.zeros((3, 3))
+    with pytest.raises(ValueError) as info:
+        check_params(params, param_shapes(config, "decoder_only"))
+    for name in ("norm.bias", "extra.weight", "layers.1.linear2.weight"):
+        assert name in str(info.value)

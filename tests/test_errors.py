@@ -1,0 +1,262 @@
+"""Every row of the error table, at every level.
+
+Each failing call runs inside a Triton launch counter: a level must reject bad
+input *before* any kernel runs (a kernel given an out-of-range token id or an
+empty row would read out of bounds or produce NaN). Levels without kernels
+trivially launch none. Configuration errors do not involve a level and are
+tested once, in test_config_params.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+
+import numpy as np
+import pytest
+from _helpers import count_kernel_launches, random_tokens
+
+from levels import TransformerConfig, init_params
+
+
+@contextlib.contextmanager
+def raises_before_launch(exc_type, match=None):
+    """``pytest.raises`` that also asserts no Triton kernel was launched."""
+    with count_kernel_launches() as launches:
+        with pytest.raises(exc_type, match=match) as info:
+            yield info
+    assert launches[0] == 0, f"{launches[0]} kernel launch(es) before the {exc_type.__name__}"
+
+
+def tiny_config(**overrides) -> TransformerConfig:
+    base = dict(vocab_size=11, d_model=8, n_heads=2, d_ff=12, n_layers=1, max_seq_len=6)
+    return TransformerConfig(**(base | overrides))
+
+
+def _qkv(level, T=3, S=5, Dh=4, *, k_shape=None, v_shape=None):
+    rng = np.random.default_rng(0)
+    q = rng.normal(size=(1, 2, T, Dh))
+    k = rng.normal(size=k_shape or (1, 2, S, Dh))
+    v = rng.normal(size=v_shape or (1, 2, S, Dh))
+    return level.arr(q), level.arr(k), level.arr(v)
+
+
+# ---------------------------------------------------------------------------
+# Attention
+# ---------------------------------------------------------------------------
+
+BAD_SHAPES = {
+    "k-head-width": dict(k_shape=(1, 2, 5, 6)),
+    "v-length": dict(v_shape=(1, 2, 4, 4)),
+    "k-batch": dict(k_shape=(2, 2, 5, 4)),
+    "v-heads": dict(v_shape=(1, 3, 5, 4)),
+    "k-3d": dict(k_shape=(2, 5, 4)),
+}
+
+
+@pytest.mark.parametrize("bad", list(BAD_SHAPES))
+def test_mismatched_qkv_shapes(level, bad):
+    q, k, v = _qkv(level, **BAD_SHAPES[bad])
+    bad_shape = BAD_SHAPES[bad].get("k_shape") or BAD_SHAPES[bad]["v_shape"]
+    # The message names the shapes.
+    with raises_before_launch(ValueError, match=re.escape(str(bad_shape))):
+        level.module.attention(q, k, v)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int64], ids=["float", "int"])
+def test_non_boolean_mask(level, dtype):
+    q, k, v = _qkv(level)
+    mask = level.arr(np.ones((3, 5), dtype=dtype))  # all ones: only the dtype is wrong
+    with raises_before_launch(TypeError):
+        level.module.attention(q, k, v, mask=mask)
+
+
+@pytest.mark.parametrize("shape", [(4, 5), (3, 4), (2, 1, 3, 5), (1, 1, 1, 3, 5)])
+def test_mask_not_broadcastable(level, shape):
+    q, k, v = _qkv(level)
+    with raises_before_launch(ValueError, match="broadcast"):
+        level.module.attention(q, k, v, mask=level.arr(np.ones(shape, dtype=bool)))
+
+
+def test_empty_row_from_mask(level):
+    q, k, v = _qkv(level)
+    mask = np.ones((1, 2, 3, 5), dtype=bool)
+    mask[0, 1, 2, :] = False  # head 1, query 2 may attend nothing
+    with raises_before_launch(ValueError):
+        level.module.attention(q, k, v, mask=level.arr(mask))
+
+
+def test_empty_row_from_causal_with_more_queries_than_keys(level):
+    q, k, v = _qkv(level, T=5, S=3)  # bottom-right: queries 0 and 1 see no key
+    with raises_before_launch(ValueError):
+        level.module.attention(q, k, v, causal=True)
+
+
+def test_empty_row_from_causal_and_mask_together(level):
+    """Each alone leaves every row non-empty; together query 0 sees nothing."""
+    q, k, v = _qkv(level, T=3, S=3)
+    mask = np.ones((3, 3), dtype=bool)
+    mask[0, 0] = False  # query 0 loses key 0, the only key causality leaves it
+    level.module.attention(q, k, v, mask=level.arr(mask))  # fine alone
+    with raises_before_launch(ValueError):
+        level.module.attention(q, k, v, mask=level.arr(mask), causal=True)
+
+
+# ---------------------------------------------------------------------------
+# Models: tokens, validity, lengths
+# ---------------------------------------------------------------------------
+
+
+def _models(level, config):
+    dec = level.build("DecoderOnlyTransformer", config, init_params(config, "decoder_only", seed=0))
+    s2s = level.build("Seq2SeqTransformer", config, init_params(config, "seq2seq", seed=0))
+    return dec, s2s
+
+
+def test_sequence_without_valid_token(level):
+    config = tiny_config()
+    dec, s2s = _models(level, config)
+    rng = np.random.default_rng(1)
+    tokens = random_tokens(rng, config, 2, 4)
+    valid = np.ones((2, 4), dtype=bool)
+    valid[1] = False
+    ok = np.ones((2, 4), dtype=bool)
+    with raises_before_launch(ValueError):
+        dec.forward(level.arr(tokens), valid=level.arr(valid))
+    with raises_before_launch(ValueError):
+        dec.prefill(level.arr(tokens), valid=level.arr(valid))
+    with raises_before_launch(ValueError):  # the source row is all padding
+        s2s.forward(
+            level.arr(tokens),
+            level.arr(tokens),
+            src_valid=level.arr(valid),
+            tgt_valid=level.arr(ok),
+        )
+    with raises_before_launch(ValueError):  # the target row is all padding
+        s2s.forward(
+            level.arr(tokens),
+            level.arr(tokens),
+            src_valid=level.arr(ok),
+            tgt_valid=level.arr(valid),
+        )
+    # Default validity: a row of pad ids is a row without a valid token.
+    tokens[1] = config.pad_id
+    with raises_before_launch(ValueError):
+        dec.forward(level.arr(tokens))
+
+
+@pytest.mark.parametrize("bad_id", [-1, 11, 1000], ids=["negative", "V", "far"])
+def test_token_out_of_vocabulary(level, bad_id):
+    config = tiny_config()  # V = 11
+    dec, s2s = _models(level, config)
+    rng = np.random.default_rng(2)
+    good = random_tokens(rng, config, 2, 4)
+    bad = good.copy()
+    bad[1, 2] = bad_id
+    match = str(bad_id)
+    with raises_before_launch(ValueError, match=match):
+        dec.forward(level.arr(bad))
+    with raises_before_launch(ValueError, match=match):
+        dec.prefill(level.arr(bad))
+    with raises_before_launch(ValueError, match=match):
+        dec.generate(level.arr(bad), 1)
+    with raises_before_launch(ValueError, match=match):  # bad source id
+        s2s.forward(level.arr(bad), level.arr(good))
+    with raises_before_launch(ValueError, match=match):  # bad target id
+        s2s.forward(level.arr(good), level.arr(bad))
+    with raises_before_launch(ValueError, match=match):
+        s2s.generate(level.arr(bad), max_new_tokens=2)
+
+
+def test_length_over_max_seq_len(level):
+    config = tiny_config()  # max_seq_len = 6
+    dec, s2s = _models(level, config)
+    rng = np.random.default_rng(3)
+    long = random_tokens(rng, config, 1, 7)
+    short = random_tokens(rng, config, 1, 3)
+    with raises_before_launch(ValueError, match="max_seq_len"):
+        dec.forward(level.arr(long))
+    with raises_before_launch(ValueError, match="max_seq_len"):
+        dec.prefill(level.arr(long))
+    with raises_before_launch(ValueError, match="max_seq_len"):
+        dec.generate(level.arr(short), 4)  # 3 + 4 > 6
+    with raises_before_launch(ValueError, match="max_seq_len"):
+        s2s.forward(level.arr(long), level.arr(short))
+    with raises_before_launch(ValueError, match="max_seq_len"):
+        s2s.forward(level.arr(short), level.arr(long))
+
+
+# ---------------------------------------------------------------------------
+# KV cache: overflow and bad tokens leave the cache unchanged
+# ---------------------------------------------------------------------------
+
+
+def test_kv_cache_overflow_leaves_cache_unchanged(level):
+    config = tiny_config()  # capacity 6
+    dec, s2s = _models(level, config)
+    rng = np.random.default_rng(4)
+    tokens = random_tokens(rng, config, 2, 6)
+    _, cache = dec.prefill(level.arr(tokens[:, :5]))
+    dec.decode_step(level.arr(tokens[:, 5]), cache)
+    assert cache.length == 6
+    with raises_before_launch(ValueError, match="overflow"):
+        dec.decode_step(level.arr(tokens[:, 0]), cache)
+    assert cache.length == 6, "a failed decode_step must not grow the cache"
+
+    src = random_tokens(rng, config, 2, 4)
+    _, cache = s2s.prefill(level.arr(src), level.arr(tokens[:, :6]))
+    assert cache.length == 6
+    with raises_before_launch(ValueError, match="overflow"):
+        s2s.decode_step(level.arr(tokens[:, 0]), cache)
+    assert cache.length == 6
+
+
+def test_failed_decode_step_leaves_cache_usable(level):
+    """A rejected token changes nothing: the next good step gives the full-forward logits."""
+    config = tiny_config()
+    dec, s2s = _models(level, config)
+    rng = np.random.default_rng(5)
+    tokens = random_tokens(rng, config, 2, 4)
+    full = level.np(dec.forward(level.arr(tokens)))
+    _, cache = dec.prefill(level.arr(tokens[:, :3]))
+    with raises_before_launch(ValueError):
+        dec.decode_step(level.arr(np.array([1, config.vocab_size])), cache)
+    assert cache.length == 3
+    level.assert_close(
+        dec.decode_step(level.arr(tokens[:, 3]), cache), full[:, 3], what="step after failure"
+    )
+
+    src = random_tokens(rng, config, 2, 5)
+    full = level.np(s2s.forward(level.arr(src), level.arr(tokens)))
+    _, cache = s2s.prefill(level.arr(src), level.arr(tokens[:, :3]))
+    with raises_before_launch(ValueError):
+        s2s.decode_step(level.arr(np.array([-1, 1])), cache)
+    assert cache.length == 3
+    level.assert_close(
+        s2s.decode_step(level.arr(tokens[:, 3]), cache), full[:, 3], what="step after failure"
+    )
+
+
+# ---------------------------------------------------------------------------
+# Parameters
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["decoder_only", "seq2seq"])
+def test_bad_parameters_are_listed(level, kind):
+    config = tiny_config()
+    cls = "DecoderOnlyTransformer" if kind == "decoder_only" else "Seq2SeqTransformer"
+    params = init_params(config, kind, seed=0)
+    missing = "layers.0.norm2.bias" if kind == "decoder_only" else "decoder.layers.0.norm3.weight"
+    misshaped = (
+        "layers.0.linear1.weight" if kind == "decoder_only" else "encoder.layers.0.linear2.weight"
+    )
+    bad = dict(params)
+    del bad[missing]
+    bad["layers.9.surprise"] = np.zeros(3)
+    bad[misshaped] = np.zeros((5, 5))
+    with raises_before_launch(ValueError) as info:
+        level.build(cls, config, bad)
+    message = str(info.value)
+    for name in (missing, "layers.9.surprise", misshaped):
+        assert name in message, f"{name!r} not named in: {message}"

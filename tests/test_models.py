@@ -1,0 +1,179 @@
+"""Both models of every level against the float64 reference, against level 0 at
+tiny sizes and against level 1 (float64) at larger sizes; plus the torch
+levels' parameter names.
+
+Batches are right-padded with rows of different lengths, so the masks and the
+"zero logits at padding" rule are always exercised.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import reference as ref
+from _helpers import random_tokens, right_padded
+
+from levels import TransformerConfig, init_params, param_shapes
+
+pytestmark = pytest.mark.no_lowp
+
+# Two configurations per size class: RoPE with biases, and no positions without biases.
+TINY = dict(vocab_size=13, d_model=8, n_heads=2, d_ff=12, n_layers=1, max_seq_len=16)
+SMALL = dict(vocab_size=37, d_model=24, n_heads=3, d_ff=40, n_layers=2, max_seq_len=64)
+VARIANTS = {
+    "rope-bias": dict(positional="rope", bias=True),
+    "none-nobias": dict(positional="none", bias=False),
+}
+
+
+def model_config(case_or_tiny, variant="rope-bias") -> TransformerConfig:
+    tiny = case_or_tiny if isinstance(case_or_tiny, bool) else case_or_tiny.tiny
+    return TransformerConfig(**(TINY if tiny else SMALL), **VARIANTS[variant])
+
+
+def decoder_batch(config, tiny, seed=0):
+    """tokens (B,T) and valid (B,T): three rows, right-padded to lengths T, T-2, 1."""
+    rng = np.random.default_rng(seed)
+    T = 5 if tiny else 11
+    valid = right_padded([T, T - 2, 1], T)
+    return random_tokens(rng, config, 3, T, valid=valid), valid
+
+
+def seq2seq_batch(config, tiny, seed=0):
+    """src (B,S), tgt (B,T) and their valid masks; S != T, rows right-padded."""
+    rng = np.random.default_rng(seed)
+    S, T = (6, 4) if tiny else (13, 9)
+    src_valid = right_padded([S, 2, S - 1], S)
+    tgt_valid = right_padded([T - 1, T, 1], T)
+    src = random_tokens(rng, config, 3, S, valid=src_valid)
+    tgt = random_tokens(rng, config, 3, T, valid=tgt_valid)
+    return src, tgt, src_valid, tgt_valid
+
+
+def run_decoder_only(case, config, params, tokens, valid=None):
+    model = case.build("DecoderOnlyTransformer", config, params)
+    kwargs = {} if valid is None else {"valid": case.arr(valid)}
+    return case.np(model.forward(case.arr(tokens), **kwargs))
+
+
+def run_seq2seq(case, config, params, src, tgt, src_valid=None, tgt_valid=None):
+    model = case.build("Seq2SeqTransformer", config, params)
+    kwargs = {}
+    if src_valid is not None:
+        kwargs = {"src_valid": case.arr(src_valid), "tgt_valid": case.arr(tgt_valid)}
+    return case.np(model.forward(case.arr(src), case.arr(tgt), **kwargs))
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_decoder_only_matches_reference(case, variant):
+    config = model_config(case, variant)
+    params = init_params(config, "decoder_only", seed=11, scheme="random")
+    tokens, valid = decoder_batch(config, case.tiny)
+    out = run_decoder_only(case, config, params, tokens, valid)
+    expected = ref.decoder_only_forward(config, params, tokens, valid=valid)
+    case.assert_close(out, expected, what=f"decoder-only logits ({variant})")
+    assert (out[~valid] == 0).all(), "logits at padded positions must be exactly zero"
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_seq2seq_matches_reference(case, variant):
+    config = model_config(case, variant)
+    params = init_params(config, "seq2seq", seed=12, scheme="random")
+    src, tgt, src_valid, tgt_valid = seq2seq_batch(config, case.tiny)
+    out = run_seq2seq(case, config, params, src, tgt, src_valid, tgt_valid)
+    expected = ref.seq2seq_forward(
+        config, params, src, tgt, src_valid=src_valid, tgt_valid=tgt_valid
+    )
+    case.assert_close(out, expected, what=f"seq2seq logits ({variant})")
+    assert (out[~tgt_valid] == 0).all(), "logits at padded target positions must be exactly zero"
+
+
+@pytest.mark.best_dtype
+def test_valid_defaults_to_tokens_not_pad(case):
+    """Without ``valid``, padding is wherever the token is ``pad_id``."""
+    config = model_config(case)
+    params = init_params(config, "decoder_only", seed=13, scheme="random")
+    tokens, valid = decoder_batch(config, case.tiny, seed=3)
+    out = run_decoder_only(case, config, params, tokens)
+    expected = ref.decoder_only_forward(config, params, tokens, valid=valid)
+    case.assert_close(out, expected, what="decoder-only logits, default valid")
+
+    params = init_params(config, "seq2seq", seed=14, scheme="random")
+    src, tgt, src_valid, tgt_valid = seq2seq_batch(config, case.tiny, seed=4)
+    out = run_seq2seq(case, config, params, src, tgt)
+    expected = ref.seq2seq_forward(
+        config, params, src, tgt, src_valid=src_valid, tgt_valid=tgt_valid
+    )
+    case.assert_close(out, expected, what="seq2seq logits, default valid")
+
+
+# ---------------------------------------------------------------------------
+# Against the lower levels: SPEC makes level 0 the exact reference at small
+# sizes and level 1 on float64 the reference at larger sizes.
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["decoder_only", "seq2seq"])
+def test_matches_level0_at_tiny_sizes(case, reference_level, kind):
+    if case.name == "level0_loops":
+        pytest.skip("level 0 is the reference here")
+    base = reference_level("level0_loops")
+    config = model_config(True)
+    params = init_params(config, kind, seed=21, scheme="random")
+    if kind == "decoder_only":
+        tokens, valid = decoder_batch(config, True, seed=5)
+        out = run_decoder_only(case, config, params, tokens, valid)
+        expected = run_decoder_only(base, config, params, tokens, valid)
+    else:
+        src, tgt, src_valid, tgt_valid = seq2seq_batch(config, True, seed=6)
+        out = run_seq2seq(case, config, params, src, tgt, src_valid, tgt_valid)
+        expected = run_seq2seq(base, config, params, src, tgt, src_valid, tgt_valid)
+    case.assert_close(out, expected, what=f"{kind} logits vs level0_loops")
+
+
+@pytest.mark.parametrize("kind", ["decoder_only", "seq2seq"])
+def test_matches_level1_float64_at_larger_sizes(case, reference_level, kind):
+    if case.name == "level1_numpy":
+        pytest.skip("level 1 is the reference here")
+    if case.tiny:
+        pytest.skip(f"{case.name} runs tiny shapes only here; it meets level 1 via level 0")
+    base = reference_level("level1_numpy")
+    config = TransformerConfig(
+        vocab_size=50, d_model=32, n_heads=4, d_ff=64, n_layers=2, max_seq_len=64
+    )
+    params = init_params(config, kind, seed=22, scheme="random")
+    rng = np.random.default_rng(7)
+    if kind == "decoder_only":
+        valid = right_padded([24, 17, 9, 1], 24)
+        tokens = random_tokens(rng, config, 4, 24, valid=valid)
+        out = run_decoder_only(case, config, params, tokens, valid)
+        expected = run_decoder_only(base, config, params, tokens, valid)
+    else:
+        src_valid = right_padded([21, 5, 14], 21)
+        tgt_valid = right_padded([15, 15, 2], 15)
+        src = random_tokens(rng, config, 3, 21, valid=src_valid)
+        tgt = random_tokens(rng, config, 3, 15, valid=tgt_valid)
+        out = run_seq2seq(case, config, params, src, tgt, src_valid, tgt_valid)
+        expected = run_seq2seq(base, config, params, src, tgt, src_valid, tgt_valid)
+    case.assert_close(out, expected, what=f"{kind} logits vs level1_numpy float64")
+
+
+# ---------------------------------------------------------------------------
+# Torch levels: state_dict() uses the canonical names, so weights move by name.
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.best_dtype
+@pytest.mark.parametrize("kind", ["decoder_only", "seq2seq"])
+def test_state_dict_uses_canonical_names(case, kind):
+    if not case.is_torch:
+        pytest.skip(f"{case.name} is not an nn.Module level")
+    # RoPE on: cos/sin tables or causal masks kept as buffers must not leak in.
+    config = model_config(case, "rope-bias")
+    params = init_params(config, kind, seed=23, scheme="random")
+    cls = "DecoderOnlyTransformer" if kind == "decoder_only" else "Seq2SeqTransformer"
+    model = case.build(cls, config, params)
+    state = {k: v.detach().cpu().double().numpy() for k, v in model.state_dict().items()}
+    assert set(state) == set(param_shapes(config, kind))
+    for name, value in params.items():
+        case.assert_close(state[name], value, what=f"state_dict[{name!r}]")

@@ -1,0 +1,166 @@
+"""Each piece of every level (LayerNorm, FeedForward, MultiHeadAttention,
+EncoderLayer, DecoderLayer) against the float64 reference.
+
+Parameters come from ``init_params(..., scheme="random")`` so biases and norm
+parameters are not the trivial 0 / 1 a forgotten term would also produce.
+Pieces are built from the full seq2seq dict with a prefix, as the models build them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import reference as ref
+from _helpers import random_mask, right_padded
+
+from levels import TransformerConfig, init_params
+
+pytestmark = pytest.mark.no_lowp
+
+
+def piece_config(case, *, bias=True, positional="rope") -> TransformerConfig:
+    """Dh = 4 for the slow levels, an awkward Dh = 6 elsewhere."""
+    if case.tiny:
+        return TransformerConfig(
+            vocab_size=11,
+            d_model=8,
+            n_heads=2,
+            d_ff=12,
+            n_layers=1,
+            bias=bias,
+            positional=positional,
+        )
+    return TransformerConfig(
+        vocab_size=11, d_model=18, n_heads=3, d_ff=28, n_layers=1, bias=bias, positional=positional
+    )
+
+
+def _sizes(case):
+    """(B, T, S): one odd-length batch of two, T != S."""
+    return (2, 3, 5) if case.tiny else (2, 7, 13)
+
+
+BIAS = pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+
+
+@BIAS
+def test_layer_norm(case, bias):
+    config = piece_config(case, bias=bias)
+    params = init_params(config, "seq2seq", seed=1, scheme="random")
+    rng = np.random.default_rng(0)
+    B, T, _ = _sizes(case)
+    # An offset and a spread far from 0 / 1, so mean and variance both matter.
+    x = 3.0 + 2.5 * rng.normal(size=(B, T, config.d_model))
+    ln = case.build("LayerNorm", config, params, prefix="encoder.norm.")
+    expected = ref.layer_norm(
+        x, params["encoder.norm.weight"], params.get("encoder.norm.bias"), config.norm_eps
+    )
+    case.assert_close(ln(case.arr(x)), expected, what="LayerNorm")
+
+
+@BIAS
+def test_feed_forward(case, bias):
+    config = piece_config(case, bias=bias)
+    params = init_params(config, "seq2seq", seed=2, scheme="random")
+    rng = np.random.default_rng(1)
+    B, T, _ = _sizes(case)
+    x = rng.normal(size=(B, T, config.d_model))
+    prefix = "decoder.layers.0."
+    ff = case.build("FeedForward", config, params, prefix=prefix)
+    case.assert_close(ff(case.arr(x)), ref.feed_forward(params, prefix, x), what="FeedForward")
+
+
+MHA_CASES = {
+    # name: (cross, causal, masked, rope, position_offset)
+    "self": (False, False, False, False, 0),
+    "self-causal-rope": (False, True, False, True, 0),
+    "self-rope-offset": (False, True, False, True, 5),
+    "self-mask": (False, False, True, False, 0),
+    "cross-mask": (True, False, True, False, 0),
+}
+
+
+@BIAS
+@pytest.mark.parametrize("kind", list(MHA_CASES))
+def test_multi_head_attention(case, kind, bias):
+    cross, causal, masked, rope, offset = MHA_CASES[kind]
+    config = piece_config(case, bias=bias)
+    params = init_params(config, "seq2seq", seed=3, scheme="random")
+    rng = np.random.default_rng(2)
+    B, T, S = _sizes(case)
+    S = S if cross else T
+    x = rng.normal(size=(B, T, config.d_model))
+    kv = rng.normal(size=(B, S, config.d_model)) if cross else None
+    mask = random_mask(rng, (B, 1, T, S)) if masked else None
+    prefix = "decoder.layers.0.multihead_attn." if cross else "decoder.layers.0.self_attn."
+    mha = case.build("MultiHeadAttention", config, params, prefix=prefix, rope=rope)
+    expected = ref.mha(
+        params,
+        prefix,
+        x,
+        kv,
+        n_heads=config.n_heads,
+        mask=mask,
+        causal=causal,
+        rope_base=config.rope_base if rope else None,
+        position_offset=offset,
+    )
+    kwargs = {"causal": causal, "position_offset": offset}
+    if mask is not None:
+        kwargs["mask"] = case.arr(mask)
+    out = mha(case.arr(x), None if kv is None else case.arr(kv), **kwargs)
+    case.assert_close(out, expected, what=f"MultiHeadAttention {kind}")
+
+
+@BIAS
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_encoder_layer(case, causal, bias):
+    config = piece_config(case, bias=bias)
+    params = init_params(config, "seq2seq", seed=4, scheme="random")
+    rng = np.random.default_rng(3)
+    B, T, _ = _sizes(case)
+    x = rng.normal(size=(B, T, config.d_model))
+    valid = right_padded([T, T - 2], T)
+    layer = case.build("EncoderLayer", config, params, prefix="encoder.layers.0.")
+    out = case.np(layer(case.arr(x), valid=case.arr(valid), causal=causal))
+    expected = ref.encoder_layer(config, params, "encoder.layers.0.", x, valid=valid, causal=causal)
+    # Padded positions of a layer's output are not specified (only the models
+    # promise zeros there), so only real positions are compared.
+    case.assert_close(out[valid], expected[valid], what="EncoderLayer (real positions)")
+
+
+@BIAS
+def test_decoder_layer(case, bias):
+    config = piece_config(case, bias=bias)
+    params = init_params(config, "seq2seq", seed=5, scheme="random")
+    rng = np.random.default_rng(4)
+    B, T, S = _sizes(case)
+    x = rng.normal(size=(B, T, config.d_model))
+    memory = rng.normal(size=(B, S, config.d_model))
+    valid = right_padded([T, T - 1], T)
+    memory_valid = right_padded([S - 2, S], S)
+    layer = case.build("DecoderLayer", config, params, prefix="decoder.layers.0.")
+    out = case.np(
+        layer(
+            case.arr(x),
+            case.arr(memory),
+            valid=case.arr(valid),
+            memory_valid=case.arr(memory_valid),
+        )
+    )
+    expected = ref.decoder_layer(
+        config, params, "decoder.layers.0.", x, memory, valid=valid, memory_valid=memory_valid
+    )
+    case.assert_close(out[valid], expected[valid], what="DecoderLayer (real positions)")
+
+
+def test_encoder_layer_without_positions(case):
+    """positional="none": the layer must not rotate anything."""
+    config = piece_config(case, positional="none")
+    params = init_params(config, "seq2seq", seed=6, scheme="random")
+    rng = np.random.default_rng(5)
+    B, T, _ = _sizes(case)
+    x = rng.normal(size=(B, T, config.d_model))
+    layer = case.build("EncoderLayer", config, params, prefix="encoder.layers.0.")
+    expected = ref.encoder_layer(config, params, "encoder.layers.0.", x)
+    case.assert_close(layer(case.arr(x)), expected, what="EncoderLayer positional=none")

@@ -1,0 +1,308 @@
+"""Properties every level must have, checked on the level itself:
+
+* causality: changing tokens after position t leaves the logits up to t unchanged;
+* padding: extra right padding changes no real output, padded outputs are exactly zero;
+* the KV cache: prefill + decode_step give the logits of a full forward;
+* generation: cached and uncached greedy decoding give the same tokens (and
+  the reference's tokens); seq2seq rows stop at EOS;
+* without positions the encoder is permutation-equivariant;
+* torch levels: finite gradients, and padded positions contribute nothing;
+* attention over random shapes (hypothesis) matches the reference.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import reference as ref
+from _helpers import random_mask, random_tokens, right_padded
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from levels import TransformerConfig, init_params
+
+pytestmark = pytest.mark.no_lowp
+
+
+def small_config(tiny: bool, **overrides) -> TransformerConfig:
+    """A tiny model for the slow levels, a small one elsewhere."""
+    base = (
+        dict(vocab_size=13, d_model=8, n_heads=2, d_ff=12, n_layers=1, max_seq_len=12)
+        if tiny
+        else dict(vocab_size=31, d_model=16, n_heads=2, d_ff=24, n_layers=2, max_seq_len=24)
+    )
+    return TransformerConfig(**(base | overrides))
+
+
+def _decoder(case, config, seed):
+    params = init_params(config, "decoder_only", seed=seed, scheme="random")
+    return params, case.build("DecoderOnlyTransformer", config, params)
+
+
+def _seq2seq(case, config, seed):
+    params = init_params(config, "seq2seq", seed=seed, scheme="random")
+    return params, case.build("Seq2SeqTransformer", config, params)
+
+
+# ---------------------------------------------------------------------------
+# Causality and padding
+# ---------------------------------------------------------------------------
+
+
+def test_future_tokens_do_not_change_past_logits(case):
+    config = small_config(case.tiny)
+    _, model = _decoder(case, config, 1)
+    rng = np.random.default_rng(1)
+    T, t = (6, 2) if case.tiny else (12, 5)
+    a = random_tokens(rng, config, 2, T)
+    b = a.copy()
+    b[:, t + 1 :] = random_tokens(rng, config, 2, T - t - 1)
+    la = case.np(model.forward(case.arr(a)))
+    lb = case.np(model.forward(case.arr(b)))
+    case.assert_close(lb[:, : t + 1], la[:, : t + 1], what="decoder-only logits up to t")
+    assert not np.allclose(la[:, t + 1 :], lb[:, t + 1 :]), "later logits should change"
+
+    _, s2s = _seq2seq(case, config, 2)
+    src = random_tokens(rng, config, 2, T - 1)
+    la = case.np(s2s.forward(case.arr(src), case.arr(a)))
+    lb = case.np(s2s.forward(case.arr(src), case.arr(b)))
+    case.assert_close(lb[:, : t + 1], la[:, : t + 1], what="seq2seq logits up to t")
+
+
+def test_extra_right_padding_changes_nothing(case):
+    config = small_config(case.tiny)
+    rng = np.random.default_rng(3)
+    T, extra = (4, 3) if case.tiny else (9, 5)
+    lengths = [T, T - 2, 1]
+    valid = right_padded(lengths, T)
+    tokens = random_tokens(rng, config, 3, T, valid=valid)
+    valid_wide = right_padded(lengths, T + extra)
+    # Padded positions hold arbitrary ids, not pad_id: ``valid`` alone decides.
+    junk = random_tokens(rng, config, 3, extra)
+    tokens_wide = np.concatenate([tokens, junk], axis=1)
+    tokens_wide = np.where(valid_wide, tokens_wide, junk[:, :1])
+
+    _, model = _decoder(case, config, 3)
+    narrow = case.np(model.forward(case.arr(tokens), valid=case.arr(valid)))
+    wide = case.np(model.forward(case.arr(tokens_wide), valid=case.arr(valid_wide)))
+    case.assert_close(wide[:, :T][valid], narrow[valid], what="decoder-only real logits")
+    assert (wide[~valid_wide] == 0).all(), "padded logits must be exactly zero"
+
+    _, s2s = _seq2seq(case, config, 4)
+    S = T + 1
+    src_valid = right_padded([2, S, S - 1], S)
+    src = random_tokens(rng, config, 3, S, valid=src_valid)
+    src_valid_wide = right_padded([2, S, S - 1], S + extra)
+    src_wide = np.concatenate([src, random_tokens(rng, config, 3, extra)], axis=1)
+    narrow = case.np(
+        s2s.forward(
+            case.arr(src),
+            case.arr(tokens),
+            src_valid=case.arr(src_valid),
+            tgt_valid=case.arr(valid),
+        )
+    )
+    wide = case.np(
+        s2s.forward(
+            case.arr(src_wide),
+            case.arr(tokens_wide),
+            src_valid=case.arr(src_valid_wide),
+            tgt_valid=case.arr(valid_wide),
+        )
+    )
+    case.assert_close(wide[:, :T][valid], narrow[valid], what="seq2seq real logits")
+    assert (wide[~valid_wide] == 0).all(), "padded target logits must be exactly zero"
+
+
+# ---------------------------------------------------------------------------
+# KV cache and generation
+# ---------------------------------------------------------------------------
+
+
+def test_kv_cache_decoder_only(case):
+    config = small_config(case.tiny)
+    _, model = _decoder(case, config, 5)
+    rng = np.random.default_rng(5)
+    P, n = (3, 3) if case.tiny else (6, 6)
+    tokens = random_tokens(rng, config, 2, P + n)
+    full = case.np(model.forward(case.arr(tokens)))  # (B, P+n, V)
+    logits, cache = model.prefill(case.arr(tokens[:, :P]))
+    case.assert_close(logits, full[:, :P], what="prefill logits")
+    assert cache.length == P
+    for i in range(P, P + n):
+        step = model.decode_step(case.arr(tokens[:, i]), cache)
+        case.assert_close(step, full[:, i], what=f"decode_step logits at position {i}")
+        assert cache.length == i + 1
+
+
+def test_kv_cache_seq2seq(case):
+    config = small_config(case.tiny)
+    _, model = _seq2seq(case, config, 6)
+    rng = np.random.default_rng(6)
+    P, n, S = (2, 3, 5) if case.tiny else (4, 6, 9)
+    src_valid = right_padded([S, S - 3], S)
+    src = random_tokens(rng, config, 2, S, valid=src_valid)
+    tgt = random_tokens(rng, config, 2, P + n)
+    sv = case.arr(src_valid)
+    full = case.np(model.forward(case.arr(src), case.arr(tgt), src_valid=sv))
+    logits, cache = model.prefill(case.arr(src), case.arr(tgt[:, :P]), src_valid=sv)
+    case.assert_close(logits, full[:, :P], what="prefill logits")
+    assert cache.length == P
+    for i in range(P, P + n):
+        step = model.decode_step(case.arr(tgt[:, i]), cache)
+        case.assert_close(step, full[:, i], what=f"decode_step logits at position {i}")
+        assert cache.length == i + 1
+
+
+def test_generate_decoder_only(case):
+    config = small_config(case.tiny)
+    params, model = _decoder(case, config, 7)
+    rng = np.random.default_rng(7)
+    P, n = (2, 3) if case.tiny else (3, 8)
+    prefix = random_tokens(rng, config, 2, P)
+    cached = case.np(model.generate(case.arr(prefix), n, use_cache=True))
+    uncached = case.np(model.generate(case.arr(prefix), n, use_cache=False))
+    assert cached.shape == (2, P + n)
+    np.testing.assert_array_equal(cached, uncached)
+    np.testing.assert_array_equal(cached, ref.greedy_decoder_only(config, params, prefix, n))
+
+
+def eos_problem(tiny: bool):
+    """A seq2seq model over a 5-token vocabulary (pad 0, BOS 1, EOS 2) and a padded source.
+
+    The seed is chosen so that greedy decoding ends some rows at EOS while
+    others run to ``max_new_tokens``; ``test_eos_problem_has_early_stops``
+    checks that premise with the reference, so the EOS test cannot go vacuous.
+    Returns ``(config, params, src (B,S), src_valid (B,S), max_new_tokens)``.
+    """
+    config = small_config(tiny, vocab_size=5)
+    params = init_params(config, "seq2seq", seed=2 if tiny else 3, scheme="random")
+    rng = np.random.default_rng(8)
+    S, n = (4, 5) if tiny else (7, 10)
+    src_valid = right_padded([S, 2, S - 1, 3], S)
+    src = random_tokens(rng, config, 4, S, valid=src_valid)
+    return config, params, src, src_valid, n
+
+
+def test_generate_seq2seq_stops_at_eos(case):
+    config, params, src, src_valid, n = eos_problem(case.tiny)
+    model = case.build("Seq2SeqTransformer", config, params)
+    expected = ref.greedy_seq2seq(config, params, src, n, src_valid=src_valid)
+    kw = {"src_valid": case.arr(src_valid), "max_new_tokens": n}
+    cached = case.np(model.generate(case.arr(src), use_cache=True, **kw))
+    uncached = case.np(model.generate(case.arr(src), use_cache=False, **kw))
+    np.testing.assert_array_equal(cached, uncached)
+    np.testing.assert_array_equal(cached, expected)
+    assert (cached[:, 0] == config.bos_id).all()
+
+
+@pytest.mark.parametrize("tiny", [True, False], ids=["tiny", "small"])
+def test_eos_problem_has_early_stops(tiny):
+    config, params, src, src_valid, n = eos_problem(tiny)
+    out = ref.greedy_seq2seq(config, params, src, n, src_valid=src_valid)
+    stopped = (out == config.eos_id).any(axis=1)
+    assert stopped.any() and not stopped.all(), f"want some rows to stop early: {out}"
+    # After its EOS a row holds only padding.
+    for row in out[stopped]:
+        after = row[int(np.argmax(row == config.eos_id)) + 1 :]
+        assert (after == config.pad_id).all()
+
+
+# ---------------------------------------------------------------------------
+# Symmetry without positions
+# ---------------------------------------------------------------------------
+
+
+def test_encoder_is_permutation_equivariant_without_positions(case):
+    config = small_config(case.tiny, positional="none")
+    params = init_params(config, "seq2seq", seed=9, scheme="random")
+    rng = np.random.default_rng(9)
+    T = 5 if case.tiny else 9
+    x = rng.normal(size=(2, T, config.d_model))
+    perm = rng.permutation(T)
+    layer = case.build("EncoderLayer", config, params, prefix="encoder.layers.0.")
+    out = case.np(layer(case.arr(x)))
+    out_perm = case.np(layer(case.arr(x[:, perm])))
+    case.assert_close(out_perm, out[:, perm], what="EncoderLayer(x[perm]) vs EncoderLayer(x)[perm]")
+    # At model level: the decoder sees the source only through cross-attention,
+    # which sums over keys, so permuting the source changes no logit.
+    model = case.build("Seq2SeqTransformer", config, params)
+    src = random_tokens(rng, config, 2, T)
+    tgt = random_tokens(rng, config, 2, 4)
+    a = case.np(model.forward(case.arr(src), case.arr(tgt)))
+    b = case.np(model.forward(case.arr(src[:, perm]), case.arr(tgt)))
+    case.assert_close(b, a, what="seq2seq logits with a permuted source")
+
+
+# ---------------------------------------------------------------------------
+# Gradients (torch levels)
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.best_dtype
+def test_gradients_finite_and_padding_contributes_nothing(case):
+    if not case.is_torch:
+        pytest.skip(f"{case.name} has no autograd")
+    config = small_config(case.tiny)
+    params = init_params(config, "decoder_only", seed=10, scheme="random")
+    rng = np.random.default_rng(10)
+    T = 5 if case.tiny else 9
+    valid = right_padded([T, 2, T - 1], T)
+    tokens = random_tokens(rng, config, 3, T, valid=valid)
+    # The same batch with different junk ids at the padded positions.
+    junk = np.where(valid, tokens, random_tokens(rng, config, 3, T))
+    weights = rng.normal(size=(3, T, config.vocab_size))
+
+    grads = []
+    for ids in (tokens, junk):
+        model = case.build("DecoderOnlyTransformer", config, params)
+        logits = model.forward(case.arr(ids), valid=case.arr(valid))
+        (logits * case.arr(weights)).sum().backward()
+        grads.append({n: case.np(p.grad) for n, p in model.named_parameters()})
+    for name, g in grads[0].items():
+        assert np.isfinite(g).all(), f"non-finite gradient for {name}"
+        # Padding contributes nothing, so the junk ids change no gradient.
+        case.assert_close(grads[1][name], g, what=f"d loss / d {name} with junk padding")
+
+
+# ---------------------------------------------------------------------------
+# Attention over random shapes
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.best_dtype
+@settings(
+    max_examples=8,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    T=st.integers(1, 9),
+    S=st.integers(1, 9),
+    Dh=st.integers(1, 10),
+    causal=st.booleans(),
+    masked=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_attention_random_shapes(case, T, S, Dh, causal, masked, seed):
+    rng = np.random.default_rng(seed)
+    B, H = 1, 2
+    q, k, v = (rng.normal(size=(B, H, n, Dh)) for n in (T, S, S))
+    mask = random_mask(rng, (B, H, T, S)) if masked else None
+    if causal and T > S:
+        # The first T - S queries see no key: every level must refuse.
+        with pytest.raises(ValueError):
+            case.module.attention(case.arr(q), case.arr(k), case.arr(v), causal=True)
+        return
+    if causal and masked:
+        mask[..., np.arange(T), np.arange(T) + (S - T)] = True
+    expected = ref.attention(q, k, v, causal=causal, mask=mask)
+    out = case.module.attention(
+        case.arr(q),
+        case.arr(k),
+        case.arr(v),
+        causal=causal,
+        mask=None if mask is None else case.arr(mask),
+    )
+    case.assert_close(out, expected, what=f"attention T={T} S={S} Dh={Dh}")
