@@ -1,0 +1,71 @@
+"""What the machine is, and what its matmul peak is in this run.
+
+The "% peak" column divides a level's GFLOP/s by the rate of one large dense
+matmul measured in the same process, just before the levels run: a float32
+``torch.matmul`` on the CPU, a bf16 one on CUDA. That is an *achieved* peak,
+not the datasheet's, so a level can be compared with the best this machine
+did on the same day under the same load.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass
+
+from .flops import matmul_flops
+from .timing import Stats, TimingPolicy, cpu_timer, cuda_timer, measure
+
+
+@dataclass(frozen=True)
+class Peak:
+    """The measured matmul rate."""
+
+    n: int  # (n, n) @ (n, n)
+    dtype: str
+    device: str
+    stats: Stats
+
+    @property
+    def gflops(self) -> float:
+        return matmul_flops(self.n) / self.stats.median / 1e9
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux), else what ``platform`` knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def describe_machine(device: str) -> str:
+    """One line: the device, and for the CPU its model, core count and torch threads."""
+    import torch
+
+    if device.startswith("cuda"):
+        return f"{torch.cuda.get_device_name(device)} (torch {torch.__version__})"
+    cores = os.cpu_count()
+    return (
+        f"{cpu_model()}, {cores} cores, torch {torch.__version__} "
+        f"with {torch.get_num_threads()} threads"
+    )
+
+
+def measure_matmul_peak(device: str, dtype: str, n: int, policy: TimingPolicy) -> Peak:
+    """Time ``(n, n) @ (n, n)`` in ``dtype`` on ``device`` with the harness's own rules."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, generator=gen).to(device=device, dtype=getattr(torch, dtype))
+    b = torch.randn(n, n, generator=gen).to(device=device, dtype=getattr(torch, dtype))
+    on_cuda = device.startswith("cuda")
+    for _ in range(policy.warmup):
+        torch.matmul(a, b)
+    timer = cuda_timer() if on_cuda else cpu_timer()
+    stats = measure(lambda: torch.matmul(a, b), timer, policy)
+    return Peak(n=n, dtype=dtype, device=device, stats=stats)

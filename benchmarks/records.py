@@ -1,0 +1,61 @@
+"""The record: one row of the results, the unit of the JSON output and of the tables."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+OK = "ok"
+SKIPPED_BUDGET = "skipped (budget)"
+
+
+@dataclass
+class Record:
+    """One (level, scenario, size) measurement, or why there is none.
+
+    Times are seconds per call. ``status`` is ``"ok"``, ``"skipped (budget)"``,
+    ``"skipped: <why>"``, ``"unavailable: <why>"`` or ``"error: <what>"``;
+    only ``"ok"`` rows carry numbers.
+    """
+
+    level: str  # a level's name, "sdpa:<backend>", or "torch.matmul" for the peak
+    scenario: str
+    device: str
+    dtype: str  # what the level really computed in (level 0: always float64)
+    shape: dict[str, int] = field(default_factory=dict)  # B, H, T, S, Dh or the model's sizes
+    status: str = OK
+    median_s: float | None = None
+    q1_s: float | None = None  # 25th percentile
+    q3_s: float | None = None  # 75th percentile
+    min_s: float | None = None
+    max_s: float | None = None
+    repeats: int = 0  # samples behind the statistics
+    calls_per_sample: int = 1
+    flops: float | None = None  # FLOPs of one call (benchmarks/flops.py)
+    gflops: float | None = None  # flops / median_s / 1e9
+    peak_fraction: float | None = None  # gflops / the matmul peak measured in this run
+    tokens_per_s: float | None = None
+    peak_memory_bytes: int | None = None
+    memory_method: str = "n/a"
+    max_error: float | None = None  # against the float64 reference
+    error_of: str = ""  # what was compared ("output", "logits", "tokens != ref", ...)
+    padding_waste: float | None = None  # padded positions / real tokens (varlen only)
+    description: str = ""  # the level's describe()
+    note: str = ""  # e.g. the SDPA backend that ran, or why a size was skipped
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def write_json(records: list[Record], path: str | Path) -> None:
+    """A JSON list of records (every field of ``Record``, None as null)."""
+    Path(path).write_text(json.dumps([r.to_dict() for r in records], indent=1) + "\n")
+
+
+def read_json(path: str | Path) -> list[Record]:
+    return [Record(**d) for d in json.loads(Path(path).read_text())]

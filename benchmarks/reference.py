@@ -1,0 +1,152 @@
+"""The float64 reference every error figure is measured against.
+
+Level 1 (numpy) run in float64 is the reference for values: attention outputs,
+logits and generated tokens. It has no gradients, so the attention gradients
+come from level 2 (torch autograd through the written-out attention) run in
+float64. A level measured against itself in float64 shows an error of zero,
+which is what that comparison means.
+
+The inputs the reference sees are the level's own inputs after rounding to
+the level's dtype (``round_to``), so an error figure is the computation's error,
+not the rounding of the inputs. Results are cached per workload, since every
+level is compared against the same numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+import levels
+from levels.common.config import TransformerConfig
+
+VALUE_LEVEL = "level1_numpy"
+GRAD_LEVEL = "level2_torch_manual"
+
+
+def round_to(a: np.ndarray, dtype: str) -> np.ndarray:
+    """``a`` rounded to ``dtype`` (any torch float dtype, bfloat16 included), back in float64."""
+    if dtype == "float64":
+        return np.asarray(a, dtype=np.float64)
+    import torch
+
+    t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float64))
+    return t.to(getattr(torch, dtype)).to(torch.float64).numpy()
+
+
+def _load(name: str) -> ModuleType | None:
+    try:
+        return levels.load(name)
+    except ImportError:
+        return None
+
+
+class Reference:
+    """Lazily loaded float64 reference levels, with a small cache of their results."""
+
+    def __init__(self) -> None:
+        self._modules: dict[str, ModuleType | None] = {}
+        self._cache: dict[Any, Any] = {}
+
+    def _level(self, name: str) -> ModuleType:
+        if name not in self._modules:
+            self._modules[name] = _load(name)
+        module = self._modules[name]
+        if module is None:
+            raise LookupError(f"the float64 reference needs {name}, which is unavailable")
+        return module
+
+    def _cached(self, key: Any, compute) -> Any:
+        if key not in self._cache:
+            self._cache[key] = compute()
+        return self._cache[key]
+
+    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool) -> np.ndarray:
+        """Level 1 attention in float64 on ``q (B,H,T,Dh)``, ``k, v (B,H,S,Dh)`` -> ``(B,H,T,Dh)``.
+
+        Computed one ``(b, h)`` slice at a time so the ``(T, S)`` float64 score
+        matrix of only one head is alive at once.
+        """
+        level1 = self._level(VALUE_LEVEL)
+
+        def compute() -> np.ndarray:
+            out = np.empty(q.shape[:3] + v.shape[3:], dtype=np.float64)  # (B,H,T,Dv)
+            for b in range(q.shape[0]):
+                for h in range(q.shape[1]):
+                    one = (x[b : b + 1, h : h + 1] for x in (q, k, v))  # (1,1,T|S,Dh) each
+                    out[b, h] = np.asarray(level1.attention(*one, causal=causal))[0, 0]
+            return out
+
+        return self._cached(("attention", _digest(q, k, v), causal), compute)
+
+    def attention_grads(
+        self, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout: np.ndarray, causal: bool
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``dq, dk, dv`` of ``sum(attention(q, k, v) * dout)`` by level 2 autograd in float64."""
+        level2 = self._level(GRAD_LEVEL)
+
+        def compute() -> tuple[np.ndarray, ...]:
+            import torch
+
+            leaves = [torch.from_numpy(x.copy()).requires_grad_(True) for x in (q, k, v)]
+            out = level2.attention(*leaves, causal=causal)  # (B,H,T,Dh)
+            out.backward(torch.from_numpy(dout.copy()))
+            return tuple(x.grad.numpy() for x in leaves)
+
+        return self._cached(("grads", _digest(q, k, v, dout), causal), compute)
+
+    def _model(self, config: TransformerConfig, params: dict, dtype: str) -> Any:
+        """Level 1's decoder in float64 on the parameters rounded to ``dtype``."""
+        level1 = self._level(VALUE_LEVEL)
+
+        def compute() -> Any:
+            rounded = {name: round_to(p, dtype) for name, p in params.items()}
+            return level1.DecoderOnlyTransformer(config, rounded, dtype=np.float64)
+
+        return self._cached(("model", config, _digest(*params.values()), dtype), compute)
+
+    def decoder_logits(
+        self,
+        config: TransformerConfig,
+        params: dict,
+        dtype: str,
+        tokens: Sequence[np.ndarray],
+        valid: Sequence[np.ndarray] | None = None,
+    ) -> list[np.ndarray]:
+        """Logits ``(B_b, T_b, V)`` of each batch ``tokens[b] (B_b, T_b)``."""
+        model = self._model(config, params, dtype)
+
+        def compute() -> list[np.ndarray]:
+            masks = valid if valid is not None else [None] * len(tokens)
+            return [
+                np.asarray(model.forward(t, valid=m)) for t, m in zip(tokens, masks, strict=True)
+            ]
+
+        key = ("logits", config, dtype, _digest(*tokens), valid is not None)
+        return self._cached(key, compute)
+
+    def generate(
+        self, config: TransformerConfig, params: dict, dtype: str, prefix: np.ndarray, n: int
+    ) -> np.ndarray:
+        """Greedy tokens ``(B, P + n)`` from level 1 in float64, with its KV cache."""
+        model = self._model(config, params, dtype)
+
+        def compute() -> np.ndarray:
+            return np.asarray(model.generate(prefix, n, use_cache=True)).astype(np.int64)
+
+        return self._cached(("generate", config, dtype, _digest(prefix), n), compute)
+
+
+def _digest(*arrays: np.ndarray) -> tuple:
+    """A cache key for arrays: their shapes and a checksum of their bytes."""
+    import hashlib
+
+    h = hashlib.sha1()
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(str((a.shape, a.dtype.str)).encode())
+        h.update(a.tobytes())
+    return (h.hexdigest(),)

@@ -1,0 +1,268 @@
+"""Rendering: rich tables of the records, and the ratios that summarise a run.
+
+Absolute times on a shared, throttled machine drift from run to run; ratios
+between levels measured minutes apart in one run are far steadier. So the
+report ends with ratios, each computed from records of the same run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.table import Table
+
+from .records import Record
+
+
+def fmt_time(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
+
+
+def fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return "n/a"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} B"
+
+
+def fmt_rate(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
+def fmt_error(r: Record) -> str:
+    if r.max_error is None:
+        return "n/a"
+    if r.error_of == "tokens != ref":
+        return f"{int(r.max_error)} tok"
+    return f"{r.max_error:.2g}"
+
+
+SHORT_DTYPES = {"float64": "f64", "float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+
+
+def size_label(shape: dict[str, int], keys: Iterable[str] | None = None) -> str:
+    """``"T=1024"``: the entries of ``shape`` named in ``keys`` (default: all)."""
+    keys = list(shape) if keys is None else list(keys)
+    return " ".join(f"{k}={shape[k]}" for k in keys if k in shape)
+
+
+def _split_shape(records: list[Record]) -> tuple[list[str], list[str]]:
+    """Shape keys that vary across ``records`` (the size column) and those that do not
+    (the title). With nothing varying, ``T`` still goes in the size column."""
+    keys = list(dict.fromkeys(k for r in records for k in r.shape))
+    varying = [k for k in keys if len({r.shape.get(k) for r in records}) > 1] or ["T"]
+    return varying, [k for k in keys if k not in varying]
+
+
+def make_console() -> Console:
+    """A console at least 150 columns wide when writing to a file or pipe (rich's default
+    there is 80, which folds every table), the terminal's width otherwise."""
+    console = Console()
+    return console if console.is_terminal else Console(width=150)
+
+
+def machine_table(records: list[Record], machine: str) -> Table:
+    """The machine, the peak, and what every level is (its describe() or why it is missing)."""
+    table = Table(title=f"Machine: {machine}", show_header=True, title_justify="left")
+    table.add_column("backend")
+    table.add_column("what computes")
+    for r in records:
+        if r.scenario == "matmul peak":
+            table.add_row(
+                r.level,
+                f"{r.description}, {r.dtype}: {r.gflops:.3g} GFLOP/s (median {fmt_time(r.median_s)})"
+                " = the 100% of '% peak'",
+            )
+    seen: set[str] = set()
+    for r in records:
+        if r.scenario == "matmul peak" or r.level in seen:
+            continue
+        seen.add(r.level)
+        table.add_row(r.level, r.status if r.status.startswith("unavailable") else r.description)
+    return table
+
+
+COLUMNS = (
+    # (header, right-justified); a column empty in every row of a table is left out
+    ("size", False),
+    ("level", False),
+    ("dtype", False),
+    ("median", True),
+    ("IQR", True),
+    ("GFLOP/s", True),
+    ("% peak", True),
+    ("tok/s", True),
+    ("waste", True),
+    ("peak mem", True),
+    ("max err", True),
+    ("note", False),
+)
+
+
+def _cells(r: Record, varying: list[str]) -> list[str]:
+    size, dtype = size_label(r.shape, varying), SHORT_DTYPES.get(r.dtype, r.dtype)
+    if not r.ok:
+        return [size, r.level, dtype, r.status, *[""] * 7, r.note]
+    return [
+        size,
+        r.level,
+        dtype,
+        fmt_time(r.median_s),
+        fmt_time(r.q3_s - r.q1_s),
+        fmt_rate(r.gflops),
+        "" if r.peak_fraction is None else f"{100 * r.peak_fraction:.2g}%",
+        "" if r.tokens_per_s is None else fmt_rate(r.tokens_per_s),
+        "" if r.padding_waste is None else f"{r.padding_waste:.2f}",
+        fmt_bytes(r.peak_memory_bytes),
+        fmt_error(r),
+        r.note,
+    ]
+
+
+def scenario_table(scenario: str, records: list[Record]) -> Table:
+    """One scenario: every level at every size, with the harness's columns."""
+    varying, fixed = _split_shape(records)
+    self_attention = "S" in varying and all(r.shape["S"] == r.shape["T"] for r in records)
+    if self_attention:
+        varying.remove("S")  # S = T: said once, in the title
+    title = f"{scenario}  [{size_label(records[0].shape, fixed)}{' S=T' if self_attention else ''}]"
+    rows = [_cells(r, varying) for r in records]
+    keep = [i for i in range(len(COLUMNS)) if i < 4 or any(row[i] for row in rows)]
+    table = Table(title=f"{title}  on {records[0].device}", title_justify="left")
+    for i in keep:
+        header, right = COLUMNS[i]
+        table.add_column(
+            header,
+            justify="right" if right else "left",
+            no_wrap=header in ("level", "median"),
+            overflow="fold",
+        )
+    for row in rows:
+        table.add_row(*(row[i] for i in keep))
+    return table
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """A number read off one run: ``value`` = ``numerator`` / ``denominator`` of ``what``."""
+
+    label: str
+    value: float
+    detail: str
+
+
+def _ok(records: Iterable[Record], scenario: str) -> list[Record]:
+    return [r for r in records if r.ok and r.scenario == scenario]
+
+
+def level_ratios(records: list[Record], scenario: str = "attention fwd") -> list[Ratio]:
+    """Time of each level over the next one up, at the longest T both measured."""
+    ok = _ok(records, scenario)
+    names = list(dict.fromkeys(r.level for r in ok))
+    by = {(r.level, r.shape.get("T")): r for r in ok}
+    out = []
+    for slow, fast in zip(names, names[1:], strict=False):
+        common = [t for (n, t) in by if n == slow and (fast, t) in by]
+        if not common:
+            continue
+        T = max(common)
+        a, b = by[(slow, T)], by[(fast, T)]
+        out.append(
+            Ratio(
+                f"{scenario}: {slow} / {fast}",
+                a.median_s / b.median_s,
+                f"T={T}: {fmt_time(a.median_s)} / {fmt_time(b.median_s)}",
+            )
+        )
+    return out
+
+
+def pair_ratios(
+    records: list[Record], slow: str, fast: str, label: str, *, throughput: bool = False
+) -> list[Ratio]:
+    """Per level, ``slow`` scenario time over ``fast`` scenario time (or ``fast``/``slow`` tok/s)."""
+    a = {r.level: r for r in _ok(records, slow)}
+    b = {r.level: r for r in _ok(records, fast)}
+    out = []
+    for level in a.keys() & b.keys():
+        ra, rb = a[level], b[level]
+        if throughput:
+            value = rb.tokens_per_s / ra.tokens_per_s
+            detail = f"{rb.tokens_per_s:.3g} / {ra.tokens_per_s:.3g} tok/s"
+            if ra.padding_waste is not None:
+                detail += f"; waste {ra.padding_waste:.2f} -> {rb.padding_waste:.2f}"
+        else:
+            value = ra.median_s / rb.median_s
+            detail = f"{fmt_time(ra.median_s)} / {fmt_time(rb.median_s)}"
+        out.append(Ratio(f"{label}: {level}", value, detail))
+    return sorted(out, key=lambda r: r.label)
+
+
+def best_peak_fractions(records: list[Record]) -> list[Ratio]:
+    """Each level's best fraction of the measured matmul peak, and where it reached it."""
+    best: dict[str, Record] = {}
+    for r in records:
+        if r.ok and r.scenario != "matmul peak" and r.peak_fraction is not None:
+            if r.level not in best or r.peak_fraction > best[r.level].peak_fraction:
+                best[r.level] = r
+    return [
+        Ratio(
+            f"best fraction of peak: {level}",
+            r.peak_fraction,
+            f"{r.gflops:.3g} GFLOP/s in {r.scenario} {size_label(r.shape)}",
+        )
+        for level, r in best.items()
+    ]
+
+
+def summary(records: list[Record]) -> list[Ratio]:
+    """The ratios the docs quote, all from the same run."""
+    return [
+        *level_ratios(records, "attention fwd"),
+        *level_ratios(records, "attention fwd+bwd"),
+        *pair_ratios(records, "generate uncached", "generate cached", "KV-cache speed-up"),
+        *pair_ratios(
+            records, "varlen padded", "varlen bucketed", "bucketing tokens/s gain", throughput=True
+        ),
+        *best_peak_fractions(records),
+    ]
+
+
+def summary_table(records: list[Record]) -> Table:
+    table = Table(title="Ratios within this run", title_justify="left")
+    table.add_column("what")
+    table.add_column("ratio", justify="right")
+    table.add_column("from")
+    for ratio in summary(records):
+        shown = (
+            f"{100 * ratio.value:.2g}%"
+            if ratio.label.startswith("best fraction")
+            else f"{ratio.value:.3g}x"
+        )
+        table.add_row(ratio.label, shown, ratio.detail)
+    return table
+
+
+def print_report(records: list[Record], machine: str, console: Console | None = None) -> None:
+    console = console or make_console()
+    console.print(machine_table(records, machine))
+    scenarios = list(
+        dict.fromkeys(r.scenario for r in records if r.scenario not in ("matmul peak", "-"))
+    )
+    for scenario in scenarios:
+        rows = [r for r in records if r.scenario == scenario]
+        console.print(scenario_table(scenario, rows))
+    console.print(summary_table(records))
+    console.print(
+        "Timings on a shared machine are noisy: compare ratios within one run, not numbers "
+        "across runs. Interpreter rows are a CPU emulation of a GPU kernel, not GPU timings."
+    )

@@ -1,0 +1,235 @@
+"""The sweep: every workload of the plan on every backend, one ``Record`` each.
+
+For each case the runner, in this order:
+
+1. skips it if the backend cannot run it, or if it is over the size budget;
+2. builds it (inputs converted to the native type, outside any timing);
+3. warms up: ``policy.warmup`` untimed calls, the last one under the memory probe;
+4. times it (``timing.measure``): CUDA events on a GPU, the wall clock around a
+   synchronised call elsewhere;
+5. computes the error against the float64 reference (untimed);
+6. derives GFLOP/s, the fraction of the matmul peak and tokens/s.
+
+A level that raises does not stop the sweep: its row says ``error: ...``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .backends import Backend
+from .machine import Peak, measure_matmul_peak
+from .memory import peak_memory
+from .plan import Plan
+from .records import OK, SKIPPED_BUDGET, Record
+from .reference import Reference
+from .scenarios import Workload
+from .timing import Stats, TimingPolicy, cpu_timer, cuda_timer, measure
+
+Progress = Callable[[str], None]  # called before each case with a label, once per case
+
+
+@dataclass
+class _Pace:
+    """The last measured (FLOPs, seconds) per (backend, scenario): the time budget's basis."""
+
+    last: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
+
+    def predict(self, backend: Backend, workload: Workload) -> float | None:
+        seen = self.last.get((backend.name, workload.scenario))
+        if seen is None or seen[0] <= 0:
+            return None
+        flops, seconds = seen
+        return seconds * workload.flops() / flops
+
+    def record(self, backend: Backend, workload: Workload, seconds: float) -> None:
+        self.last[(backend.name, workload.scenario)] = (workload.flops(), seconds)
+
+
+def peak_dtype(device: str, dtype: str) -> str:
+    """The dtype of the peak matmul: float32 on the CPU (float64 for a float64 run),
+    bf16 on CUDA (float32 for a float32/float64 run, whose tensor-core rate differs)."""
+    if device.startswith("cuda"):
+        return "bfloat16" if dtype in ("bfloat16", "float16") else "float32"
+    return "float64" if dtype == "float64" else "float32"
+
+
+def peak_record(device: str, dtype: str, plan: Plan) -> tuple[Peak, Record]:
+    """Measure the matmul peak and describe it as a record (level ``torch.matmul``)."""
+    pdtype = peak_dtype(device, dtype)
+    peak = measure_matmul_peak(device, pdtype, plan.peak_n, plan.timing)
+    record = Record(
+        level="torch.matmul",
+        scenario="matmul peak",
+        device=device,
+        dtype=pdtype,
+        shape={"N": plan.peak_n},
+        flops=2.0 * plan.peak_n**3,
+        gflops=peak.gflops,
+        peak_fraction=1.0,
+        description=f"({plan.peak_n}, {plan.peak_n}) @ ({plan.peak_n}, {plan.peak_n}) torch.matmul",
+        memory_method="n/a",
+        **_times(peak.stats),
+    )
+    return peak, record
+
+
+def _times(stats: Stats) -> dict:
+    return {
+        "median_s": stats.median,
+        "q1_s": stats.q1,
+        "q3_s": stats.q3,
+        "min_s": stats.min,
+        "max_s": stats.max,
+        "repeats": stats.n,
+        "calls_per_sample": stats.number,
+    }
+
+
+def _timer(backend: Backend):
+    if backend.kind == "torch" and backend.device.startswith("cuda"):
+        return cuda_timer()
+    return cpu_timer(backend.sync)
+
+
+def _over_budget(backend: Backend, workload: Workload, plan: Plan, pace: _Pace) -> str | None:
+    budget = plan.budget_for(backend)
+    gflop = workload.flops() / 1e9
+    if gflop > budget.max_gflop:
+        return f"{gflop:.3g} GFLOP per call > cap {budget.max_gflop:g}"
+    predicted = pace.predict(backend, workload)
+    if predicted is not None and predicted > budget.max_call_s:
+        return f"about {predicted:.2g} s per call > cap {budget.max_call_s:g} s"
+    return None
+
+
+def run_case(
+    backend: Backend,
+    workload: Workload,
+    *,
+    dtype: str,
+    plan: Plan,
+    reference: Reference,
+    peak: Peak | None,
+    pace: _Pace | None = None,
+) -> Record:
+    """Measure one workload on one backend (see the module docstring for the steps)."""
+    pace = pace if pace is not None else _Pace()
+    flops = workload.flops()
+    record = Record(
+        level=backend.name,
+        scenario=workload.scenario,
+        device=backend.device,
+        dtype=backend.effective_dtype(dtype),
+        shape=workload.shape(),
+        flops=flops,
+        description=backend.description,
+        memory_method=backend.memory_method,
+    )
+    why_not = workload.unsupported(backend) or backend.unsupported(dtype)
+    if why_not:
+        record.status = f"skipped: {why_not}"
+        return record
+    over = _over_budget(backend, workload, plan, pace)
+    if over:
+        record.status, record.note = SKIPPED_BUDGET, over
+        return record
+    try:
+        _measure_into(record, backend, workload, dtype, plan.timing, reference)
+    except Exception as exc:  # a failing level must not stop the sweep
+        record.status = f"error: {type(exc).__name__}: {exc}"[:300]
+        return record
+    pace.record(backend, workload, record.median_s)
+    record.gflops = flops / record.median_s / 1e9
+    if peak is not None:
+        record.peak_fraction = record.gflops / peak.gflops
+    tokens = workload.tokens()
+    if tokens:
+        record.tokens_per_s = tokens / record.median_s
+    return record
+
+
+def _measure_into(
+    record: Record,
+    backend: Backend,
+    workload: Workload,
+    dtype: str,
+    policy: TimingPolicy,
+    reference: Reference,
+) -> None:
+    case = workload.build(backend, dtype, reference)
+    for _ in range(policy.warmup - 1):
+        case.fn()
+    # The last warm-up call doubles as the memory probe: it is untimed anyway.
+    record.peak_memory_bytes = peak_memory(case.fn, backend.memory_method)
+    stats = measure(case.fn, _timer(backend), policy)
+    for key, value in _times(stats).items():
+        setattr(record, key, value)
+    record.status = OK
+    if case.error is not None:
+        record.error_of = case.error_of
+        try:
+            record.max_error = case.error()
+        except LookupError as exc:  # the reference level is unavailable
+            record.error_of = f"n/a ({exc})"
+    record.padding_waste = case.extras.get("padding_waste")
+    if case.note is not None:
+        record.note = case.note()
+
+
+def case_count(backends: list[Backend], plan: Plan) -> int:
+    return sum(1 for _ in _pairs(backends, plan))
+
+
+def _pairs(backends: list[Backend], plan: Plan):
+    """(backend, workload) in sweep order: scenario, then size, then level.
+
+    Backends without models (the SDPA peers) take part in attention only.
+    """
+    for workloads in plan.workloads.values():
+        for workload in workloads:
+            for backend in backends:
+                if workload.unsupported(backend) == "attention only":
+                    continue
+                yield backend, workload
+
+
+def run(
+    backends: list[Backend],
+    plan: Plan,
+    *,
+    device: str,
+    dtype: str,
+    unavailable: dict[str, str] | None = None,
+    progress: Progress | None = None,
+    reference: Reference | None = None,
+) -> list[Record]:
+    """The whole sweep; the first record is the matmul peak, then one per unavailable level."""
+    reference = reference if reference is not None else Reference()
+    if progress is not None:
+        progress(f"matmul peak ({plan.peak_n}^3)")
+    peak, peak_rec = peak_record(device, dtype, plan)
+    records = [peak_rec]
+    for name, why in (unavailable or {}).items():
+        records.append(
+            Record(
+                level=name, scenario="-", device=device, dtype=dtype, status=f"unavailable: {why}"
+            )
+        )
+    pace = _Pace()
+    for backend, workload in _pairs(backends, plan):
+        if progress is not None:
+            progress(f"{backend.name}  {workload.scenario}  T={workload.shape().get('T', '')}")
+        records.append(
+            run_case(
+                backend,
+                workload,
+                dtype=dtype,
+                plan=plan,
+                reference=reference,
+                peak=peak,
+                pace=pace,
+            )
+        )
+    return records

@@ -1,0 +1,346 @@
+"""The workloads, each a small frozen dataclass that knows its size and its FLOPs.
+
+A workload's ``flops()`` and ``shape()`` need no arrays, so the runner can
+apply the size budget before anything is allocated. ``build(backend, dtype,
+reference)`` makes a ``Case``: the callable to time (inputs already converted
+to the level's native type, outside the timed region) and, separately, the
+error check against the float64 reference.
+
+Scenario names (the ``scenario`` field of every record):
+
+* ``attention fwd`` / ``attention fwd+bwd``: the attention core on random
+  ``q, k, v (B,H,T,Dh)``, ``S = T``, causal; the backward pass only where a
+  level has gradients (the torch levels);
+* ``decoder fwd``: one forward of the decoder-only model over ``(B, T)`` tokens;
+* ``generate cached`` / ``generate uncached``: greedy generation from a prompt,
+  with and without the KV cache (tokens/s counts new tokens);
+* ``varlen padded`` / ``varlen bucketed``: a batch of sequences of mixed
+  lengths, batched in arrival order or by length (tokens/s counts real tokens).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from levels.common.bucketing import make_batches, pad_batch, padding_waste
+from levels.common.config import TransformerConfig
+from levels.common.params import init_params
+
+from . import flops as F
+from .backends import Backend
+from .reference import Reference, round_to
+
+FIRST_TOKEN = 3  # random tokens avoid pad 0, BOS 1 and EOS 2
+
+
+@dataclass
+class Case:
+    """One workload built for one backend: a callable to time and how to judge it."""
+
+    fn: Callable[[], object]  # the timed call; inputs are already native
+    error: Callable[[], float] | None = None  # max error vs the float64 reference (untimed)
+    error_of: str = ""  # what the error compares, e.g. "output", "grads", "logits"
+    note: Callable[[], str] | None = None  # read after the run (e.g. the SDPA backend used)
+    extras: dict[str, float] = field(default_factory=dict)
+
+
+def _calls(backend: Backend, fn: Callable[[], object], *, grad: bool) -> Callable[[], object]:
+    """Wrap ``fn`` in the backend's context, and in ``torch.no_grad`` for inference."""
+
+    def call() -> object:
+        with backend.context(), _no_grad(backend, grad):
+            return fn()
+
+    return call
+
+
+def _no_grad(backend: Backend, grad: bool) -> contextlib.AbstractContextManager:
+    if backend.kind != "torch" or grad:
+        return contextlib.nullcontext()
+    import torch
+
+    return torch.no_grad()
+
+
+def _max_abs(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+
+
+def _level_note(backend: Backend) -> Callable[[], str] | None:
+    """A level may report what it chose at run time (level 3: the SDPA backend that ran)."""
+    report = getattr(backend.module, "last_backend", None)
+    return (lambda: str(report() or "")) if callable(report) else None
+
+
+# --------------------------------------------------------------------------- attention
+
+
+@dataclass(frozen=True)
+class Attention:
+    """Attention core, ``q (B,H,T,Dh)``, ``k, v (B,H,S,Dh)`` with ``S = T``."""
+
+    B: int
+    H: int
+    T: int
+    Dh: int
+    causal: bool = True
+    backward: bool = False
+    seed: int = 0
+
+    @property
+    def scenario(self) -> str:
+        return "attention fwd+bwd" if self.backward else "attention fwd"
+
+    def shape(self) -> dict[str, int]:
+        shape = {"B": self.B, "H": self.H, "T": self.T, "S": self.T, "Dh": self.Dh}
+        return shape | {"causal": int(self.causal)}
+
+    def flops(self) -> float:
+        f = F.attention_fwd_bwd_flops if self.backward else F.attention_flops
+        return f(self.B, self.H, self.T, self.T, self.Dh, causal=self.causal)
+
+    def tokens(self) -> int | None:
+        return None
+
+    def unsupported(self, backend: Backend) -> str | None:
+        if self.backward and not backend.has_grad:
+            return "no gradients at this level"
+        return None
+
+    def inputs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``q, k, v (B,H,T,Dh)`` and the upstream gradient ``dout (B,H,T,Dh)``, float64."""
+        rng = np.random.default_rng(self.seed)
+        return tuple(rng.standard_normal((self.B, self.H, self.T, self.Dh)) for _ in range(4))
+
+    def build(self, backend: Backend, dtype: str, reference: Reference) -> Case:
+        q64, k64, v64, dout64 = self.inputs()
+        q, k, v = (backend.asarray(x, dtype) for x in (q64, k64, v64))
+        # The reference sees the inputs as the level sees them (rounded to its dtype),
+        # so the error measures the computation, not the rounding of the inputs.
+        qr, kr, vr, dr = (round_to(x, dtype) for x in (q64, k64, v64, dout64))
+        attention, causal = backend.attention, self.causal
+        if not self.backward:
+            fn = _calls(backend, lambda: attention(q, k, v, causal=causal), grad=False)
+
+            def error() -> float:
+                return _max_abs(backend.to_numpy(fn()), reference.attention(qr, kr, vr, causal))
+
+            return Case(fn=fn, error=error, error_of="output", note=_level_note(backend))
+
+        for x in (q, k, v):
+            x.requires_grad_(True)
+        dout = backend.asarray(dout64, dtype)
+
+        def step() -> None:
+            q.grad = k.grad = v.grad = None
+            attention(q, k, v, causal=causal).backward(dout)
+
+        fn = _calls(backend, step, grad=True)
+
+        def grad_error() -> float:
+            fn()
+            want = reference.attention_grads(qr, kr, vr, dr, causal)
+            got = [backend.to_numpy(x.grad) for x in (q, k, v)]
+            return max(_max_abs(g, w) for g, w in zip(got, want, strict=True))
+
+        return Case(fn=fn, error=grad_error, error_of="dq,dk,dv", note=_level_note(backend))
+
+
+# --------------------------------------------------------------------------- models
+
+
+def _model(backend: Backend, config: TransformerConfig, params: dict, dtype: str) -> Any:
+    kwargs: dict[str, Any] = {"device": backend.device}
+    if backend.kind != "python":
+        kwargs["dtype"] = backend.native_dtype(dtype)
+    return backend.module.DecoderOnlyTransformer(config, params, **kwargs)
+
+
+def _random_tokens(rng: np.random.Generator, config: TransformerConfig, shape) -> np.ndarray:
+    return rng.integers(FIRST_TOKEN, config.vocab_size, size=shape, dtype=np.int64)
+
+
+def _needs_models(backend: Backend) -> str | None:
+    return None if backend.has_models else "attention only"
+
+
+@dataclass(frozen=True)
+class DecoderForward:
+    """One decoder-only forward over ``tokens (B, T)``, every position real."""
+
+    config: TransformerConfig
+    B: int
+    T: int
+    seed: int = 0
+
+    @property
+    def scenario(self) -> str:
+        return "decoder fwd"
+
+    def shape(self) -> dict[str, int]:
+        c = self.config
+        return {"B": self.B, "T": self.T, "D": c.d_model, "L": c.n_layers, "V": c.vocab_size}
+
+    def flops(self) -> float:
+        return F.decoder_forward_flops(self.config, self.B, self.T)
+
+    def tokens(self) -> int:
+        return self.B * self.T
+
+    def unsupported(self, backend: Backend) -> str | None:
+        return _needs_models(backend)
+
+    def build(self, backend: Backend, dtype: str, reference: Reference) -> Case:
+        params = init_params(self.config, "decoder_only", self.seed)
+        model = _model(backend, self.config, params, dtype)
+        tokens64 = _random_tokens(np.random.default_rng(self.seed), self.config, (self.B, self.T))
+        tokens = backend.asarray(tokens64)
+        fn = _calls(backend, lambda: model.forward(tokens), grad=False)
+
+        def error() -> float:
+            want = reference.decoder_logits(self.config, params, dtype, [tokens64])[0]
+            return _max_abs(backend.to_numpy(fn()), want)
+
+        return Case(fn=fn, error=error, error_of="logits", note=_level_note(backend))
+
+
+@dataclass(frozen=True)
+class Generate:
+    """Greedy generation of ``new_tokens`` after a ``(B, prompt)`` prefix."""
+
+    config: TransformerConfig
+    B: int
+    prompt: int
+    new_tokens: int
+    use_cache: bool
+    seed: int = 0
+
+    @property
+    def scenario(self) -> str:
+        return "generate cached" if self.use_cache else "generate uncached"
+
+    def shape(self) -> dict[str, int]:
+        c = self.config
+        return {
+            "B": self.B,
+            "P": self.prompt,
+            "new": self.new_tokens,
+            "T": self.prompt + self.new_tokens,
+            "D": c.d_model,
+            "L": c.n_layers,
+        }
+
+    def flops(self) -> float:
+        return F.generation_flops(
+            self.config, self.B, self.prompt, self.new_tokens, use_cache=self.use_cache
+        )
+
+    def tokens(self) -> int:
+        return self.B * self.new_tokens  # tokens/s counts generated tokens
+
+    def unsupported(self, backend: Backend) -> str | None:
+        return _needs_models(backend)
+
+    def build(self, backend: Backend, dtype: str, reference: Reference) -> Case:
+        params = init_params(self.config, "decoder_only", self.seed)
+        model = _model(backend, self.config, params, dtype)
+        rng = np.random.default_rng(self.seed)
+        prefix64 = _random_tokens(rng, self.config, (self.B, self.prompt))
+        prefix = backend.asarray(prefix64)
+        n, cache = self.new_tokens, self.use_cache
+        fn = _calls(backend, lambda: model.generate(prefix, n, use_cache=cache), grad=False)
+
+        def error() -> float:
+            want = reference.generate(self.config, params, dtype, prefix64, n)
+            got = backend.to_numpy(fn()).astype(np.int64)
+            return float(np.count_nonzero(got != want))
+
+        return Case(fn=fn, error=error, error_of="tokens != ref", note=_level_note(backend))
+
+
+@dataclass(frozen=True)
+class VarlenBatch:
+    """Decoder forwards over sequences of mixed lengths, batched as they come or by length.
+
+    ``lengths`` are drawn once from ``seed``; the batches come from
+    ``levels.common.bucketing.make_batches`` (``bucketed`` True or False) and
+    each batch is right-padded to its longest sequence by ``pad_batch``.
+    """
+
+    config: TransformerConfig
+    lengths: tuple[int, ...]
+    batch_size: int
+    bucketed: bool
+    seed: int = 0
+
+    @property
+    def scenario(self) -> str:
+        return "varlen bucketed" if self.bucketed else "varlen padded"
+
+    def batches(self) -> list[list[int]]:
+        return make_batches(
+            self.lengths, batch_size=self.batch_size, bucketed=self.bucketed, seed=self.seed
+        )
+
+    def padded_shapes(self) -> list[tuple[int, int]]:
+        """``(B_b, T_b)`` of every padded batch: the work actually done."""
+        return [(len(b), max(self.lengths[i] for i in b)) for b in self.batches()]
+
+    def shape(self) -> dict[str, int]:
+        c = self.config
+        return {
+            "N": len(self.lengths),
+            "B": self.batch_size,
+            "T": max(self.lengths),
+            "D": c.d_model,
+            "L": c.n_layers,
+        }
+
+    def flops(self) -> float:
+        return F.batches_forward_flops(self.config, self.padded_shapes())
+
+    def tokens(self) -> int:
+        return sum(self.lengths)  # real tokens only: padding is waste, not throughput
+
+    def unsupported(self, backend: Backend) -> str | None:
+        return _needs_models(backend)
+
+    def sequences(self) -> list[np.ndarray]:
+        rng = np.random.default_rng(self.seed + 1)
+        return [_random_tokens(rng, self.config, (n,)) for n in self.lengths]
+
+    def build(self, backend: Backend, dtype: str, reference: Reference) -> Case:
+        params = init_params(self.config, "decoder_only", self.seed)
+        model = _model(backend, self.config, params, dtype)
+        seqs = self.sequences()
+        padded = [pad_batch([seqs[i] for i in b], self.config.pad_id) for b in self.batches()]
+        native = [(backend.asarray(t), backend.asarray(m)) for t, m in padded]  # (B_b, T_b) each
+
+        def run() -> list[object]:
+            return [model.forward(tokens, valid=valid) for tokens, valid in native]
+
+        fn = _calls(backend, run, grad=False)
+
+        def error() -> float:
+            want = reference.decoder_logits(
+                self.config, params, dtype, [t for t, _ in padded], [m for _, m in padded]
+            )
+            got = [backend.to_numpy(x) for x in fn()]
+            return max(_max_abs(g, w) for g, w in zip(got, want, strict=True))
+
+        waste = padding_waste(self.batches(), self.lengths)
+        return Case(
+            fn=fn,
+            error=error,
+            error_of="logits",
+            note=_level_note(backend),
+            extras={"padding_waste": waste},
+        )
+
+
+Workload = Attention | DecoderForward | Generate | VarlenBatch
