@@ -16,6 +16,7 @@ both measured against the float64 reference.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -43,6 +44,16 @@ FP32_ATOL = FP32_RTOL = 2e-5
 # ulps of O(1) values for when PyTorch happens to be nearly exact.
 LOWP_FACTOR = 2.0
 LOWP_FLOOR = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def tiles_for(device: str) -> Tiles | None:
+    """The interpreter's fixed tiles on CPU; one pinned tile on a GPU.
+
+    Autotuning each of these small test shapes on a GPU would compile every
+    candidate configuration of three kernels per shape (minutes); the tests pin
+    one tile instead, and gpu_bench checks the autotuned path at large sizes.
+    """
+    return None if device == "cpu" else Tiles(block_m=64, block_n=32)
 
 
 def dtypes_here(device: str) -> list[torch.dtype]:
@@ -138,8 +149,8 @@ SHAPES = [
 def test_attention_forward_backward_fp32(device, T, S, Dh, Dv, causal, mask_kind):
     gen = torch.Generator().manual_seed(T * 1000 + S * 10 + Dh)
     B, H = 2, 2
-    q, k, v = (torch.randn(B, H, n, d, generator=gen, dtype=torch.float64) for n, d in
-               ((T, Dh), (S, Dh), (S, Dv)))  # fmt: skip
+    widths = ((T, Dh), (S, Dh), (S, Dv))
+    q, k, v = (torch.randn(B, H, n, d, generator=gen, dtype=torch.float64) for n, d in widths)
     d_out = torch.randn(B, H, T, Dv, generator=gen, dtype=torch.float64)
     mask = make_mask(mask_kind, B, H, T, S, gen)
 
@@ -148,7 +159,9 @@ def test_attention_forward_backward_fp32(device, T, S, Dh, Dv, causal, mask_kind
     expected.backward(d_out)
 
     ins = [x.to(device, torch.float32).requires_grad_() for x in (q, k, v)]
-    out = L4.attention(*ins, causal=causal, mask=None if mask is None else mask.to(device))
+    out = L4.attention(
+        *ins, causal=causal, mask=None if mask is None else mask.to(device), tiles=tiles_for(device)
+    )
     out.backward(d_out.to(device, torch.float32))
 
     check_fp32(out, expected.detach(), "output")
@@ -156,7 +169,9 @@ def test_attention_forward_backward_fp32(device, T, S, Dh, Dv, causal, mask_kind
         check_fp32(got.grad, want.grad, f"d{name}")
 
 
-@pytest.mark.parametrize("T,S,Dh,causal,mask_kind", [(13, 29, 24, True, "padding"), (29, 29, 12, False, "general")])  # fmt: skip
+@pytest.mark.parametrize(
+    "T,S,Dh,causal,mask_kind", [(13, 29, 24, True, "padding"), (29, 29, 12, False, "general")]
+)
 def test_attention_low_precision(device, T, S, Dh, causal, mask_kind):
     """fp16 (and bf16 on a GPU): within twice SDPA's own error, output and gradients."""
     gen = torch.Generator().manual_seed(7)
@@ -169,15 +184,15 @@ def test_attention_low_precision(device, T, S, Dh, causal, mask_kind):
     expected.backward(d_out)
     for dtype in dtypes_here(device)[1:]:
         results = []
-        for fn in (L4.attention, sdpa_same_dtype):
+        ours = functools.partial(L4.attention, tiles=tiles_for(device))
+        for fn in (ours, sdpa_same_dtype):
             ins = [x.to(device, dtype).requires_grad_() for x in (q, k, v)]
             out = fn(*ins, causal=causal, mask=None if mask is None else mask.to(device))
             out.backward(d_out.to(device, dtype))
             results.append((out, *(x.grad for x in ins)))
-        for name, got, base, want in zip(
-            ("output", "dq", "dk", "dv"), *results, (expected, *(x.grad for x in ref_in)),
-            strict=True,
-        ):  # fmt: skip
+        names = ("output", "dq", "dk", "dv")
+        wanted = (expected, *(x.grad for x in ref_in))
+        for name, got, base, want in zip(names, *results, wanted, strict=True):
             check_lowp(got.cpu(), want.detach(), base.cpu(), dtype, f"{dtype} {name}")
 
 
@@ -191,7 +206,8 @@ def test_attention_strided_inputs_and_scale(device):
     x32 = x.to(device, torch.float32)
     q32, k32, v32 = (x32[:, :, i].transpose(1, 2) for i in range(3))
     assert not q32.is_contiguous()
-    check_fp32(L4.attention(q32, k32, v32, causal=True, scale=0.3), expected, "strided output")
+    out = L4.attention(q32, k32, v32, causal=True, scale=0.3, tiles=tiles_for(device))
+    check_fp32(out, expected, "strided output")
 
 
 # ---------------------------------------------------------------------------

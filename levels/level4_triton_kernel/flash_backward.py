@@ -35,7 +35,7 @@ Both loops honour the causal bound, so tiles that lie entirely above the
 bottom-right diagonal are skipped in the backward too: a key tile starting at
 ``start_n`` is seen only by queries ``i >= start_n - (S - T)``.
 Any T and S work: every load and the allowed-pair test are masked, as in the
-forward (flash_forward._allowed is shared).
+forward (flash_forward.allowed_tile is shared).
 """
 
 from __future__ import annotations
@@ -44,8 +44,15 @@ import torch
 import triton
 import triton.language as tl
 
-from .flash_forward import LOG2E, _allowed, _key_end, dot_precision, mask_strides
-from .tiles import Tiles, autotuned, head_block, launch, length_key
+from .flash_forward import (
+    LOG2E,
+    TUNING_KEY,
+    allowed_tile,
+    causal_key_end,
+    dot_precision,
+    mask_strides,
+)
+from .tiles import DKDV_SHAPES, DQ_SHAPES, Tiles, autotuned, head_block, launch, length_key
 
 DELTA_BLOCK_ROWS = 16  # rows of O per program in the delta pre-pass
 
@@ -96,6 +103,7 @@ def _attn_bwd_dkdv_kernel(
     pid_bh = tl.program_id(1)
     off_b = (pid_bh // H).to(tl.int64)
     off_h = (pid_bh % H).to(tl.int64)
+    off_bh = pid_bh.to(tl.int64)  # row offsets into the contiguous (B*H, ...) buffers
 
     offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key indices owned by this program
     offs_m0 = tl.arange(0, BLOCK_M)
@@ -118,7 +126,7 @@ def _attn_bwd_dkdv_kernel(
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
 
     q_base = Q + off_b * stride_qb + off_h * stride_qh
-    do_base = dOut + pid_bh * T * DV  # dO is contiguous (B*H, T, Dv)
+    do_base = dOut + off_bh * T * DV  # dO is contiguous (B*H, T, Dv)
     mask_base = Mask + off_b * stride_mb + off_h * stride_mh
 
     # Causal: key j is seen only by queries i >= j - (S - T); earlier query tiles are skipped.
@@ -136,12 +144,12 @@ def _attn_bwd_dkdv_kernel(
             do_base + offs_m[:, None] * DV + offs_dv[None, :],
             mask=row_ok[:, None] & (offs_dv < DV)[None, :], other=0.0,
         )  # (BLOCK_M, BLOCK_DV)  # fmt: skip
-        lse = tl.load(Lse + pid_bh * T + offs_m, mask=row_ok, other=0.0)  # (BLOCK_M,)
-        delta = tl.load(Delta + pid_bh * T + offs_m, mask=row_ok, other=0.0)  # (BLOCK_M,)
+        lse = tl.load(Lse + off_bh * T + offs_m, mask=row_ok, other=0.0)  # (BLOCK_M,)
+        delta = tl.load(Delta + off_bh * T + offs_m, mask=row_ok, other=0.0)  # (BLOCK_M,)
 
         # The tile transposed (keys along rows), so dK and dV need no transposes.
         sT = tl.dot(k, qT, input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_N, BLOCK_M)
-        ok = _allowed(
+        ok = allowed_tile(
             offs_m[None, :], offs_n[:, None], T, S, mask_base, stride_mt, stride_ms,
             CAUSAL, HAS_MASK,
         )  # fmt: skip
@@ -153,8 +161,8 @@ def _attn_bwd_dkdv_kernel(
         dk += tl.dot(dsT.to(qT.dtype), tl.trans(qT), input_precision=DOT_PRECISION)
 
     out_ok = key_ok[:, None]
-    dk_ptrs = dK + pid_bh * S * DH + offs_n[:, None] * DH + offs_dh[None, :]
-    dv_ptrs = dV + pid_bh * S * DV + offs_n[:, None] * DV + offs_dv[None, :]
+    dk_ptrs = dK + off_bh * S * DH + offs_n[:, None] * DH + offs_dh[None, :]
+    dv_ptrs = dV + off_bh * S * DV + offs_n[:, None] * DV + offs_dv[None, :]
     tl.store(dk_ptrs, (dk * scale).to(dK.dtype.element_ty), mask=out_ok & (offs_dh < DH)[None, :])
     tl.store(dv_ptrs, dv.to(dV.dtype.element_ty), mask=out_ok & (offs_dv < DV)[None, :])
 
@@ -185,6 +193,7 @@ def _attn_bwd_dq_kernel(
     pid_bh = tl.program_id(1)
     off_b = (pid_bh // H).to(tl.int64)
     off_h = (pid_bh % H).to(tl.int64)
+    off_bh = pid_bh.to(tl.int64)  # row offsets into the contiguous (B*H, ...) buffers
 
     offs_m = start_m + tl.arange(0, BLOCK_M)  # (BLOCK_M,) query indices owned by this program
     offs_n0 = tl.arange(0, BLOCK_N)
@@ -198,18 +207,18 @@ def _attn_bwd_dq_kernel(
         mask=row_ok[:, None] & (offs_dh < DH)[None, :], other=0.0,
     )  # (BLOCK_M, BLOCK_DH)  # fmt: skip
     do = tl.load(
-        dOut + pid_bh * T * DV + offs_m[:, None] * DV + offs_dv[None, :],
+        dOut + off_bh * T * DV + offs_m[:, None] * DV + offs_dv[None, :],
         mask=row_ok[:, None] & (offs_dv < DV)[None, :], other=0.0,
     )  # (BLOCK_M, BLOCK_DV)  # fmt: skip
-    lse = tl.load(Lse + pid_bh * T + offs_m, mask=row_ok, other=0.0)  # (BLOCK_M,)
-    delta = tl.load(Delta + pid_bh * T + offs_m, mask=row_ok, other=0.0)  # (BLOCK_M,)
+    lse = tl.load(Lse + off_bh * T + offs_m, mask=row_ok, other=0.0)  # (BLOCK_M,)
+    delta = tl.load(Delta + off_bh * T + offs_m, mask=row_ok, other=0.0)  # (BLOCK_M,)
     dq = tl.zeros([BLOCK_M, BLOCK_DH], dtype=tl.float32)
 
     k_base = K + off_b * stride_kb + off_h * stride_kh
     v_base = V + off_b * stride_vb + off_h * stride_vh
     mask_base = Mask + off_b * stride_mb + off_h * stride_mh
 
-    key_end = _key_end(start_m, T, S, BLOCK_M, CAUSAL)  # the forward's loop bound
+    key_end = causal_key_end(start_m, T, S, BLOCK_M, CAUSAL)  # the forward's loop bound
     for start_n in range(0, key_end, BLOCK_N):
         offs_n = start_n + offs_n0
         key_ok = offs_n < S
@@ -222,7 +231,7 @@ def _attn_bwd_dq_kernel(
             mask=key_ok[None, :] & (offs_dv < DV)[:, None], other=0.0,
         )  # (BLOCK_DV, BLOCK_N)  # fmt: skip
         s = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N)
-        ok = _allowed(
+        ok = allowed_tile(
             offs_m[:, None], offs_n[None, :], T, S, mask_base, stride_mt, stride_ms,
             CAUSAL, HAS_MASK,
         )  # fmt: skip
@@ -231,13 +240,12 @@ def _attn_bwd_dq_kernel(
         ds = p * (dp - delta[:, None])  # (BLOCK_M, BLOCK_N) fp32
         dq += tl.dot(ds.to(kT.dtype), tl.trans(kT), input_precision=DOT_PRECISION)
 
-    dq_ptrs = dQ + pid_bh * T * DH + offs_m[:, None] * DH + offs_dh[None, :]
+    dq_ptrs = dQ + off_bh * T * DH + offs_m[:, None] * DH + offs_dh[None, :]
     tl.store(dq_ptrs, (dq * scale).to(dQ.dtype.element_ty), mask=row_ok[:, None] & (offs_dh < DH)[None, :])  # fmt: skip
 
 
-_TUNING_KEY = ["T_KEY", "S_KEY", "BLOCK_DH", "BLOCK_DV", "CAUSAL", "HAS_MASK"]
-_dkdv_tuned = autotuned(_attn_bwd_dkdv_kernel, key=_TUNING_KEY)
-_dq_tuned = autotuned(_attn_bwd_dq_kernel, key=_TUNING_KEY)
+_dkdv_tuned = autotuned(_attn_bwd_dkdv_kernel, TUNING_KEY, DKDV_SHAPES)
+_dq_tuned = autotuned(_attn_bwd_dq_kernel, TUNING_KEY, DQ_SHAPES)
 
 
 def flash_backward(

@@ -52,13 +52,22 @@ import torch
 import triton
 import triton.language as tl
 
-from .tiles import DECODE_MAX_T, DECODE_TILES, Tiles, autotuned, head_block, launch, length_key
+from .tiles import (
+    DECODE_MAX_T,
+    DECODE_TILES,
+    FORWARD_SHAPES,
+    Tiles,
+    autotuned,
+    head_block,
+    launch,
+    length_key,
+)
 
 LOG2E = math.log2(math.e)  # exp(x) == exp2(x * LOG2E)
 
 
 @triton.jit
-def _key_end(start_m, T, S, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
+def causal_key_end(start_m, T, S, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
     """One past the last key that any query of the tile ``[start_m, start_m + BLOCK_M)`` may see.
 
     Causal, bottom-right: query ``i`` may see key ``j`` iff ``j <= i + (S - T)``.
@@ -73,7 +82,7 @@ def _key_end(start_m, T, S, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
 
 
 @triton.jit
-def _allowed(
+def allowed_tile(
     qi,  # query indices, a 2-D tile broadcastable against kj: (BLOCK_M, 1) or (1, BLOCK_M)
     kj,  # key indices: (1, BLOCK_N) or (BLOCK_N, 1)
     T,  # number of queries; rows qi >= T are tile padding
@@ -156,7 +165,7 @@ def _attn_fwd_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of exp2(score - m_i)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)  # running sum of exp2(score - m_i) * v
 
-    key_end = _key_end(start_m, T, S, BLOCK_M, CAUSAL)
+    key_end = causal_key_end(start_m, T, S, BLOCK_M, CAUSAL)
     for start_n in range(0, key_end, BLOCK_N):
         offs_n = start_n + offs_n0
         # K^T tile, loaded transposed: (BLOCK_DH, BLOCK_N)
@@ -166,7 +175,7 @@ def _attn_fwd_kernel(
             other=0.0,
         )
         s = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N) fp32
-        ok = _allowed(
+        ok = allowed_tile(
             offs_m[:, None], offs_n[None, :], T, S, mask_base, stride_mt, stride_ms,
             CAUSAL, HAS_MASK,
         )  # (BLOCK_M, BLOCK_N)  # fmt: skip
@@ -205,9 +214,9 @@ def _attn_fwd_kernel(
     tl.store(Lse + pid_bh * T + offs_m, m_i + tl.math.log2(l_safe), mask=row_ok)
 
 
-_attn_fwd_tuned = autotuned(
-    _attn_fwd_kernel, key=["T_KEY", "S_KEY", "BLOCK_DH", "BLOCK_DV", "CAUSAL", "HAS_MASK"]
-)
+# The autotuner's cache key; it adds the tensors' dtypes itself.
+TUNING_KEY = ["T_KEY", "S_KEY", "BLOCK_DH", "BLOCK_DV", "CAUSAL", "HAS_MASK"]
+_attn_fwd_tuned = autotuned(_attn_fwd_kernel, TUNING_KEY, FORWARD_SHAPES)
 
 
 def dot_precision(dtype: torch.dtype) -> str:

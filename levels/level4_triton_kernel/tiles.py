@@ -81,32 +81,35 @@ def length_key(n: int) -> int:
     return triton.next_power_of_2(n)
 
 
-def attention_configs() -> list[triton.Config]:
-    """Candidate tiles for the attention kernels on a GPU (a few, so tuning stays quick).
+# Candidate (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel on a GPU: a few
+# each, so the first call of a new shape tunes in seconds. They are the usual
+# flash-attention shapes for Hopper/Ampere-class GPUs. The forward and the dQ
+# kernel hold a query tile and stream keys: large BLOCK_M, 8 warps for the
+# largest tiles, 3 stages to overlap the next K/V load with the current matmuls.
+# The dK/dV kernel holds a key tile (its K, V, dK, dV: four BLOCK_N x Dh tiles
+# in registers) and streams queries: large BLOCK_N, small BLOCK_M.
+FORWARD_SHAPES = ((128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3))
+DKDV_SHAPES = ((32, 128, 4, 3), (64, 128, 8, 3), (64, 64, 4, 3))
+DQ_SHAPES = ((128, 32, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3))
 
-    These are the usual flash-attention shapes for Hopper/Ampere-class GPUs:
-    128-row query tiles with 8 warps when the tile is large, 64-row tiles with
-    4 warps for short sequences, 2-4 pipeline stages to overlap the next K/V
-    tile's load with the current tile's matmuls.
-    """
-    shapes = [
-        (128, 64, 8, 3),
-        (128, 128, 8, 3),
-        (64, 64, 4, 3),
-        (128, 32, 4, 4),
-        (64, 32, 4, 2),
-    ]
+
+def attention_configs(shapes) -> list[triton.Config]:
+    """``triton.Config`` objects for (BLOCK_M, BLOCK_N, num_warps, num_stages) tuples."""
     return [
         triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
         for m, n, w, s in shapes
     ]
 
 
-def autotuned(kernel, key: list[str]):
-    """``kernel`` wrapped in ``triton.autotune`` on a GPU; ``None`` under the interpreter."""
+def autotuned(kernel, key: list[str], shapes):
+    """``kernel`` wrapped in ``triton.autotune`` on a GPU; ``None`` under the interpreter.
+
+    A configuration that does not fit (too many registers or too much shared
+    memory for a wide head) is dropped by the autotuner, which times it as infinite.
+    """
     if interpreting():
         return None
-    return triton.autotune(configs=attention_configs(), key=key)(kernel)
+    return triton.autotune(configs=attention_configs(shapes), key=key)(kernel)
 
 
 def launch(kernel, tuned, grid, args: tuple, constants: dict, tiles: Tiles | None) -> None:
