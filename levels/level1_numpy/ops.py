@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from scipy.special import erf
 
 from ..common import checks
 
@@ -95,43 +96,49 @@ def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> np.nda
     return y if bias is None else y + bias
 
 
-def layer_norm(x: np.ndarray, weight, bias, eps: float) -> np.ndarray:
-    """``nn.LayerNorm`` over the last axis: biased variance, ``eps`` inside the square root."""
+def normalise(x: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """LayerNorm before its affine part: ``(x - mean) / sqrt(var + eps)`` over the last axis.
+
+    Returns ``(xhat (..., D), inv_std (..., 1))``; the backward reuses both.
+    """
     mean = x.mean(axis=-1, keepdims=True)  # (..., 1)
     centred = x - mean
     var = (centred * centred).mean(axis=-1, keepdims=True)  # (..., 1), divides by D
-    y = centred / np.sqrt(var + eps) * weight
+    inv_std = 1.0 / np.sqrt(var + eps)  # (..., 1)
+    return centred * inv_std, inv_std
+
+
+def layer_norm(x: np.ndarray, weight, bias, eps: float) -> np.ndarray:
+    """``nn.LayerNorm`` over the last axis: biased variance, ``eps`` inside the square root."""
+    y = normalise(x, eps)[0] * weight
     return y if bias is None else y + bias
 
 
-# numpy has no erf; math.erf applied elementwise keeps GELU exact (not the tanh
-# approximation) at the price of one Python call per element (~0.2 us), the one
-# non-vectorised step of this level. It is the slowest step of the FFN: at
-# B=4, T=128, D=256, F=1024 GELU takes ~110 ms against ~15 ms for linear1's
-# matmul (one BLAS thread). The faster levels use torch's vectorised erf.
-_erf = np.frompyfunc(math.erf, 1, 1)
-
-
 def gelu(x: np.ndarray) -> np.ndarray:
-    """Exact GELU, ``0.5 * x * (1 + erf(x / sqrt(2)))``."""
-    return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)).astype(x.dtype))
+    """Exact GELU, ``x * Phi(x) = 0.5 * x * (1 + erf(x / sqrt(2)))``, not the tanh approximation.
+
+    numpy has no erf; ``scipy.special.erf`` is vectorised and accurate to float64
+    rounding (and computes float32 inputs in float32), so this step costs about
+    as much as any other elementwise pass.
+    """
+    return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
 
 
 def embed(table: np.ndarray, tokens: np.ndarray, scale: float) -> np.ndarray:
     return table[tokens] * scale  # (V, D) gathered by (B, T) -> (B, T, D)
 
 
-def rope(x: np.ndarray, position_offset: int, base: float) -> np.ndarray:
-    """Rotate adjacent feature pairs of ``x (B, H, T, Dh)`` by ``pos * base^(-2i/Dh)``.
-
-    ``(a, b) -> (a cos - b sin, b cos + a sin)``; time step ``t`` is at
-    ``position_offset + t``. Angles are computed in float64, then cast.
-    """
-    T, Dh = x.shape[-2:]
+def rope_angles(T: int, Dh: int, position_offset: int, base: float, dtype) -> tuple:
+    """``(cos, sin)``, each ``(T, Dh/2)``: pair ``i`` at time step ``t`` turns by
+    ``(position_offset + t) * base^(-2i/Dh)``. Angles are computed in float64, then cast."""
     inv_freq = base ** (-2 * np.arange(Dh // 2) / Dh)  # (Dh/2,)
     pos = position_offset + np.arange(T)  # (T,)
     angle = pos[:, None] * inv_freq[None, :]  # (T, 1) * (1, Dh/2) -> (T, Dh/2)
-    cos, sin = np.cos(angle).astype(x.dtype), np.sin(angle).astype(x.dtype)
+    return np.cos(angle).astype(dtype), np.sin(angle).astype(dtype)
+
+
+def rotate_pairs(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """``x (B, H, T, Dh)``: each adjacent pair ``(a, b) -> (a cos - b sin, b cos + a sin)``."""
     a, b = x[..., 0::2], x[..., 1::2]  # (B, H, T, Dh/2) each: even and odd features
     out = np.empty_like(x)
     out[..., 0::2] = a * cos - b * sin
@@ -139,14 +146,24 @@ def rope(x: np.ndarray, position_offset: int, base: float) -> np.ndarray:
     return out
 
 
-def attention(q, k, v, *, causal=False, mask=None, scale=None) -> np.ndarray:
-    """Scaled dot-product attention: ``q (B,H,T,Dh)``, ``k (B,H,S,Dh)``, ``v (B,H,S,Dv)`` -> ``(B,H,T,Dv)``.
+def rope(x: np.ndarray, position_offset: int, base: float) -> np.ndarray:
+    """Rotate adjacent feature pairs of ``x (B, H, T, Dh)`` by ``pos * base^(-2i/Dh)``.
 
-    ``mask`` boolean, True = may attend, broadcastable to ``(B,H,T,S)``;
-    ``causal`` bottom-right (query ``i`` sees key ``j`` iff ``j <= i + S - T``);
-    a key must pass both. A query row with no allowed key is a ``ValueError``.
+    ``(a, b) -> (a cos - b sin, b cos + a sin)``; time step ``t`` is at
+    ``position_offset + t``.
     """
-    B, H, T, S, Dh, Dv = checks.attention_dims(q.shape, k.shape, v.shape)
+    T, Dh = x.shape[-2:]
+    return rotate_pairs(x, *rope_angles(T, Dh, position_offset, base, x.dtype))
+
+
+def attention_weights(q, k, *, causal=False, mask=None, scale=None) -> np.ndarray:
+    """The softmax weights of attention: ``q (B,H,T,Dh)``, ``k (B,H,S,Dh)`` -> ``(B,H,T,S)``.
+
+    Rows sum to 1 over the allowed keys; forbidden keys get exactly 0. See
+    ``attention`` for ``causal``, ``mask`` and ``scale``. (The backward reuses them.)
+    """
+    B, H, T, Dh = q.shape
+    S = k.shape[-2]
     allowed = np.ones((T, S), dtype=bool)  # (T, S)
     if causal:
         # Lower triangle shifted right by S - T: True where j <= i + (S - T).
@@ -169,4 +186,16 @@ def attention(q, k, v, *, causal=False, mask=None, scale=None) -> np.ndarray:
     scores = scores - scores.max(axis=-1, keepdims=True)
     weights = np.exp(scores)
     weights /= weights.sum(axis=-1, keepdims=True)  # (B,H,T,S), rows sum to 1
+    return weights
+
+
+def attention(q, k, v, *, causal=False, mask=None, scale=None) -> np.ndarray:
+    """Scaled dot-product attention: ``q (B,H,T,Dh)``, ``k (B,H,S,Dh)``, ``v (B,H,S,Dv)`` -> ``(B,H,T,Dv)``.
+
+    ``mask`` boolean, True = may attend, broadcastable to ``(B,H,T,S)``;
+    ``causal`` bottom-right (query ``i`` sees key ``j`` iff ``j <= i + S - T``);
+    a key must pass both. A query row with no allowed key is a ``ValueError``.
+    """
+    checks.attention_dims(q.shape, k.shape, v.shape)
+    weights = attention_weights(q, k, causal=causal, mask=mask, scale=scale)  # (B,H,T,S)
     return weights @ v  # (B,H,T,S) @ (B,H,S,Dv) -> (B,H,T,Dv)

@@ -1,0 +1,236 @@
+"""Level 1's backward pass: every op's gradient, written by hand, recorded on a tape.
+
+A ``Tape`` is an ops namespace: it has every function of ``ops.py`` with the
+same arguments, so the architecture of ``level0_loops`` (pieces, models) can
+be bound to it exactly as it is bound to plain numpy. Each differentiable op
+computes its forward with ``ops``, then appends one entry to the tape:
+its output, its inputs, and a ``backward`` closure that maps the gradient of
+the output to the gradients of the inputs. ``Tape.backward`` replays the
+entries newest first (the chain rule, one op at a time) and sums the
+gradients of the parameters.
+
+Notation: for an op ``y = f(x, ...)`` and a scalar loss ``L``, ``g`` is
+``dL/dy`` (same shape as ``y``) and each backward returns ``dL/dx`` for every
+input (``None`` for inputs without a gradient: token ids, masks).
+Matrix shapes use the symbols of SPEC.md; ``N`` is "all leading axes
+flattened" (``B*T`` for a ``(B, T, D)`` activation).
+
+Parameters are recognised by identity: the tape is given the parameter dict
+that the model computes with, and a gradient arriving at one of those arrays,
+or at a view of one (``MultiHeadAttention`` reads ``w_q``, ``w_k``, ``w_v`` as
+row slices of ``in_proj_weight``), is added to the same place of that
+parameter's gradient. A parameter used twice (the tied embedding: gather at
+the input, projection at the output) sums both contributions, as it must.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from ..common import checks
+from . import ops
+
+Grads = tuple[np.ndarray | None, ...]
+
+
+def _sum_to_last_axis(g: np.ndarray) -> np.ndarray:
+    """``(..., N) -> (N,)``: the gradient of a vector broadcast over every leading axis."""
+    return g.reshape(-1, g.shape[-1]).sum(axis=0)
+
+
+class Tape:
+    """An ops namespace that records each op's backward; see the module docstring.
+
+    ``Tape(params)``: ``params`` maps canonical names to the arrays the model
+    computes with (its ``parameters()``). Run one forward through classes bound
+    to the tape, then ``backward(output, grad)``. A tape serves one forward.
+    """
+
+    # Ops with nothing to differentiate (inspection, token ids, boolean masks)
+    # are level 1's own functions, unchanged.
+    shape = staticmethod(ops.shape)
+    is_bool = staticmethod(ops.is_bool)
+    is_integer = staticmethod(ops.is_integer)
+    value_range = staticmethod(ops.value_range)
+    every_row_has_true = staticmethod(ops.every_row_has_true)
+    not_equal = staticmethod(ops.not_equal)
+    all_valid = staticmethod(ops.all_valid)
+    as_column = staticmethod(ops.as_column)
+    key_mask = staticmethod(ops.key_mask)
+
+    def __init__(self, params: Mapping[str, np.ndarray]):
+        self._params = dict(params)
+        self._name_of = {id(array): name for name, array in self._params.items()}
+        # (output, inputs, backward), in the order the forward ran them.
+        self._entries: list[tuple[np.ndarray, tuple[Any, ...], Callable[[np.ndarray], Grads]]] = []
+
+    def _record(self, output: np.ndarray, inputs: tuple, backward: Callable) -> np.ndarray:
+        self._entries.append((output, inputs, backward))
+        return output
+
+    # ------------------------------------------------------------ the backward
+
+    def backward(self, output: np.ndarray, grad: np.ndarray) -> dict[str, np.ndarray]:
+        """Gradients of every parameter, given ``grad = dL/d output`` for the tape's final output.
+
+        Entries are replayed newest first, so an array's gradient is complete
+        (every consumer has added its share) before the op that produced it
+        passes it on. Returns ``{name: dL/d param}`` for every parameter of the
+        dict the tape was given (zeros for one the loss does not reach).
+        """
+        param_grads = {name: np.zeros_like(array) for name, array in self._params.items()}
+        # Gradients of intermediate arrays, keyed by id. The entries keep every
+        # array alive until the tape is dropped, so no id is reused meanwhile.
+        pending = {id(output): grad}
+        for out, inputs, backward in reversed(self._entries):
+            g = pending.pop(id(out), None)
+            if g is None:  # this output never reached the loss
+                continue
+            for x, gx in zip(inputs, backward(g), strict=True):
+                if gx is None:
+                    continue
+                slot = self._parameter_slot(x, param_grads)
+                if slot is not None:
+                    slot += gx
+                else:  # not in place: backward may return one array for two inputs
+                    pending[id(x)] = pending[id(x)] + gx if id(x) in pending else gx
+        return param_grads
+
+    def _parameter_slot(self, x: Any, param_grads: dict[str, np.ndarray]) -> np.ndarray | None:
+        """Where ``x``'s gradient goes if ``x`` is a parameter or a view of one, else None.
+
+        For a view (``in_proj_weight[:D]``) it is the same view of the
+        parameter's gradient: same byte offset, shape and strides.
+        """
+        base = x if id(x) in self._name_of else getattr(x, "base", None)
+        if base is None or id(base) not in self._name_of:
+            return None
+        grad = param_grads[self._name_of[id(base)]]
+        if x is base:
+            return grad
+        offset = x.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+        return np.ndarray(x.shape, x.dtype, buffer=grad, offset=offset, strides=x.strides)
+
+    # ----------------------------------------------- reshaping and joining ops
+
+    def split_heads(self, x: np.ndarray, H: int) -> np.ndarray:
+        # (B,T,D) -> (B,H,T,Dh) only moves numbers, so the backward moves them back.
+        return self._record(ops.split_heads(x, H), (x,), lambda g: (ops.merge_heads(g),))
+
+    def merge_heads(self, x: np.ndarray) -> np.ndarray:
+        H = x.shape[1]
+        # (B,H,T,Dh) -> (B,T,D); backward (B,T,D) -> (B,H,T,Dh).
+        return self._record(ops.merge_heads(x), (x,), lambda g: (ops.split_heads(g, H),))
+
+    def concat(self, a: np.ndarray, b: np.ndarray, axis: int) -> np.ndarray:
+        # Training runs full sequences, so only boolean key masks are joined (no cache).
+        if a.dtype != np.bool_:
+            raise NotImplementedError("level 1's tape does not differentiate through a KV cache")
+        return ops.concat(a, b, axis)
+
+    def zero_invalid(self, x: np.ndarray, valid: np.ndarray) -> np.ndarray:
+        # y = x where valid, else 0: the gradient passes where valid and stops elsewhere.
+        def backward(g):
+            return ops.zero_invalid(g, valid), None
+
+        return self._record(ops.zero_invalid(x, valid), (x, valid), backward)
+
+    # ------------------------------------------------------------ arithmetic
+
+    def add(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        # Residual: d(x + y)/dx = d(x + y)/dy = identity, so both inputs receive g.
+        return self._record(ops.add(x, y), (x, y), lambda g: (g, g))
+
+    def embed(self, table: np.ndarray, tokens: np.ndarray, scale: float) -> np.ndarray:
+        # y[b,t] = scale * E[tokens[b,t]]: row v of dE sums scale * g over the
+        # positions holding token v. np.add.at accumulates repeated indices
+        # (a plain fancy-index += would keep only one of them).
+        def backward(g):  # g (B,T,D)
+            d_table = np.zeros_like(table)  # (V, D)
+            np.add.at(d_table, tokens.reshape(-1), scale * g.reshape(-1, g.shape[-1]))
+            return d_table, None
+
+        return self._record(ops.embed(table, tokens, scale), (table, tokens), backward)
+
+    def linear(self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+        # y = x W^T + b with W (Out, In). Per row: dx = g W; dW = sum over rows g^T x;
+        # db = sum over rows of g.
+        def backward(g):  # g (..., Out)
+            d_x = g @ weight  # (..., Out) @ (Out, In) -> (..., In)
+            g2 = g.reshape(-1, g.shape[-1])  # (N, Out)
+            x2 = x.reshape(-1, x.shape[-1])  # (N, In)
+            d_weight = g2.T @ x2  # (Out, N) @ (N, In) -> (Out, In)
+            d_bias = None if bias is None else g2.sum(axis=0)  # (Out,)
+            return d_x, d_weight, d_bias
+
+        return self._record(ops.linear(x, weight, bias), (x, weight, bias), backward)
+
+    def layer_norm(self, x: np.ndarray, weight, bias, eps: float) -> np.ndarray:
+        # y = xhat * w + b, xhat = (x - mean) * r, r = 1/sqrt(var + eps), over D features.
+        # dw = sum over rows of g * xhat, db = sum of g. With gh = g * w (the
+        # gradient at xhat), differentiating mean and var (both depend on every x_j):
+        #   dx = r * (gh - mean(gh) - xhat * mean(gh * xhat))
+        # The two subtracted terms remove the components along the all-ones
+        # direction and along xhat, which the normalisation makes invisible.
+        xhat, inv_std = ops.normalise(x, eps)  # (..., D), (..., 1)
+
+        def backward(g):  # g (..., D)
+            gh = g * weight  # (..., D)
+            d_x = inv_std * (
+                gh
+                - gh.mean(axis=-1, keepdims=True)
+                - xhat * (gh * xhat).mean(axis=-1, keepdims=True)
+            )
+            d_weight = _sum_to_last_axis(g * xhat)  # (D,)
+            d_bias = None if bias is None else _sum_to_last_axis(g)  # (D,)
+            return d_x, d_weight, d_bias
+
+        y = xhat * weight if bias is None else xhat * weight + bias
+        return self._record(y, (x, weight, bias), backward)
+
+    def gelu(self, x: np.ndarray) -> np.ndarray:
+        # y = x Phi(x) with Phi the standard normal CDF, so
+        # dy/dx = Phi(x) + x phi(x), phi(x) = exp(-x^2/2) / sqrt(2 pi) its density.
+        def backward(g):
+            cdf = 0.5 * (1.0 + ops.erf(x / math.sqrt(2.0)))
+            pdf = np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+            return (g * (cdf + x * pdf),)
+
+        return self._record(ops.gelu(x), (x,), backward)
+
+    def rope(self, x: np.ndarray, position_offset: int, base: float) -> np.ndarray:
+        # Each pair is multiplied by a rotation matrix R(theta), so dx = R(theta)^T g
+        # = R(-theta) g: the inverse rotation, i.e. the same rotation with sin negated.
+        T, Dh = x.shape[-2:]
+        cos, sin = ops.rope_angles(T, Dh, position_offset, base, x.dtype)  # (T, Dh/2) each
+
+        def backward(g):  # g (B,H,T,Dh)
+            return (ops.rotate_pairs(g, cos, -sin),)
+
+        return self._record(ops.rotate_pairs(x, cos, sin), (x,), backward)
+
+    def attention(self, q, k, v, *, causal=False, mask=None, scale=None) -> np.ndarray:
+        # Forward: s = scale q k^T, p = softmax(s) over allowed keys, o = p v.
+        #   dv = p^T g                      (B,H,S,T) @ (B,H,T,Dv)
+        #   dp = g v^T                      (B,H,T,Dv) @ (B,H,Dv,S)
+        #   ds = p * (dp - rowsum(p * dp))  softmax's Jacobian, row by row
+        #   dq = scale ds k,  dk = scale ds^T q
+        # A forbidden key has p = 0, hence ds = 0: no gradient flows through it,
+        # exactly as if it had been left out of the softmax.
+        B, H, T, S, Dh, Dv = checks.attention_dims(q.shape, k.shape, v.shape)
+        scale = 1.0 / math.sqrt(Dh) if scale is None else scale
+        p = ops.attention_weights(q, k, causal=causal, mask=mask, scale=scale)  # (B,H,T,S)
+
+        def backward(g):  # g (B,H,T,Dv)
+            d_v = p.swapaxes(-1, -2) @ g  # (B,H,S,T) @ (B,H,T,Dv) -> (B,H,S,Dv)
+            d_p = g @ v.swapaxes(-1, -2)  # (B,H,T,Dv) @ (B,H,Dv,S) -> (B,H,T,S)
+            d_s = p * (d_p - (p * d_p).sum(axis=-1, keepdims=True))  # (B,H,T,S)
+            d_q = scale * (d_s @ k)  # (B,H,T,S) @ (B,H,S,Dh) -> (B,H,T,Dh)
+            d_k = scale * (d_s.swapaxes(-1, -2) @ q)  # (B,H,S,T) @ (B,H,T,Dh) -> (B,H,S,Dh)
+            return d_q, d_k, d_v
+
+        return self._record(p @ v, (q, k, v), backward)  # (B,H,T,S) @ (B,H,S,Dv)
