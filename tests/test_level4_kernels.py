@@ -374,3 +374,30 @@ def test_describe_names_the_interpreter_without_cuda():
         assert text.startswith("Triton interpreter")
     else:
         assert "CUDA" in text and "interpreter" not in text
+
+
+# ---------------------------------------------------------------------------
+# the GPU bench's host-side logic (the bench itself needs CUDA: benchmarks/gpu_check.sh)
+# ---------------------------------------------------------------------------
+
+
+def test_gpu_bench_flop_formula_and_plan():
+    from levels.level4_triton_kernel import gpu_bench
+
+    fwd = gpu_bench.SpeedCase("level4", "fwd", T=1024, Dh=64, causal=False)
+    assert fwd.flops() == 4 * fwd.B * fwd.H * 1024 * 1024 * 64  # QK^T and PV, 2 FLOPs per MAC
+    causal = gpu_bench.SpeedCase("level4", "fwd", T=1024, Dh=64, causal=True)
+    assert causal.flops() == fwd.flops() / 2
+    both = gpu_bench.SpeedCase("level4", "fwd+bwd", T=1024, Dh=64, causal=False)
+    assert both.flops() == 3.5 * fwd.flops()  # backward counted as 2.5x the forward
+    assert gpu_bench.main(["--dry-run"]) == 0
+
+
+def test_gpu_bench_accuracy_check_runs_here(device):
+    """The flash-rule comparison of the bench, on a tiny fp16 case (interpreter on CPU)."""
+    from levels.level4_triton_kernel import gpu_bench
+
+    case = gpu_bench.run_accuracy(gpu_bench.AccuracyCase("float16", 1, 2, 13, 29, 24, True), device)
+    assert set(case.errors) == {"out", "dq", "dk", "dv"}
+    assert case.passed, case.errors
+    assert "ok" in gpu_bench.accuracy_table([case])
