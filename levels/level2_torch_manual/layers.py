@@ -18,24 +18,38 @@ from .kernels import LEVEL2_KERNELS, Kernels
 from .parameters import fetch, linear
 
 
-def rope(x: torch.Tensor, position_offset: int, base: float) -> torch.Tensor:
-    """Rotate adjacent feature pairs of ``x (B,H,T,Dh)`` by ``pos * base^(-2i/Dh)``.
+def rope_tables(
+    start: int, stop: int, d_head: int, base: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos, sin (stop - start, Dh/2)`` float64 for positions ``start..stop-1``.
 
-    Pair ``i`` is ``(x[2i], x[2i+1]) = (a, b)``, mapped to
-    ``(a cos - b sin, a sin + b cos)``; positions are ``position_offset + t``.
+    Angle of pair ``i`` at position ``p``: ``p * base^(-2i/Dh)``. Computed in
+    float64: at position 1000 a float32 angle is off by ~6e-5 rad, visible
+    against the float64 reference; callers cast only the finished cos/sin.
     """
-    T, Dh = x.shape[-2], x.shape[-1]
-    # Angles in float64 on the CPU: at position 1000 a float32 angle is off by
-    # ~6e-5 rad, visible against the float64 reference. Only cos/sin are cast.
-    pos = torch.arange(position_offset, position_offset + T, dtype=torch.float64)  # (T,)
-    inv_freq = base ** (-torch.arange(0, Dh, 2, dtype=torch.float64) / Dh)  # (Dh/2,)
+    pos = torch.arange(start, stop, dtype=torch.float64)  # (T,)
+    inv_freq = base ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)  # (Dh/2,)
     angles = pos[:, None] * inv_freq[None, :]  # (T, Dh/2)
-    cos = angles.cos().to(device=x.device, dtype=x.dtype)  # (T, Dh/2)
-    sin = angles.sin().to(device=x.device, dtype=x.dtype)  # (T, Dh/2)
-    pairs = x.unflatten(-1, (Dh // 2, 2))  # (B,H,T,Dh) -> (B,H,T,Dh/2,2)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate adjacent feature pairs of ``x (B,H,T,Dh)`` by the angles of ``cos, sin (T, Dh/2)``.
+
+    Pair ``i`` is ``(x[2i], x[2i+1]) = (a, b)``, mapped to ``(a cos - b sin, a sin + b cos)``.
+    """
+    cos = cos.to(device=x.device, dtype=x.dtype)  # (T, Dh/2)
+    sin = sin.to(device=x.device, dtype=x.dtype)  # (T, Dh/2)
+    pairs = x.unflatten(-1, (x.shape[-1] // 2, 2))  # (B,H,T,Dh) -> (B,H,T,Dh/2,2)
     a, b = pairs[..., 0], pairs[..., 1]  # (B,H,T,Dh/2) each
     rotated = torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1)  # (B,H,T,Dh/2,2)
     return rotated.flatten(-2)  # (B,H,T,Dh)
+
+
+def rope(x: torch.Tensor, position_offset: int, base: float) -> torch.Tensor:
+    """RoPE on ``x (B,H,T,Dh)`` at positions ``position_offset + t`` (tables built on the spot)."""
+    T, Dh = x.shape[-2], x.shape[-1]
+    return apply_rope(x, *rope_tables(position_offset, position_offset + T, Dh, base))
 
 
 def feed_forward_linears(
@@ -111,6 +125,14 @@ class MultiHeadAttention(nn.Module):
         self.rope_base = config.rope_base if rope else None
         self.dropout_p = config.dropout
         kw = {"device": device, "dtype": dtype}
+        if rope:
+            # cos/sin for positions [0, max_seq_len), built once (float64 maths,
+            # stored in the compute dtype) instead of at every decoding step.
+            # Not persistent: state_dict() holds only the canonical parameters.
+            cos, sin = rope_tables(0, config.max_seq_len, self.d_head, config.rope_base)
+            to = {"device": device, "dtype": dtype or torch.float32}
+            self.register_buffer("rope_cos", cos.to(**to), persistent=False)  # (max_seq_len, Dh/2)
+            self.register_buffer("rope_sin", sin.to(**to), persistent=False)  # (max_seq_len, Dh/2)
         self.in_proj_weight = fetch(params, f"{prefix}in_proj_weight", (3 * D, D), **kw)
         if config.bias:
             self.in_proj_bias = fetch(params, f"{prefix}in_proj_bias", (3 * D,), **kw)
@@ -127,19 +149,25 @@ class MultiHeadAttention(nn.Module):
         B, L, _ = y.shape
         return y.view(B, L, self.n_heads, self.d_head).transpose(1, 2)  # (B,L,H,Dh) -> (B,H,L,Dh)
 
+    def _rotate(self, x: torch.Tensor, position_offset: int) -> torch.Tensor:
+        """RoPE on ``x (B,H,L,Dh)`` at positions ``position_offset + t``, when RoPE is on."""
+        if self.rope_base is None:
+            return x
+        end = position_offset + x.shape[-2]
+        if end > self.rope_cos.shape[0]:  # only a bare piece can go past max_seq_len
+            return rope(x, position_offset, self.rope_base)
+        return apply_rope(x, self.rope_cos[position_offset:end], self.rope_sin[position_offset:end])
+
     def queries(self, x: torch.Tensor, position_offset: int = 0) -> torch.Tensor:
         """``x (B,T,D)`` -> ``q (B,H,T,Dh)``, rotated when RoPE is on."""
-        q = self._project(x, 0)  # (B,H,T,Dh)
-        return q if self.rope_base is None else rope(q, position_offset, self.rope_base)
+        return self._rotate(self._project(x, 0), position_offset)  # (B,H,T,Dh)
 
     def keys_values(
         self, kv: torch.Tensor, position_offset: int = 0
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``kv (B,S,D)`` -> ``k, v (B,H,S,Dh)``; k rotated when RoPE is on."""
         k, v = self._project(kv, 1), self._project(kv, 2)  # (B,H,S,Dh) each
-        if self.rope_base is not None:
-            k = rope(k, position_offset, self.rope_base)
-        return k, v
+        return self._rotate(k, position_offset), v
 
     def attend(
         self,
