@@ -65,15 +65,61 @@ class _Stack(nn.Module):
         self.norm = norm
 
 
-class DecoderOnlyTransformer(nn.Module):
+class _Model(nn.Module):
+    """What both models share: the parameter check, the kernels, the cache and the causal step."""
+
+    kernels: Kernels = LEVEL2_KERNELS
+
+    def __init__(self, config: TransformerConfig, params, kind: str, *, dtype, kernels):
+        super().__init__()
+        check_params(params, param_shapes(config, kind))
+        if kernels is not None:
+            self.kernels = kernels
+        self.config = config
+        self.dtype = dtype or torch.float32
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    def new_cache(self, batch: int):
+        """An empty KV cache of capacity ``max_seq_len`` for ``batch`` rows."""
+        return self.kernels.kv_cache(self.config, batch, device=self.device, dtype=self.dtype)
+
+    def _causal_step(self, tokens, valid, cache, *, embedding, blocks, head, what) -> torch.Tensor:
+        """Logits ``(B,T,V)`` for ``tokens (B,T)`` placed after the cache's filled positions.
+
+        ``blocks(x (B,T,D), key_valid (B, length+T)) -> (B,T,D)`` runs the layers,
+        ``head`` maps ``(B,T,D) -> (B,T,V)``; ``what`` names the tokens in errors. Everything is checked before the
+        cache is written; the cache's length grows only after the last layer.
+        """
+        _check_tokens(tokens, self.config.vocab_size, f"{what} token id".lstrip())
+        if cache is None:
+            length = f"{what or 'sequence'} length"
+            check_length(tokens.shape[1], self.config.max_seq_len, what=length)
+        else:
+            cache.check_room(tokens.shape[1])  # capacity max_seq_len; raises before any write
+        key_valid = valid if cache is None else cache.key_valid(valid)  # (B, length + T)
+        logits = head(blocks(embedding(tokens), key_valid))  # (B,T) -> (B,T,D) -> (B,T,V)
+        if cache is not None:
+            cache.advance(valid)
+        # masked_fill gives exact zeros and a zero (finite) gradient at padding.
+        return logits.masked_fill(~valid[..., None], 0.0)  # (B,T,V)
+
+
+def _one_position(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decoding input ``tokens (B,)`` -> ``tokens (B,1)`` and an all-True ``valid (B,1)``."""
+    tokens = tokens.reshape(-1, 1)  # (B,) -> (B,1)
+    return tokens, torch.ones_like(tokens, dtype=torch.bool)
+
+
+class DecoderOnlyTransformer(_Model):
     """A GPT-style language model: embedding, causal pre-norm blocks, final norm, tied logits.
 
     ``state_dict()`` keys are the canonical names (``token_embedding.weight``,
     ``layers.{i}.*``, ``norm.*``). ``kernels`` selects the attention core,
     LayerNorm and KV cache (default: the class attribute).
     """
-
-    kernels: Kernels = LEVEL2_KERNELS
 
     def __init__(
         self,
@@ -84,12 +130,7 @@ class DecoderOnlyTransformer(nn.Module):
         dtype=None,
         kernels: Kernels | None = None,
     ):
-        super().__init__()
-        check_params(params, param_shapes(config, "decoder_only"))
-        if kernels is not None:
-            self.kernels = kernels
-        self.config = config
-        self.dtype = dtype or torch.float32
+        super().__init__(config, params, "decoder_only", dtype=dtype, kernels=kernels)
         kw = {"device": device, "dtype": self.dtype}
         self.token_embedding = _Embedding(config, params, "token_embedding.weight", **kw)
         self.layers = nn.ModuleList(
@@ -98,35 +139,30 @@ class DecoderOnlyTransformer(nn.Module):
         )
         self.norm = self.kernels.layer_norm(config, params, prefix="norm.", **kw)
 
-    @property
-    def device(self) -> torch.device:
-        return self.token_embedding.weight.device
-
     def _step(self, tokens: torch.Tensor, valid: torch.Tensor, cache) -> torch.Tensor:
         """Logits ``(B,T,V)`` for ``tokens (B,T)`` following the cache's filled positions."""
-        _check_tokens(tokens, self.config.vocab_size)
-        if cache is None:
-            check_length(tokens.shape[1], self.config.max_seq_len)
-        else:
-            cache.check_room(tokens.shape[1])  # capacity max_seq_len; raises before any write
-        key_valid = valid if cache is None else cache.key_valid(valid)  # (B, length + T)
-        x = self.token_embedding(tokens)  # (B,T,D)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, valid=key_valid, causal=True, cache=cache, index=i)  # (B,T,D)
-        h = self.norm(x)  # (B,T,D)
-        logits = h @ self.token_embedding.weight.T  # (B,T,D) @ (D,V) -> (B,T,V), tied
-        if cache is not None:
-            cache.advance(valid)
-        # masked_fill gives exact zeros and a zero (finite) gradient at padding.
-        return logits.masked_fill(~valid[..., None], 0.0)  # (B,T,V)
+
+        def blocks(x: torch.Tensor, key_valid: torch.Tensor) -> torch.Tensor:
+            for i, layer in enumerate(self.layers):
+                x = layer(x, valid=key_valid, causal=True, cache=cache, index=i)  # (B,T,D)
+            return x
+
+        def tied_logits(x: torch.Tensor) -> torch.Tensor:
+            return self.norm(x) @ self.token_embedding.weight.T  # (B,T,D) @ (D,V) -> (B,T,V)
+
+        return self._causal_step(
+            tokens,
+            valid,
+            cache,
+            embedding=self.token_embedding,
+            blocks=blocks,
+            head=tied_logits,
+            what="",
+        )
 
     def forward(self, tokens: torch.Tensor, *, valid: torch.Tensor | None = None) -> torch.Tensor:
         """``tokens (B,T)`` ints, ``valid (B,T)`` bool (default ``tokens != pad_id``) -> ``(B,T,V)``."""
         return self._step(tokens, _resolve_valid(tokens, valid, self.config.pad_id), None)
-
-    def new_cache(self, batch: int):
-        """An empty KV cache of capacity ``max_seq_len`` for ``batch`` rows."""
-        return self.kernels.kv_cache(self.config, batch, device=self.device, dtype=self.dtype)
 
     def prefill(self, tokens: torch.Tensor, *, valid: torch.Tensor | None = None):
         """Run the prompt ``tokens (B,T)`` and keep its keys and values: ``(logits (B,T,V), cache)``."""
@@ -136,9 +172,7 @@ class DecoderOnlyTransformer(nn.Module):
 
     def decode_step(self, tokens: torch.Tensor, cache) -> torch.Tensor:
         """Append one position per row, ``tokens (B,)``, to ``cache`` in place -> logits ``(B,V)``."""
-        tokens = tokens.reshape(-1, 1)  # (B,) -> (B,1)
-        valid = torch.ones_like(tokens, dtype=torch.bool)  # (B,1)
-        return self._step(tokens, valid, cache)[:, 0]  # (B,V)
+        return self._step(*_one_position(tokens), cache)[:, 0]  # (B,V)
 
     def generate(self, prefix, max_new_tokens: int, *, use_cache: bool = True) -> torch.Tensor:
         """Greedy continuation of ``prefix (B,P)`` -> ``(B, P + max_new_tokens)``."""
@@ -153,15 +187,13 @@ class DecoderOnlyTransformer(nn.Module):
             )
 
 
-class Seq2SeqTransformer(nn.Module):
+class Seq2SeqTransformer(_Model):
     """Encoder-decoder transformer (``nn.Transformer``'s layout, pre-norm).
 
     ``state_dict()`` keys: ``source_embedding.weight``, ``target_embedding.weight``,
     ``encoder.layers.{i}.*``, ``encoder.norm.*``, ``decoder.layers.{i}.*``,
     ``decoder.norm.*``, ``output_projection.weight``.
     """
-
-    kernels: Kernels = LEVEL2_KERNELS
 
     def __init__(
         self,
@@ -172,12 +204,7 @@ class Seq2SeqTransformer(nn.Module):
         dtype=None,
         kernels: Kernels | None = None,
     ):
-        super().__init__()
-        check_params(params, param_shapes(config, "seq2seq"))
-        if kernels is not None:
-            self.kernels = kernels
-        self.config = config
-        self.dtype = dtype or torch.float32
+        super().__init__(config, params, "seq2seq", dtype=dtype, kernels=kernels)
         kw = {"device": device, "dtype": self.dtype, "kernels": self.kernels}
         LN = self.kernels.layer_norm
         n = range(config.n_layers)
@@ -199,10 +226,6 @@ class Seq2SeqTransformer(nn.Module):
             params, "output_projection.weight", (config.vocab_size, config.d_model), **emb
         )
 
-    @property
-    def device(self) -> torch.device:
-        return self.source_embedding.weight.device
-
     def encode(self, src: torch.Tensor, src_valid: torch.Tensor) -> torch.Tensor:
         """``src (B,S)`` -> ``memory (B,S,D)``; bidirectional self-attention over real tokens."""
         _check_tokens(src, self.config.vocab_size, "source token id")
@@ -214,21 +237,26 @@ class Seq2SeqTransformer(nn.Module):
 
     def _decode(self, tgt, tgt_valid, memory, memory_valid, cache) -> torch.Tensor:
         """Logits ``(B,T,V)`` for ``tgt (B,T)`` following the cache's filled positions."""
-        _check_tokens(tgt, self.config.vocab_size, "target token id")
-        if cache is None:
-            check_length(tgt.shape[1], self.config.max_seq_len, what="target length")
-        else:
-            cache.check_room(tgt.shape[1])  # capacity max_seq_len; raises before any write
-        key_valid = tgt_valid if cache is None else cache.key_valid(tgt_valid)  # (B, length + T)
-        x = self.target_embedding(tgt)  # (B,T,D)
-        for i, layer in enumerate(self.decoder.layers):
-            x = layer(
-                x, memory, valid=key_valid, memory_valid=memory_valid, cache=cache, index=i
-            )  # (B,T,D)
-        logits = self.output_projection(self.decoder.norm(x))  # (B,T,D) -> (B,T,V)
-        if cache is not None:
-            cache.advance(tgt_valid)
-        return logits.masked_fill(~tgt_valid[..., None], 0.0)  # (B,T,V), zero at padding
+
+        def blocks(x: torch.Tensor, key_valid: torch.Tensor) -> torch.Tensor:
+            for i, layer in enumerate(self.decoder.layers):
+                x = layer(
+                    x, memory, valid=key_valid, memory_valid=memory_valid, cache=cache, index=i
+                )  # (B,T,D)
+            return x
+
+        def logits(x: torch.Tensor) -> torch.Tensor:
+            return self.output_projection(self.decoder.norm(x))  # (B,T,D) -> (B,T,V)
+
+        return self._causal_step(
+            tgt,
+            tgt_valid,
+            cache,
+            embedding=self.target_embedding,
+            blocks=blocks,
+            head=logits,
+            what="target",
+        )
 
     def _valid_pair(self, src, tgt_in, src_valid, tgt_valid):
         pad = self.config.pad_id
@@ -250,10 +278,6 @@ class Seq2SeqTransformer(nn.Module):
         memory = self.encode(src, src_valid)  # (B,S,D)
         return self._decode(tgt_in, tgt_valid, memory, src_valid, None)
 
-    def new_cache(self, batch: int):
-        """An empty KV cache of capacity ``max_seq_len`` for ``batch`` rows."""
-        return self.kernels.kv_cache(self.config, batch, device=self.device, dtype=self.dtype)
-
     def prefill(self, src, tgt_in, *, src_valid=None, tgt_valid=None):
         """Encode ``src`` once and run ``tgt_in (B,T)``: ``(logits (B,T,V), cache)``.
 
@@ -268,8 +292,7 @@ class Seq2SeqTransformer(nn.Module):
 
     def decode_step(self, tokens: torch.Tensor, cache) -> torch.Tensor:
         """Append one target position per row, ``tokens (B,)``, to ``cache`` -> logits ``(B,V)``."""
-        tokens = tokens.reshape(-1, 1)  # (B,) -> (B,1)
-        valid = torch.ones_like(tokens, dtype=torch.bool)  # (B,1)
+        tokens, valid = _one_position(tokens)  # (B,1) each
         return self._decode(tokens, valid, None, cache.memory_valid, cache)[:, 0]  # (B,V)
 
     def generate(
