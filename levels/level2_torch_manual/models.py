@@ -90,8 +90,9 @@ class _Model(nn.Module):
         """Logits ``(B,T,V)`` for ``tokens (B,T)`` placed after the cache's filled positions.
 
         ``blocks(x (B,T,D), key_valid (B, length+T)) -> (B,T,D)`` runs the layers,
-        ``head`` maps ``(B,T,D) -> (B,T,V)``; ``what`` names the tokens in errors. Everything is checked before the
-        cache is written; the cache's length grows only after the last layer.
+        ``head`` maps ``(B,T,D) -> (B,T,V)``; ``what`` names the tokens in errors.
+        Everything is checked before the cache is written; the cache's length
+        grows only after the last layer.
         """
         _check_tokens(tokens, self.config.vocab_size, f"{what} token id".lstrip())
         if cache is None:
