@@ -1,0 +1,397 @@
+"""Trainer backends: how the training loop gets a loss, gradients and an update from a level.
+
+The loop in ``lab.train`` never touches a framework directly; it asks a
+:class:`TrainerBackend` for four things:
+
+* ``loss_and_grads(batch)``: the masked cross-entropy of a batch, leaving the
+  gradients of every parameter inside the backend;
+* ``step(lr)``: clip the gradients to a global norm and apply one AdamW update;
+* ``logits(batch)`` and ``model`` (the level's own model, for ``generate``):
+  inference for the metrics and the preflight;
+* ``state()`` / ``load_state(state)``: parameters and optimiser moments keyed by
+  the *canonical* parameter names, so a checkpoint written at one level can be
+  resumed at another.
+
+Levels 2-4 are ``torch.nn.Module``s, so one backend, :class:`TorchAutogradBackend`,
+serves all three: autograd computes the gradients. A level without autograd
+(level 1, numpy) plugs in by implementing the same abstract class with its own
+hand-written backward and optimiser; ``make_backend`` is the one place that
+chooses.
+
+AdamW (Loshchilov & Hutter), as ``torch.optim.AdamW`` computes it, per parameter ``w``
+with gradient ``g`` at step ``t``::
+
+    w  <- w - lr * weight_decay * w          (decoupled decay; matrices only)
+    m  <- b1 m + (1 - b1) g ;  v <- b2 v + (1 - b2) g^2
+    w  <- w - lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+
+Decay is applied to weight matrices only (``ndim >= 2``): shrinking biases and
+LayerNorm gains towards zero has no regularising purpose. Embeddings are
+matrices and are decayed, as in nanoGPT.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import torch
+
+from levels.common.config import TransformerConfig
+from levels.common.params import param_shapes
+
+from .data import Batch
+from .loss import masked_cross_entropy
+
+
+@dataclass(frozen=True)
+class OptimizerSettings:
+    """AdamW and clipping. ``lr`` here is the peak; the loop's schedule scales it per step."""
+
+    betas: tuple[float, float] = (0.9, 0.98)  # b2 < 0.999 adapts faster on short runs
+    eps: float = 1e-8  # torch's default
+    weight_decay: float = 0.01
+    clip_norm: float = 1.0  # global L2 norm of all gradients together
+
+
+class TrainerBackend(ABC):
+    """What the training loop, the metrics and the preflight need from a level."""
+
+    level: ModuleType
+    config: TransformerConfig
+    kind: str  # "seq2seq" or "decoder_only"
+    model: Any  # the level's model object (forward / generate)
+
+    # -- arrays -------------------------------------------------------------
+    def to_native(self, array: np.ndarray) -> Any:
+        """numpy -> the level's array type."""
+        return self.level.asarray(array)
+
+    def to_numpy(self, x: Any) -> np.ndarray:
+        return np.asarray(self.level.to_numpy(x))
+
+    def seed(self, seed: int) -> None:
+        """Seed whatever randomness training uses (dropout); nothing by default."""
+        return None
+
+    # -- inference ----------------------------------------------------------
+    @contextlib.contextmanager
+    def inference(self) -> Iterator[None]:
+        """A context for evaluation (no gradient tape, no dropout)."""
+        yield
+
+    def logits(self, batch: Batch) -> np.ndarray:
+        """Teacher-forced logits ``(B, T, V)`` as numpy (call inside ``inference()``)."""
+        inputs, valid = self.to_native(batch.inputs), self.to_native(batch.valid)
+        if self.kind == "seq2seq":
+            out = self.model.forward(
+                self.to_native(batch.src),
+                inputs,
+                src_valid=self.to_native(batch.src_valid),
+                tgt_valid=valid,
+            )
+        else:
+            out = self.model.forward(inputs, valid=valid)
+        return self.to_numpy(out)
+
+    @abstractmethod
+    def loss(self, batch: Batch) -> float:
+        """Masked cross-entropy of ``batch`` in inference mode (no dropout, no gradients)."""
+
+    # -- training -----------------------------------------------------------
+    @abstractmethod
+    def loss_and_grads(self, batch: Batch) -> float:
+        """Masked cross-entropy of ``batch``; fresh gradients are kept for ``step``."""
+
+    @abstractmethod
+    def gradients(self) -> dict[str, np.ndarray]:
+        """The gradients left by the last ``loss_and_grads``, by canonical name."""
+
+    @abstractmethod
+    def step(self, lr: float) -> float:
+        """Clip and apply one AdamW update at learning rate ``lr``; return the
+        global gradient norm measured *before* clipping."""
+
+    @abstractmethod
+    def state(self) -> dict[str, Any]:
+        """``{"params": {name: array}, "optimizer": {"step": int, "exp_avg": {name: array},
+        "exp_avg_sq": {name: array}}, "rng": uint8 array or None}``, arrays as numpy."""
+
+    @abstractmethod
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        """Restore what ``state()`` returned (possibly from another backend or level)."""
+
+
+def _model_class(level: ModuleType, kind: str) -> type:
+    if kind == "seq2seq":
+        return level.Seq2SeqTransformer
+    if kind == "decoder_only":
+        return level.DecoderOnlyTransformer
+    raise ValueError(f"kind must be 'seq2seq' or 'decoder_only', got {kind!r}")
+
+
+class TorchAutogradBackend(TrainerBackend):
+    """Levels whose models are ``torch.nn.Module``s (2, 3, 4): autograd does the backward."""
+
+    def __init__(
+        self,
+        level: ModuleType,
+        config: TransformerConfig,
+        kind: str,
+        params: Mapping[str, np.ndarray],
+        settings: OptimizerSettings,
+        *,
+        device: str | torch.device | None = None,
+    ):
+        self.level, self.config, self.kind, self.settings = level, config, kind, settings
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.model = _model_class(level, kind)(config, dict(params), device=self.device)
+        self.named = dict(self.model.named_parameters())
+        expected = param_shapes(config, kind)
+        if set(self.named) != set(expected):
+            raise ValueError(
+                f"{level.__name__} parameters do not carry the canonical names: "
+                f"missing {sorted(set(expected) - set(self.named))}, "
+                f"extra {sorted(set(self.named) - set(expected))}"
+            )
+        decay = [p for p in self.named.values() if p.ndim >= 2]
+        no_decay = [p for p in self.named.values() if p.ndim < 2]
+        self.optimizer = torch.optim.AdamW(
+            [
+                {"params": decay, "weight_decay": settings.weight_decay},
+                {"params": no_decay, "weight_decay": 0.0},
+            ],
+            lr=0.0,  # set by the schedule at every step
+            betas=settings.betas,
+            eps=settings.eps,
+        )
+        # The optimiser numbers parameters in group order; this maps those numbers to names.
+        name_of = {id(p): name for name, p in self.named.items()}
+        self.order = [name_of[id(p)] for g in self.optimizer.param_groups for p in g["params"]]
+
+    def to_native(self, array: np.ndarray) -> Any:
+        return self.level.asarray(array, device=self.device)
+
+    def seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    @contextlib.contextmanager
+    def inference(self) -> Iterator[None]:
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                yield
+        finally:
+            self.model.train(was_training)
+
+    def _loss(self, batch: Batch) -> torch.Tensor:
+        inputs, valid = self.to_native(batch.inputs), self.to_native(batch.valid)
+        if self.kind == "seq2seq":
+            logits = self.model(
+                self.to_native(batch.src),
+                inputs,
+                src_valid=self.to_native(batch.src_valid),
+                tgt_valid=valid,
+            )  # (B, T, V)
+        else:
+            logits = self.model(inputs, valid=valid)  # (B, T, V)
+        return masked_cross_entropy(
+            logits, self.to_native(batch.targets), self.to_native(batch.scored)
+        )
+
+    def loss(self, batch: Batch) -> float:
+        with self.inference():
+            return float(self._loss(batch))
+
+    def loss_and_grads(self, batch: Batch) -> float:
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self._loss(batch)
+        loss.backward()
+        return float(loss.detach())
+
+    def gradients(self) -> dict[str, np.ndarray]:
+        missing = [name for name, p in self.named.items() if p.grad is None]
+        if missing:
+            raise ValueError(f"no gradient reached: {', '.join(missing)}")
+        return {name: p.grad.detach().cpu().numpy().copy() for name, p in self.named.items()}
+
+    def step(self, lr: float) -> float:
+        params = list(self.named.values())
+        norm = torch.nn.utils.clip_grad_norm_(params, self.settings.clip_norm)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        return float(norm)
+
+    def state(self) -> dict[str, Any]:
+        params = {n: p.detach().cpu().numpy().copy() for n, p in self.named.items()}
+        moments: dict[str, dict[str, np.ndarray]] = {"exp_avg": {}, "exp_avg_sq": {}}
+        step = 0
+        for name, p in self.named.items():
+            st = self.optimizer.state.get(p)
+            if st:
+                step = int(st["step"])
+                for key in moments:
+                    moments[key][name] = st[key].detach().cpu().numpy().copy()
+        return {
+            "params": params,
+            "optimizer": {"step": step, **moments},
+            "rng": torch.get_rng_state().numpy().copy(),
+        }
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        params = state["params"]
+        if set(params) != set(self.named):
+            raise ValueError(
+                f"checkpoint parameters differ: missing {sorted(set(self.named) - set(params))}, "
+                f"extra {sorted(set(params) - set(self.named))}"
+            )
+        with torch.no_grad():
+            for name, p in self.named.items():
+                p.copy_(torch.as_tensor(np.asarray(params[name])))
+        opt = state["optimizer"]
+        torch_state = {}
+        if opt["step"] > 0:
+            for index, name in enumerate(self.order):
+                torch_state[index] = {
+                    # torch keeps the step as a float32 scalar tensor; only its value matters.
+                    "step": torch.tensor(float(opt["step"]), dtype=torch.float32),
+                    "exp_avg": torch.as_tensor(np.asarray(opt["exp_avg"][name])),
+                    "exp_avg_sq": torch.as_tensor(np.asarray(opt["exp_avg_sq"][name])),
+                }
+        groups = self.optimizer.state_dict()["param_groups"]
+        self.optimizer.load_state_dict({"state": torch_state, "param_groups": groups})
+        if state.get("rng") is not None:
+            torch.set_rng_state(torch.as_tensor(np.asarray(state["rng"]), dtype=torch.uint8))
+
+
+class NumpyBackend(TrainerBackend):
+    """A level without autograd (level 1): the model's own ``loss_and_grads`` and the
+    level's numpy ``AdamW`` and ``clip_grad_norm`` (``level.optim``), which compute
+    what torch's do, so a level-1 run follows a level-2 run's loss curve."""
+
+    def __init__(
+        self,
+        level: ModuleType,
+        config: TransformerConfig,
+        kind: str,
+        params: Mapping[str, np.ndarray],
+        settings: OptimizerSettings,
+    ):
+        self.level, self.config, self.kind, self.settings = level, config, kind, settings
+        self.model = _model_class(level, kind)(config, dict(params))
+        self.optim = importlib.import_module(f"{level.__name__}.optim")
+        live = self.model.parameters()  # the arrays the model computes with
+        self.optimizer = self.optim.AdamW(
+            live,
+            lr=0.0,
+            betas=settings.betas,
+            eps=settings.eps,
+            weight_decay={
+                n: settings.weight_decay if w.ndim >= 2 else 0.0 for n, w in live.items()
+            },
+        )
+        self._grads: dict[str, np.ndarray] | None = None
+
+    def _arguments(self, batch: Batch) -> tuple[tuple, dict]:
+        if self.kind == "seq2seq":
+            args = (batch.src, batch.inputs, batch.targets)
+            return args, {
+                "src_valid": batch.src_valid,
+                "tgt_valid": batch.valid,
+                "scored": batch.scored,
+            }
+        return (batch.inputs, batch.targets), {"valid": batch.valid, "scored": batch.scored}
+
+    def loss(self, batch: Batch) -> float:
+        # No separate forward-only loss here: the recorded forward is the same
+        # arithmetic, and its gradients are simply dropped.
+        args, kwargs = self._arguments(batch)
+        return float(self.model.loss_and_grads(*args, **kwargs)[0])
+
+    def loss_and_grads(self, batch: Batch) -> float:
+        args, kwargs = self._arguments(batch)
+        loss, self._grads = self.model.loss_and_grads(*args, **kwargs)
+        return float(loss)
+
+    def gradients(self) -> dict[str, np.ndarray]:
+        if self._grads is None:
+            raise ValueError("no gradients yet: call loss_and_grads first")
+        return {name: g.copy() for name, g in self._grads.items()}
+
+    def step(self, lr: float) -> float:
+        if self._grads is None:
+            raise ValueError("no gradients yet: call loss_and_grads first")
+        norm = self.optim.clip_grad_norm(self._grads, self.settings.clip_norm)
+        self.optimizer.step(self._grads, lr=lr)
+        self._grads = None
+        return float(norm)
+
+    def state(self) -> dict[str, Any]:
+        opt = self.optimizer
+        copy = lambda d: {n: np.array(a) for n, a in d.items()}  # noqa: E731
+        return {
+            "params": copy(self.model.parameters()),
+            "optimizer": {
+                "step": opt.step_count,
+                "exp_avg": copy(opt.exp_avg) if opt.step_count else {},
+                "exp_avg_sq": copy(opt.exp_avg_sq) if opt.step_count else {},
+            },
+            "rng": None,  # nothing random: level 1 has no dropout
+        }
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        live = self.model.parameters()
+        params = state["params"]
+        if set(params) != set(live):
+            raise ValueError(
+                f"checkpoint parameters differ: missing {sorted(set(live) - set(params))}, "
+                f"extra {sorted(set(params) - set(live))}"
+            )
+        for name, w in live.items():
+            w[...] = params[name]  # in place: the model reads these very arrays
+        opt, saved = self.optimizer, state["optimizer"]
+        opt.step_count = int(saved["step"])
+        for name in live:
+            if opt.step_count:
+                opt.exp_avg[name][...] = saved["exp_avg"][name]
+                opt.exp_avg_sq[name][...] = saved["exp_avg_sq"][name]
+            else:
+                opt.exp_avg[name][...] = 0.0
+                opt.exp_avg_sq[name][...] = 0.0
+
+
+def is_torch_level(level: ModuleType) -> bool:
+    """Whether the level's arrays are torch tensors (and so autograd can train it)."""
+    return isinstance(level.asarray(np.zeros(1)), torch.Tensor)
+
+
+def make_backend(
+    level: ModuleType,
+    config: TransformerConfig,
+    kind: str,
+    params: Mapping[str, np.ndarray],
+    settings: OptimizerSettings,
+    *,
+    device: str | None = None,
+) -> TrainerBackend:
+    """The backend that trains ``level``: autograd for torch levels; the level's own
+    ``loss_and_grads`` and numpy optimiser for a level that has them."""
+    if is_torch_level(level):
+        return TorchAutogradBackend(level, config, kind, params, settings, device=device)
+    if hasattr(_model_class(level, kind), "loss_and_grads"):
+        if device not in (None, "cpu"):
+            raise ValueError(f"{level.__name__} runs on the CPU only, not {device!r}")
+        return NumpyBackend(level, config, kind, params, settings)
+    raise ValueError(
+        f"{level.__name__} computes no gradients: its models have no loss_and_grads "
+        f"(see lab/backend.py for what a trainer backend needs)"
+    )
