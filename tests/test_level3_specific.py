@@ -147,6 +147,13 @@ def test_forced_backends_report_themselves_and_agree_on_values():
         torch.testing.assert_close(out, ref, atol=F32_TOL, rtol=0)
 
 
+def test_which_backend_respects_an_enclosing_sdpa_kernel():
+    q, k, v = qkv(1, 2, 8, 8, 8, dtype=torch.float32)
+    assert level3.which_backend(q, k, v, causal=True) == "flash"  # the CPU build's fused kernel
+    with sdpa_kernel([SDPBackend.MATH]):
+        assert level3.which_backend(q, k, v, causal=True) == "math"
+
+
 def test_a_backend_that_cannot_run_says_so():
     q, k, v = qkv(1, 2, 4, 4, 8, dtype=torch.float32)  # CPU tensors: no CUDA kernel applies
     with pytest.raises(RuntimeError, match="'efficient'"):

@@ -37,6 +37,15 @@ BACKENDS: dict[str, SDPBackend] = {
 }
 BACKEND_CHOICES = ("auto", *BACKENDS)
 
+# Whether a backend is enabled right now (sdpa_kernel flips these switches;
+# despite the module name they govern CPU tensors too).
+_ENABLED = {
+    "flash": torch.backends.cuda.flash_sdp_enabled,
+    "efficient": torch.backends.cuda.mem_efficient_sdp_enabled,
+    "cudnn": torch.backends.cuda.cudnn_sdp_enabled,
+    "math": torch.backends.cuda.math_sdp_enabled,
+}
+
 
 def check_backend(backend: str) -> str:
     if backend not in BACKEND_CHOICES:
@@ -158,16 +167,20 @@ def which_backend(
 ) -> str:
     """The SDPA backend that ``attention`` runs for these inputs: ``"flash"``, ``"math"``, ...
 
-    Found by experiment rather than by restating PyTorch's rules: each backend,
-    in SDPA's priority order, is forced alone and the first one that accepts
-    the inputs is the one the unrestricted dispatcher picks (it applies the
-    same per-backend checks in the same order). With a forced ``backend`` the
-    answer is that backend, or ``RuntimeError`` if it cannot run. Runs the
-    attention up to once per backend, so call it to report, not in a hot loop.
-    On a CPU build "flash" means PyTorch's fused CPU kernel (tiled, online
-    softmax), not the CUDA FlashAttention library.
+    Found by experiment rather than by restating PyTorch's rules: each
+    enabled backend, in SDPA's priority order, is forced alone, and the first
+    one that accepts the inputs is the one the dispatcher picks (it applies
+    the same per-backend checks in the same order, and skips backends that an
+    enclosing ``sdpa_kernel`` block switched off, as this does). With a forced
+    ``backend`` the answer is that backend, or ``RuntimeError`` if it cannot
+    run. Runs the attention up to once per backend: call it to report, not in
+    a hot loop. On CPU tensors "flash" means PyTorch's fused CPU kernel
+    (tiled, with a running softmax), not the CUDA FlashAttention library.
     """
-    candidates = _priority_order() if check_backend(backend) == "auto" else [backend]
+    if check_backend(backend) == "auto":
+        candidates = [name for name in _priority_order() if _ENABLED[name]()]
+    else:
+        candidates = [backend]
     for name in candidates:
         with warnings.catch_warnings():
             # A backend that declines explains why in a UserWarning; we expect some to decline.
