@@ -10,6 +10,7 @@ statistics, FLOPs) is the same code for every level.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -127,15 +128,32 @@ def _kind_of(module: ModuleType) -> str:
     raise TypeError(f"{module.__name__}.asarray returned an unknown array type {type(probe)}")
 
 
-def level_backend(name: str, module: ModuleType, device: str) -> Backend:
+def _describe(module: ModuleType, device: str, native_dtype: Any) -> str:
+    """``module.describe()``, told the device and dtype when it takes them (level 3 does:
+    which SDPA backend runs depends on both)."""
+    describe = getattr(module, "describe", None)
+    if describe is None:
+        return module.__name__
+    accepts = inspect.signature(describe).parameters
+    kwargs = {"device": device, "dtype": native_dtype}
+    return describe(**{k: v for k, v in kwargs.items() if k in accepts and v is not None})
+
+
+def level_backend(name: str, module: ModuleType, device: str, dtype: str = "float32") -> Backend:
     """Wrap a loaded level module. Python and numpy levels always run on the CPU."""
     kind = _kind_of(module)
-    description = module.describe() if hasattr(module, "describe") else name
+    device = device if kind == "torch" else "cpu"
+    native = None
+    if kind == "torch":
+        import torch
+
+        native = getattr(torch, dtype, None)
+    description = _describe(module, device, native)
     return Backend(
         name=name,
         description=description,
         kind=kind,
-        device=device if kind == "torch" else "cpu",
+        device=device,
         module=module,
         # describe() is the level's own word for what computes (docs/conventions.md).
         interpreted="interpret" in description.lower(),
@@ -143,7 +161,9 @@ def level_backend(name: str, module: ModuleType, device: str) -> Backend:
     )
 
 
-def load_backends(names: list[str] | None, device: str) -> tuple[list[Backend], dict[str, str]]:
+def load_backends(
+    names: list[str] | None, device: str, dtype: str = "float32"
+) -> tuple[list[Backend], dict[str, str]]:
     """Load the requested levels (default: all); returns (backends, {name: why unavailable})."""
     wanted = list(levels.LEVELS) if names is None else names
     backends: list[Backend] = []
@@ -151,7 +171,7 @@ def load_backends(names: list[str] | None, device: str) -> tuple[list[Backend], 
     for name in wanted:
         try:
             module = levels.load(name)
-            backends.append(level_backend(name, module, device))
+            backends.append(level_backend(name, module, device, dtype))
         except (ImportError, AttributeError, TypeError) as exc:
             unavailable[name] = str(exc)
     return backends, unavailable

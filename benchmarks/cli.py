@@ -126,7 +126,7 @@ def bench(args: argparse.Namespace) -> int:
     plan = default_plan(device, quick=args.quick, seq_lens=args.seq_lens, causal=args.causal)
     if args.scenario:
         plan = plan.only(args.scenario)
-    backends, unavailable = B.load_backends(args.levels, device)
+    backends, unavailable = B.load_backends(args.levels, device, dtype)
     if device.startswith("cuda") and not args.no_peers:
         backends += [B.sdpa_backend(which, device) for which in B.SDPA_BACKENDS]
     machine = describe_machine(device)
@@ -177,13 +177,13 @@ def _missing(module: str, what: str, error: ImportError):
         print(f"{what} is not installed ({module}: {error})", file=sys.stderr)
         return 1
 
+    handler.takes_any_arguments = True  # whatever was meant for the missing command
     return handler
 
 
 def _placeholder(subparsers, command: str, help: str) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(command, help=help, add_help=False)
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    return p
+    """A command listed in --help whose provider is not imported (or not installed)."""
+    return subparsers.add_parser(command, help=help, add_help=False)
 
 
 def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
@@ -214,11 +214,14 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
-    args = parser.parse_args(argv)
-    if getattr(args, "func", None) is None:
+    args, extra = parser.parse_known_args(argv)
+    func = getattr(args, "func", None)
+    if extra and not getattr(func, "takes_any_arguments", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if func is None:
         parser.print_help()
         return 0 if args.command is None else 2
-    return int(args.func(args) or 0)
+    return int(func(args) or 0)
 
 
 if __name__ == "__main__":

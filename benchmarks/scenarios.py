@@ -71,10 +71,13 @@ def _max_abs(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
 
 
-def _level_note(backend: Backend) -> Callable[[], str] | None:
-    """A level may report what it chose at run time (level 3: the SDPA backend that ran)."""
-    report = getattr(backend.module, "last_backend", None)
-    return (lambda: str(report() or "")) if callable(report) else None
+def _attention_note(backend: Backend, q: Any, k: Any, v: Any, causal: bool) -> Callable[[], str]:
+    """Which kernel ran, where the level can say: level 3's ``which_backend`` names the
+    SDPA backend that runs these very inputs (read after timing, never inside it)."""
+    which = getattr(backend.module, "which_backend", None)
+    if not callable(which):
+        return lambda: ""
+    return lambda: f"SDPA backend: {which(q, k, v, causal=causal)}"
 
 
 # --------------------------------------------------------------------------- attention
@@ -130,7 +133,8 @@ class Attention:
             def error() -> float:
                 return _max_abs(backend.to_numpy(fn()), reference.attention(qr, kr, vr, causal))
 
-            return Case(fn=fn, error=error, error_of="output", note=_level_note(backend))
+            note = _attention_note(backend, q, k, v, causal)
+            return Case(fn=fn, error=error, error_of="output", note=note)
 
         for x in (q, k, v):
             x.requires_grad_(True)
@@ -148,7 +152,8 @@ class Attention:
             got = [backend.to_numpy(x.grad) for x in (q, k, v)]
             return max(_max_abs(g, w) for g, w in zip(got, want, strict=True))
 
-        return Case(fn=fn, error=grad_error, error_of="dq,dk,dv", note=_level_note(backend))
+        note = _attention_note(backend, q, k, v, causal)
+        return Case(fn=fn, error=grad_error, error_of="dq,dk,dv", note=note)
 
 
 # --------------------------------------------------------------------------- models
@@ -206,7 +211,7 @@ class DecoderForward:
             want = reference.decoder_logits(self.config, params, dtype, [tokens64])[0]
             return _max_abs(backend.to_numpy(fn()), want)
 
-        return Case(fn=fn, error=error, error_of="logits", note=_level_note(backend))
+        return Case(fn=fn, error=error, error_of="logits")
 
 
 @dataclass(frozen=True)
@@ -260,7 +265,7 @@ class Generate:
             got = backend.to_numpy(fn()).astype(np.int64)
             return float(np.count_nonzero(got != want))
 
-        return Case(fn=fn, error=error, error_of="tokens != ref", note=_level_note(backend))
+        return Case(fn=fn, error=error, error_of="tokens != ref")
 
 
 @dataclass(frozen=True)
@@ -338,7 +343,6 @@ class VarlenBatch:
             fn=fn,
             error=error,
             error_of="logits",
-            note=_level_note(backend),
             extras={"padding_waste": waste},
         )
 

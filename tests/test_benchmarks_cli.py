@@ -1,0 +1,326 @@
+"""Fast checks of the benchmark harness: statistics, FLOP formulas, the budget, the
+JSON and the PNG, and a tiny ``ladder bench`` run through ``main``.
+
+Expected numbers are worked out by hand in the comments, never by the harness.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import levels
+from benchmarks import cli, flops
+from benchmarks.backends import level_backend, sdpa_backend
+from benchmarks.memory import peak_memory
+from benchmarks.plan import Budget, Plan
+from benchmarks.records import SKIPPED_BUDGET, Record
+from benchmarks.reference import Reference
+from benchmarks.report import level_ratios, pair_ratios
+from benchmarks.runner import run_case
+from benchmarks.scenarios import Attention
+from benchmarks.timing import TimingPolicy, measure, summarize
+from levels.common.config import TransformerConfig
+
+FAST = TimingPolicy(warmup=1, min_repeat=2, max_repeat=3, min_time_s=0.0, min_sample_s=0.0)
+
+
+def _load(name: str):
+    try:
+        return levels.load(name)
+    except levels.LevelUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def test_summarize_median_quartiles_and_extremes():
+    stats = summarize([4.0, 1.0, 100.0, 3.0, 2.0])
+    # Sorted: 1 2 3 4 100. Median is the middle one; numpy's linear quartiles of five
+    # values fall exactly on the 2nd and 4th; the outlier moves only the max.
+    assert (stats.median, stats.q1, stats.q3, stats.min, stats.max) == (3.0, 2.0, 4.0, 1.0, 100.0)
+    assert stats.iqr == 2.0 and stats.n == 5
+
+
+def test_measure_never_times_the_warm_up_and_loops_short_calls():
+    calls = []
+
+    def fake_timer(fn, number):  # a call "takes" 0.5 ms, whatever it is
+        calls.append(number)
+        return 5e-4
+
+    policy = TimingPolicy(warmup=1, min_repeat=3, max_repeat=4, min_time_s=0.0, min_sample_s=2e-3)
+    stats = measure(lambda: None, fake_timer, policy)
+    # First one probe call; 2 ms / 0.5 ms = 4 calls per sample; the probe is dropped
+    # because it was a single call, and three looped samples follow.
+    assert calls == [1, 4, 4, 4]
+    assert stats.n == 3 and stats.number == 4 and stats.median == 5e-4
+
+
+def test_measure_keeps_sampling_until_min_time():
+    times = iter([0.1] * 100)
+    policy = TimingPolicy(warmup=1, min_repeat=2, max_repeat=50, min_time_s=0.45)
+    stats = measure(lambda: None, lambda fn, n: next(times), policy)
+    # Samples of 0.1 s each: the fifth brings the measured total to 0.5 s >= 0.45 s.
+    assert stats.n == 5
+
+
+def test_timing_policy_refuses_to_time_the_first_call():
+    with pytest.raises(ValueError, match="first call"):
+        TimingPolicy(warmup=0)
+
+
+# --------------------------------------------------------------------------- FLOPs
+
+TINY = TransformerConfig(vocab_size=10, d_model=8, n_heads=2, d_ff=16, n_layers=3)
+
+
+def test_attention_flops_by_hand():
+    # 4 * B*H*T*S*Dh = 4 * 2*3*5*7*11 = 9240; causal counts half.
+    assert flops.attention_flops(2, 3, 5, 7, 11, causal=False) == 9240
+    assert flops.attention_flops(2, 3, 5, 7, 11, causal=True) == 4620
+    # Backward is 2.5x the forward, so forward + backward is 3.5 * 9240.
+    assert flops.attention_fwd_bwd_flops(2, 3, 5, 7, 11, causal=False) == 32340
+
+
+def test_model_flops_by_hand():
+    # Per layer 4*D^2 + 2*D*F = 256 + 256 = 512; three layers 1536; tied logits V*D = 80.
+    assert flops.matmul_params(TINY) == 1616
+    # B=2, T=4: 2 * 1616 * 8 tokens = 25856, plus 3 layers of causal attention over
+    # H=2, Dh=4: 3 * 4*2*2*4*4*4 / 2 = 1536.
+    assert flops.decoder_forward_flops(TINY, 2, 4) == 27392
+    # Decode step, B=1, S=3: 2 * 1616 = 3232 plus 3 * 4*1*2*1*3*4 = 288 (not halved).
+    assert flops.decode_step_flops(TINY, 1, 3) == 3520
+
+
+def test_generation_flops_by_hand():
+    # Prompt 2, 3 new tokens. Cached: forward(T=2) = 6464 + 3*64 = 6656, then decode
+    # steps over S=3 (3520) and S=4 (3232 + 384 = 3616).
+    assert flops.generation_flops(TINY, 1, 2, 3, use_cache=True) == 6656 + 3520 + 3616
+    # Uncached: forwards over T=2, 3, 4: 6656, 9696 + 432, 12928 + 768.
+    assert flops.generation_flops(TINY, 1, 2, 3, use_cache=False) == 6656 + 10128 + 13696
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def test_tracemalloc_sees_a_numpy_buffer():
+    peak = peak_memory(lambda: np.ones(1_000_000), "tracemalloc")  # 8 MB of float64
+    # The buffer plus a few hundred bytes of Python objects around it.
+    assert 8_000_000 <= peak < 8_100_000
+
+
+def test_torch_profiler_sees_the_cpu_allocator():
+    def two_buffers():
+        a = torch.ones(1_000_000)  # 4 MB float32
+        b = a + 1  # another 4 MB while a is alive
+        return b
+
+    peak = peak_memory(two_buffers, "torch.profiler")
+    if peak is None:
+        pytest.skip("this torch build does not expose the profiler's memory records")
+    # Both buffers are alive at once; a small allocator rounding is allowed.
+    assert 8_000_000 <= peak < 8_100_000
+
+
+# --------------------------------------------------------------------------- runner
+
+
+def _plan(budget: Budget) -> Plan:
+    return Plan(
+        workloads={}, budgets={"python": budget, "numpy": budget, "torch": budget}, timing=FAST
+    )
+
+
+def test_budget_skips_over_the_work_cap_without_running():
+    backend = level_backend("level1_numpy", _load("level1_numpy"), "cpu")
+    work = Attention(B=1, H=2, T=64, Dh=8)  # 4*2*64*64*8 / 2 = 131072 FLOPs
+    record = run_case(
+        backend,
+        work,
+        dtype="float32",
+        plan=_plan(Budget(max_gflop=1e-4)),  # 100000 FLOPs < 131072
+        reference=Reference(),
+        peak=None,
+    )
+    assert record.status == SKIPPED_BUDGET
+    assert record.median_s is None and "GFLOP" in record.note
+
+
+def test_budget_skips_a_size_predicted_too_slow():
+    from benchmarks.runner import _Pace
+
+    backend = level_backend("level1_numpy", _load("level1_numpy"), "cpu")
+    small, large = Attention(B=1, H=2, T=16, Dh=8), Attention(B=1, H=2, T=64, Dh=8)
+    pace = _Pace()
+    pace.record(backend, small, 1.0)  # pretend the small size took 1 s
+    # The large one is 16x the work, so it would take about 16 s > 5 s.
+    record = run_case(
+        backend,
+        large,
+        dtype="float32",
+        plan=_plan(Budget(max_call_s=5.0)),
+        reference=Reference(),
+        peak=None,
+        pace=pace,
+    )
+    assert record.status == SKIPPED_BUDGET and "16 s" in record.note
+
+
+def test_run_case_measures_and_checks_against_float64():
+    backend = level_backend("level2_torch_manual", _load("level2_torch_manual"), "cpu")
+    _load("level1_numpy")  # the reference
+    work = Attention(B=1, H=2, T=24, Dh=8)
+    record = run_case(
+        backend, work, dtype="float32", plan=_plan(Budget()), reference=Reference(), peak=None
+    )
+    assert record.ok, record.status
+    assert record.q1_s <= record.median_s <= record.q3_s
+    assert record.gflops == pytest.approx(work.flops() / record.median_s / 1e9)
+    # float32 softmax-attention of O(1) values: eps = 1.2e-7, a few dozen roundings.
+    assert 0 < record.max_error < 1e-5
+    assert record.memory_method == "torch.profiler"
+
+
+def test_sdpa_peer_runs_on_the_cpu_math_backend():
+    _load("level1_numpy")
+    work = Attention(B=1, H=2, T=24, Dh=8, backward=False)
+    record = run_case(
+        sdpa_backend("math", "cpu"),
+        work,
+        dtype="float32",
+        plan=_plan(Budget()),
+        reference=Reference(),
+        peak=None,
+    )
+    assert record.ok, record.status
+    assert record.level == "sdpa:math"
+    # Same float32 reasoning as above.
+    assert record.max_error < 1e-5
+
+
+# --------------------------------------------------------------------------- ratios
+
+
+def _rec(level, scenario, T, median, tokens=None):
+    return Record(
+        level=level,
+        scenario=scenario,
+        device="cpu",
+        dtype="float32",
+        shape={"T": T},
+        median_s=median,
+        tokens_per_s=tokens,
+    )
+
+
+def test_ratios_use_the_longest_common_length():
+    records = [
+        _rec("a", "attention fwd", 128, 2.0),
+        _rec("a", "attention fwd", 1024, 8.0),
+        _rec("b", "attention fwd", 128, 1.0),
+        _rec("b", "attention fwd", 1024, 2.0),
+        _rec("b", "attention fwd", 2048, 5.0),
+    ]
+    (ratio,) = level_ratios(records)
+    assert ratio.value == 4.0 and "T=1024" in ratio.detail  # 8 s / 2 s
+
+
+def test_kv_cache_and_bucketing_ratios():
+    records = [
+        _rec("a", "generate uncached", 64, 3.0),
+        _rec("a", "generate cached", 64, 0.5),
+        _rec("a", "varlen padded", 64, 1.0, tokens=100.0),
+        _rec("a", "varlen bucketed", 64, 1.0, tokens=250.0),
+    ]
+    (kv,) = pair_ratios(records, "generate uncached", "generate cached", "kv")
+    (bucket,) = pair_ratios(records, "varlen padded", "varlen bucketed", "b", throughput=True)
+    assert kv.value == 6.0 and bucket.value == 2.5
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def test_ladder_bench_tiny_run_writes_json_and_png(tmp_path, capsys):
+    for name in ("level1_numpy", "level2_torch_manual"):
+        _load(name)
+    out, png = tmp_path / "out.json", tmp_path / "plot.png"
+    code = cli.main(
+        [
+            "bench",
+            "--quick",
+            "--levels",
+            "1,2",
+            "--scenario",
+            "attention",
+            "--scenario",
+            "decoder",
+            "--seq-lens",
+            "8,16",
+            "--no-progress",
+            "--json",
+            str(out),
+            "--plot",
+            str(png),
+        ]
+    )
+    assert code == 0
+    records = json.loads(out.read_text())
+    for r in records:
+        assert {"level", "scenario", "device", "dtype", "median_s"} <= r.keys()
+    measured = {
+        (r["level"], r["scenario"], r["shape"].get("T")) for r in records if r["status"] == "ok"
+    }
+    for level in ("level1_numpy", "level2_torch_manual"):
+        for scenario in ("attention fwd", "decoder fwd"):
+            assert {(level, scenario, 8), (level, scenario, 16)} <= measured
+    peak = next(r for r in records if r["scenario"] == "matmul peak")
+    assert peak["gflops"] > 0
+    for r in records:
+        if r["status"] == "ok" and r["scenario"] != "matmul peak":
+            assert math.isclose(r["peak_fraction"], r["gflops"] / peak["gflops"], rel_tol=1e-9)
+            # float32 on O(1) attention outputs and logits of a two-layer model: the
+            # shared suite's float32 tolerance (2e-5 relative) with room for |logits| ~ 5.
+            assert r["max_error"] < 1e-4
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = capsys.readouterr().out
+    assert levels.load("level1_numpy").describe() in text  # what computes is printed
+    assert "Ratios within this run" in text
+
+
+def test_unavailable_level_is_reported(monkeypatch, tmp_path):
+    def refuse(name):
+        raise levels.LevelUnavailable(f"{name} is unavailable here: pretend")
+
+    monkeypatch.setattr(levels, "load", refuse)
+    out = tmp_path / "out.json"
+    code = cli.main(
+        ["bench", "--quick", "--levels", "2", "--scenario", "attention", "--seq-lens", "8"]
+        + ["--no-progress", "--json", str(out)]
+    )
+    assert code == 0
+    (row,) = [r for r in json.loads(out.read_text()) if r["level"] == "level2_torch_manual"]
+    assert row["status"].startswith("unavailable: ") and "pretend" in row["status"]
+
+
+def test_missing_subcommand_provider_says_not_installed(monkeypatch, capsys):
+    monkeypatch.setattr(
+        cli, "PROVIDERS", (("no_such_package.cli", ("frobnicate",), "the frobnicator"),)
+    )
+    assert cli.main(["frobnicate", "--anything"]) == 1
+    assert "the frobnicator is not installed" in capsys.readouterr().err
+
+
+def test_help_lists_plugged_in_commands_without_importing_them(monkeypatch, capsys):
+    monkeypatch.setattr(
+        cli, "PROVIDERS", (("no_such_package.cli", ("frobnicate",), "the frobnicator"),)
+    )
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    text = capsys.readouterr().out
+    assert "bench" in text and "frobnicate" in text
