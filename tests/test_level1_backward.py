@@ -295,6 +295,25 @@ def test_adamw_matches_torch():
     assert opt.step_count == int(ref.state[theirs["w"]]["step"])
 
 
+def test_adamw_resumes_from_its_state():
+    """Two steps, save, one more on a fresh optimiser: the same as three steps in a row."""
+    rng, params = _random_state(17)
+    grads = [{n: rng.normal(size=p.shape) for n, p in params.items()} for _ in range(3)]
+    straight = {n: p.copy() for n, p in params.items()}
+    opt = optim.AdamW(straight, lr=0.01)
+    for g in grads:
+        opt.step({n: a.copy() for n, a in g.items()})
+    resumed = {n: p.copy() for n, p in params.items()}
+    first = optim.AdamW(resumed, lr=0.01)
+    for g in grads[:2]:
+        first.step({n: a.copy() for n, a in g.items()})
+    second = optim.AdamW(resumed, lr=0.01)
+    second.load_state(first.state())
+    second.step(grads[2])
+    for n in params:
+        np.testing.assert_array_equal(resumed[n], straight[n])  # same operations: bit-equal
+
+
 @pytest.mark.parametrize("max_norm", [0.5, 100.0])  # clips / leaves alone
 def test_clip_grad_norm_matches_torch(max_norm):
     _, grads = _random_state(14)
@@ -399,6 +418,10 @@ def _throughput() -> None:
     seq = rng.integers(1, cfg.vocab_size, size=(B, T + 1))
     inputs, targets = seq[:, :-1], seq[:, 1:]
     tokens = B * T
+    # One thread each (torch's pool here; numpy's BLAS through OPENBLAS_NUM_THREADS=1
+    # in the command): a like-for-like comparison that a busy shared machine
+    # disturbs least.
+    torch.set_num_threads(1)
     policy = TimingPolicy(warmup=2, min_repeat=5, max_repeat=20, min_time_s=2.0)
     print(f"decoder-only {cfg}, B={B}, T={T}, torch threads={torch.get_num_threads()}")
 

@@ -195,12 +195,14 @@ class Tape:
     def gelu(self, x: np.ndarray) -> np.ndarray:
         # y = x Phi(x) with Phi the standard normal CDF, so
         # dy/dx = Phi(x) + x phi(x), phi(x) = exp(-x^2/2) / sqrt(2 pi) its density.
+        # Phi is kept from the forward: erf is the costly part.
+        cdf = ops.normal_cdf(x)
+
         def backward(g):
-            cdf = 0.5 * (1.0 + ops.erf(x / math.sqrt(2.0)))
             pdf = np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
             return (g * (cdf + x * pdf),)
 
-        return self._record(ops.gelu(x), (x,), backward)
+        return self._record(x * cdf, (x,), backward)
 
     def rope(self, x: np.ndarray, position_offset: int, base: float) -> np.ndarray:
         # Each pair is multiplied by a rotation matrix R(theta), so dx = R(theta)^T g

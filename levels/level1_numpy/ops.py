@@ -114,14 +114,19 @@ def layer_norm(x: np.ndarray, weight, bias, eps: float) -> np.ndarray:
     return y if bias is None else y + bias
 
 
-def gelu(x: np.ndarray) -> np.ndarray:
-    """Exact GELU, ``x * Phi(x) = 0.5 * x * (1 + erf(x / sqrt(2)))``, not the tanh approximation.
+def normal_cdf(x: np.ndarray) -> np.ndarray:
+    """``Phi(x) = 0.5 * (1 + erf(x / sqrt(2)))``, the standard normal CDF, elementwise.
 
     numpy has no erf; ``scipy.special.erf`` is vectorised and accurate to float64
-    rounding (and computes float32 inputs in float32), so this step costs about
-    as much as any other elementwise pass.
+    rounding (and computes float32 inputs in float32). It is still the most
+    expensive elementwise step here, ~40 ns per element against ~8 for ``exp``.
     """
-    return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
+    return 0.5 * (1.0 + erf(x / math.sqrt(2.0)))
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """Exact GELU, ``x * Phi(x)``, not the tanh approximation."""
+    return x * normal_cdf(x)
 
 
 def embed(table: np.ndarray, tokens: np.ndarray, scale: float) -> np.ndarray:

@@ -89,3 +89,20 @@ class AdamW:
             v += (1 - b2) * (g * g)
             denom = np.sqrt(v) / bias_correction2_sqrt + self.eps
             w -= step_size * (m / denom)
+
+    def state(self) -> dict:
+        """``{"step": int, "exp_avg": {name: array}, "exp_avg_sq": {name: array}}``, copies."""
+        return {
+            "step": self.step_count,
+            "exp_avg": {name: m.copy() for name, m in self.exp_avg.items()},
+            "exp_avg_sq": {name: v.copy() for name, v in self.exp_avg_sq.items()},
+        }
+
+    def load_state(self, state: Mapping) -> None:
+        """Restore what ``state()`` returned (step 0 may come without moments: zeros)."""
+        self.step_count = int(state["step"])
+        for key in ("exp_avg", "exp_avg_sq"):
+            moments = getattr(self, key)
+            saved = state.get(key) or {}
+            for name, array in moments.items():
+                array[...] = saved[name] if self.step_count > 0 else 0.0
