@@ -18,6 +18,7 @@ import inspect
 import os
 
 import pytest
+import torch
 from _helpers import Case, Policy, Tolerance
 
 import levels
@@ -61,7 +62,7 @@ TOLERANCE: dict[str, Tolerance] = {
     # Same maths, different summation orders (loops, BLAS blocking, fused
     # kernels, erf implementations): a few hundred ulps (eps = 2.2e-16) of the
     # O(1) values the models produce, through a couple of layers.
-    "float64": Tolerance(atol=1e-12, rtol=1e-12),
+    "float64": Tolerance(atol=1e-13, rtol=1e-13),
     # eps = 1.2e-7; sums over D, S and F terms and two layers of LayerNorm
     # amplify that to a few 1e-6 on O(1) logits: ~1e-5 relative.
     "float32": Tolerance(atol=2e-5, rtol=2e-5),
@@ -85,9 +86,17 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "best_dtype: run only the level's most precise dtype")
+    config.addinivalue_line("markers", "torch_only: only the torch levels (autograd, nn.Module)")
+    config.addinivalue_line(
+        "markers", "exclude_levels(*names): levels the test does not apply to (e.g. the baseline)"
+    )
     config.addinivalue_line(
         "markers", "no_lowp: no float16/bfloat16 run (no PyTorch baseline to hold it to)"
     )
+    # The tests use tiny shapes, for which PyTorch's intra-op thread pool costs
+    # far more than it saves (spin-waiting threads on a shared 2-core machine
+    # made small float64 matmuls ~10x slower): one thread.
+    torch.set_num_threads(1)
     if config.getoption("--device") == "cpu":
         # Triton kernels can only run on CPU in the interpreter, which must be
         # switched on before any module defining @triton.jit kernels is imported.
@@ -109,8 +118,15 @@ def pytest_generate_tests(metafunc):
     device = metafunc.config.getoption("--device")
     best_only = "case" not in wanted or metafunc.definition.get_closest_marker("best_dtype")
     lowp = metafunc.definition.get_closest_marker("no_lowp") is None
+    # Levels a test does not apply to are not generated at all (rather than skipped).
+    names = list(levels.LEVELS)
+    if metafunc.definition.get_closest_marker("torch_only"):
+        names = [n for n in names if POLICY[n].framework == "torch"]
+    excluded = metafunc.definition.get_closest_marker("exclude_levels")
+    if excluded:
+        names = [n for n in names if n not in excluded.args]
     pairs, ids = [], []
-    for name in levels.LEVELS:
+    for name in names:
         for dtype in _dtypes_for(name, device, best_only=best_only, lowp=lowp):
             pairs.append((name, dtype))
             ids.append(f"{name}-{dtype}" if "case" in wanted else name)

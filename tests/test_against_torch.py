@@ -284,10 +284,9 @@ def test_decoder_only_vs_torch_encoder_stack(case, bias):
 
 
 @pytest.mark.no_lowp
+@pytest.mark.torch_only
 @pytest.mark.parametrize("kind", ["decoder_only", "seq2seq"])
 def test_gradients_match_torch(case, kind):
-    if not case.is_torch:
-        pytest.skip(f"{case.name} has no autograd")
     config = torch_config(case.tiny)
     params = init_params(config, kind, seed=8, scheme="random")
     rng = np.random.default_rng(8)

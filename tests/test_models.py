@@ -113,10 +113,9 @@ def test_valid_defaults_to_tokens_not_pad(case):
 # ---------------------------------------------------------------------------
 
 
+@pytest.mark.exclude_levels("level0_loops")
 @pytest.mark.parametrize("kind", ["decoder_only", "seq2seq"])
 def test_matches_level0_at_tiny_sizes(case, reference_level, kind):
-    if case.name == "level0_loops":
-        pytest.skip("level 0 is the reference here")
     base = reference_level("level0_loops")
     config = model_config(True)
     params = init_params(config, kind, seed=21, scheme="random")
@@ -131,28 +130,27 @@ def test_matches_level0_at_tiny_sizes(case, reference_level, kind):
     case.assert_close(out, expected, what=f"{kind} logits vs level0_loops")
 
 
+@pytest.mark.exclude_levels("level1_numpy")
 @pytest.mark.parametrize("kind", ["decoder_only", "seq2seq"])
 def test_matches_level1_float64_at_larger_sizes(case, reference_level, kind):
-    if case.name == "level1_numpy":
-        pytest.skip("level 1 is the reference here")
-    if case.tiny:
-        pytest.skip(f"{case.name} runs tiny shapes only here; it meets level 1 via level 0")
     base = reference_level("level1_numpy")
+    # The slow levels get a medium size: larger than their tiny tests, still quick.
+    T, S, D = (9, 11, 16) if case.tiny else (24, 21, 32)
     config = TransformerConfig(
-        vocab_size=50, d_model=32, n_heads=4, d_ff=64, n_layers=2, max_seq_len=64
+        vocab_size=50, d_model=D, n_heads=4, d_ff=2 * D, n_layers=2, max_seq_len=64
     )
     params = init_params(config, kind, seed=22, scheme="random")
     rng = np.random.default_rng(7)
     if kind == "decoder_only":
-        valid = right_padded([24, 17, 9, 1], 24)
-        tokens = random_tokens(rng, config, 4, 24, valid=valid)
+        valid = right_padded([T, T - 7, T // 2, 1], T)
+        tokens = random_tokens(rng, config, 4, T, valid=valid)
         out = run_decoder_only(case, config, params, tokens, valid)
         expected = run_decoder_only(base, config, params, tokens, valid)
     else:
-        src_valid = right_padded([21, 5, 14], 21)
-        tgt_valid = right_padded([15, 15, 2], 15)
-        src = random_tokens(rng, config, 3, 21, valid=src_valid)
-        tgt = random_tokens(rng, config, 3, 15, valid=tgt_valid)
+        src_valid = right_padded([S, 5, S - 7], S)
+        tgt_valid = right_padded([T - 4, T, 2], T)
+        src = random_tokens(rng, config, 3, S, valid=src_valid)
+        tgt = random_tokens(rng, config, 3, T, valid=tgt_valid)
         out = run_seq2seq(case, config, params, src, tgt, src_valid, tgt_valid)
         expected = run_seq2seq(base, config, params, src, tgt, src_valid, tgt_valid)
     case.assert_close(out, expected, what=f"{kind} logits vs level1_numpy float64")
@@ -164,10 +162,9 @@ def test_matches_level1_float64_at_larger_sizes(case, reference_level, kind):
 
 
 @pytest.mark.best_dtype
+@pytest.mark.torch_only
 @pytest.mark.parametrize("kind", ["decoder_only", "seq2seq"])
 def test_state_dict_uses_canonical_names(case, kind):
-    if not case.is_torch:
-        pytest.skip(f"{case.name} is not an nn.Module level")
     # RoPE on: cos/sin tables or causal masks kept as buffers must not leak in.
     config = model_config(case, "rope-bias")
     params = init_params(config, kind, seed=23, scheme="random")

@@ -240,9 +240,8 @@ def test_encoder_is_permutation_equivariant_without_positions(case):
 
 
 @pytest.mark.best_dtype
+@pytest.mark.torch_only
 def test_gradients_finite_and_padding_contributes_nothing(case):
-    if not case.is_torch:
-        pytest.skip(f"{case.name} has no autograd")
     config = small_config(case.tiny)
     params = init_params(config, "decoder_only", seed=10, scheme="random")
     rng = np.random.default_rng(10)
