@@ -138,8 +138,9 @@ def test_which_backend_agrees_with_the_dispatcher(dtype, causal, padded, dropout
     assert reported == _dispatcher_choice(q, k, v, causal=causal, mask=mask, dropout_p=dropout_p)
 
 
-def test_forced_backends_report_themselves_and_agree_on_values():
-    q, k, v = qkv(2, 3, 17, 17, 8, dtype=torch.float32)
+@pytest.mark.parametrize("T,S", [(17, 17), (5, 17)])
+def test_forced_backends_report_themselves_and_agree_on_values(T, S):
+    q, k, v = qkv(2, 3, T, S, 8, dtype=torch.float32)
     ref = level2.attention(q, k, v, causal=True)
     for name in ("flash", "math"):  # the two CPU kernels
         assert level3.which_backend(q, k, v, causal=True, backend=name) == name

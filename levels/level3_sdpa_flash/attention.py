@@ -5,7 +5,8 @@ before the call rather than patched after it:
 
 * its ``is_causal`` is aligned top-left (``j <= i``); the ladder's is bottom-right
   (``j <= i + S - T``). The two agree when ``T == S``, and with ``T == 1`` the
-  bottom-right rule masks nothing, so only ``1 < T < S`` needs an explicit mask;
+  bottom-right rule masks nothing, so only ``1 < T < S`` needs more: PyTorch's
+  ``causal_lower_right`` bias;
 * a query row with no allowed key comes out of SDPA as NaN; here it is a
   ``ValueError``, decided from the shapes and the mask before any kernel runs.
 
@@ -22,9 +23,10 @@ import warnings
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import CausalBias, causal_lower_right
 
 from ..common.checks import EMPTY_ROW_MESSAGE, attention_dims, check_mask
-from ..level2_torch_manual.attention import allowed_keys, causal_mask
+from ..level2_torch_manual.attention import allowed_keys
 
 # The names accepted by ``backend=``. On a CPU build only "flash" (a fused,
 # tiled CPU kernel) and "math" (the unfused reference) exist; "efficient"
@@ -60,13 +62,14 @@ def sdpa_mask(
     *,
     causal: bool,
     mask: torch.Tensor | None,
-) -> tuple[torch.Tensor | None, bool]:
+) -> tuple[torch.Tensor | CausalBias | None, bool]:
     """Translate the ladder's ``(causal, mask)`` into SDPA's ``(attn_mask, is_causal)``.
 
     Validates shapes and the mask, and raises ``ValueError`` for a query row
-    with no allowed key, so SDPA never sees one. Returns the boolean mask to
-    pass (True = may attend, broadcastable to ``(B,H,T,S)``, or ``None``) and
-    whether to set SDPA's (top-left) ``is_causal``.
+    with no allowed key, so SDPA never sees one. Returns what to pass as
+    ``attn_mask`` (a boolean mask, True = may attend, broadcastable to
+    ``(B,H,T,S)``; a lower-right ``CausalBias``; or ``None``) and whether to
+    set SDPA's (top-left) ``is_causal``.
     """
     B, H, T, S, _, _ = attention_dims(q.shape, k.shape, v.shape)
     if mask is not None:
@@ -86,11 +89,11 @@ def sdpa_mask(
         return None, True  # top-left and bottom-right coincide: SDPA's fast causal path
     if T == 1:
         return None, False  # j <= 0 + S - 1 holds for every key: nothing to mask
-    # 1 < T < S (a chunk of queries after cached keys): an explicit (T, S) mask.
-    # torch.nn.attention.bias.causal_lower_right would avoid materialising it,
-    # but on CUDA it calls the flash / efficient kernels directly, bypassing
-    # sdpa_kernel, so `backend=` and which_backend() could not be trusted.
-    return causal_mask(T, S, device=q.device), False  # (T, S)
+    # 1 < T < S (a chunk of queries after cached keys): PyTorch's lower-right
+    # causal bias. On CUDA it runs flash / efficient kernels with the
+    # bottom-right rule built in (subject to the same sdpa_kernel switches);
+    # elsewhere it materialises the (T, S) mask and calls SDPA with it.
+    return causal_lower_right(T, S), False
 
 
 def _backend_context(backend: str):
@@ -129,7 +132,7 @@ def attention(
                 q,  # (B,H,T,Dh)
                 k,  # (B,H,S,Dh)
                 v,  # (B,H,S,Dv)
-                attn_mask=attn_mask,  # broadcastable to (B,H,T,S), True = may attend
+                attn_mask=attn_mask,  # bool, broadcastable to (B,H,T,S), True = may attend
                 dropout_p=dropout_p,
                 is_causal=is_causal,
                 scale=scale,
