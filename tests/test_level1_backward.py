@@ -146,6 +146,32 @@ def test_scored_mask_selects_the_targets():
     assert_grads_match(grads, model)
 
 
+def test_padding_contributes_no_gradient():
+    """Junk ids at padded input positions (valid given explicitly) change nothing."""
+    cfg = config()
+    params = init_params(cfg, "decoder_only", 18, scheme="random")
+    rng = np.random.default_rng(19)
+    inputs = padded_tokens(rng, [6, 2, 4], 6, cfg.vocab_size)
+    targets = padded_tokens(rng, [6, 2, 4], 6, cfg.vocab_size)
+    valid = inputs != PAD
+    junk = np.where(valid, inputs, rng.integers(1, cfg.vocab_size, size=inputs.shape))
+    model = L1.DecoderOnlyTransformer(cfg, params)
+    loss, grads = model.loss_and_grads(inputs, targets, valid=valid)
+    loss_junk, grads_junk = model.loss_and_grads(junk, targets, valid=valid)
+    # A padded position's contributions are exact zeros (masked keys have weight
+    # 0, its logits are zeroed), so the sums agree to the last bit or close to it.
+    assert loss_junk == pytest.approx(loss, rel=1e-15)
+    for name, g in grads.items():
+        np.testing.assert_allclose(grads_junk[name], g, rtol=1e-14, atol=0, err_msg=name)
+
+
+def test_targets_must_match_the_inputs():
+    cfg = config()
+    model = L1.DecoderOnlyTransformer(cfg, init_params(cfg, "decoder_only", 0))
+    with pytest.raises(ValueError, match="targets"):
+        model.loss_and_grads(np.array([[1, 2, 3]]), np.array([[2, 3]]))
+
+
 # ---------------------------------------------------------------- single ops
 
 

@@ -28,6 +28,11 @@ def cross_entropy(
     ``p = softmax(z)`` at one of them, ``d(-log p[y])/dz = p - onehot(y)``;
     the mean divides it by ``N``. Unscored positions (padding) get exactly 0.
     """
+    if targets.shape != logits.shape[:-1] or scored.shape != logits.shape[:-1]:
+        raise ValueError(
+            f"targets {targets.shape} and scored {scored.shape} must be the logits' "
+            f"(B, T) = {logits.shape[:-1]}"
+        )
     if not scored.any():
         raise ValueError("the loss needs at least one scored target")
     z = logits[scored]  # (N, V)
