@@ -137,7 +137,7 @@ def main(argv=None) -> int:
         if row[0] != last:
             print()
             last = row[0]
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     return 0
 
 
