@@ -151,7 +151,8 @@ class Tape:
         # (a plain fancy-index += would keep only one of them).
         def backward(g):  # g (B,T,D)
             d_table = np.zeros_like(table)  # (V, D)
-            np.add.at(d_table, tokens.reshape(-1), scale * g.reshape(-1, g.shape[-1]))
+            rows = tokens.reshape(-1)  # (B,T) -> (N,)
+            np.add.at(d_table, rows, scale * g.reshape(-1, g.shape[-1]))  # (N, D) into (V, D)
             return d_table, None
 
         return self._record(ops.embed(table, tokens, scale), (table, tokens), backward)
@@ -174,8 +175,10 @@ class Tape:
         # dw = sum over rows of g * xhat, db = sum of g. With gh = g * w (the
         # gradient at xhat), differentiating mean and var (both depend on every x_j):
         #   dx = r * (gh - mean(gh) - xhat * mean(gh * xhat))
-        # The two subtracted terms remove the components along the all-ones
-        # direction and along xhat, which the normalisation makes invisible.
+        # (from dxhat_i/dx_j = r (delta_ij - 1/D - xhat_i xhat_j / D)). The two
+        # subtracted terms are what the normalisation undoes: a shift of x along
+        # the all-ones direction (taken out by the mean) and, up to eps, a scaling
+        # along xhat (taken out by the variance).
         xhat, inv_std = ops.normalise(x, eps)  # (..., D), (..., 1)
 
         def backward(g):  # g (..., D)
