@@ -35,6 +35,8 @@ model to its layers. A higher level therefore writes, for example::
 
 and inherits everything else (parameter loading, checks, RoPE, the FFN,
 the models' forward / prefill / decode_step / generate).
+
+The tutorial chapter for this level is docs/level2_torch_manual.md.
 """
 
 from __future__ import annotations

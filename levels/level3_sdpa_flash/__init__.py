@@ -17,6 +17,8 @@ re-parameterised through its ``Kernels`` hook; no code is copied):
   of that attention is spent on padding (see ``scripts/measure_level3.py``).
 
 ``LayerNorm`` and ``FeedForward`` are level 2's unchanged.
+
+The tutorial chapter for this level is docs/level3_sdpa_flash.md.
 """
 
 from __future__ import annotations
