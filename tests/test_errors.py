@@ -145,6 +145,20 @@ def test_sequence_without_valid_token(level):
         dec.forward(level.arr(tokens))
 
 
+def test_valid_mask_must_be_boolean_and_match_tokens(level):
+    config = tiny_config()
+    dec, s2s = _models(level, config)
+    tokens = random_tokens(np.random.default_rng(6), config, 2, 4)
+    with raises_before_launch(TypeError):
+        dec.forward(level.arr(tokens), valid=level.arr(np.ones((2, 4), dtype=np.int64)))
+    with raises_before_launch(ValueError):
+        dec.forward(level.arr(tokens), valid=level.arr(np.ones((2, 3), dtype=bool)))
+    with raises_before_launch(ValueError):
+        s2s.forward(
+            level.arr(tokens), level.arr(tokens), src_valid=level.arr(np.ones((2, 5), dtype=bool))
+        )
+
+
 @pytest.mark.parametrize("bad_id", [-1, 11, 1000], ids=["negative", "V", "far"])
 def test_token_out_of_vocabulary(level, bad_id):
     config = tiny_config()  # V = 11

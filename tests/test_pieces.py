@@ -40,6 +40,25 @@ def _sizes(case):
     return (2, 3, 5) if case.tiny else (2, 7, 13)
 
 
+def test_array_converters_and_describe(case):
+    """asarray keeps integer and boolean kinds; dtype applies to floats; to_numpy inverts it."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 3))
+    ids = rng.integers(0, 9, (2, 3))
+    flags = rng.random((2, 3)) < 0.5
+    back = case.module.to_numpy(case.arr(x))
+    assert np.issubdtype(np.asarray(back).dtype, np.floating)
+    case.assert_close(np.asarray(back, dtype=np.float64), x, what="float round trip")
+    back_ids = np.asarray(case.module.to_numpy(case.arr(ids)))
+    assert np.issubdtype(back_ids.dtype, np.integer)
+    np.testing.assert_array_equal(back_ids, ids)
+    back_flags = np.asarray(case.module.to_numpy(case.arr(flags)))
+    assert back_flags.dtype == np.bool_
+    np.testing.assert_array_equal(back_flags, flags)
+    text = case.module.describe()
+    assert isinstance(text, str) and text.strip() and "\n" not in text.strip()
+
+
 BIAS = pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
 
 
