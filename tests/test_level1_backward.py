@@ -470,15 +470,17 @@ def _throughput() -> None:
     policy = TimingPolicy(warmup=2, min_repeat=5, max_repeat=20, min_time_s=2.0)
     print(f"decoder-only {cfg}, B={B}, T={T}, torch threads={torch.get_num_threads()}")
 
-    model1 = L1.DecoderOnlyTransformer(cfg, params)
-    opt1 = optim.AdamW(model1.parameters(), lr=1e-4)
+    runs = []
+    for dtype in (np.float64, np.float32):
+        model1 = L1.DecoderOnlyTransformer(cfg, params, dtype=dtype)
+        opt1 = optim.AdamW(model1.parameters(), lr=1e-4)
 
-    def step1():
-        _, grads = model1.loss_and_grads(inputs, targets)
-        optim.clip_grad_norm(grads, 1.0)
-        opt1.step(grads)
+        def step1(model1=model1, opt1=opt1):
+            _, grads = model1.loss_and_grads(inputs, targets)
+            optim.clip_grad_norm(grads, 1.0)
+            opt1.step(grads)
 
-    runs = [("level1_numpy float64", step1)]
+        runs.append((f"level1_numpy {np.dtype(dtype).name}", step1))
     for dtype in (torch.float64, torch.float32):
         model2 = L2.DecoderOnlyTransformer(cfg, params, dtype=dtype)
         opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-4)

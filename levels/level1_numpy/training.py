@@ -62,6 +62,7 @@ class Trainable:
     """
 
     kind: str
+    architecture: str  # the name of the architecture class in level 0's ``bind``
 
     def __init__(self, config, params, *, device=None, dtype=None):
         check_params(params, param_shapes(config, self.kind))  # before copying: names the problems
@@ -80,8 +81,8 @@ class Trainable:
                 "level 1 does not implement dropout; train it with config.dropout == 0"
             )
         tape = Tape(self._params)
-        architecture = bind(tape, convert, type(self).__module__)[type(self).__name__]
-        return tape, architecture(self.config, self._params, dtype=self.dtype)
+        recording = bind(tape, convert, type(self).__module__)[self.architecture]
+        return tape, recording(self.config, self._params, dtype=self.dtype)
 
     def _scored(self, targets, scored):
         """``targets (B,T)`` as int64 and ``scored (B,T)``, default ``targets != pad_id``."""
@@ -97,6 +98,7 @@ class Trainable:
 
 class DecoderOnlyTraining(Trainable):
     kind = "decoder_only"
+    architecture = "DecoderOnlyTransformer"
 
     def loss_and_grads(
         self, inputs, targets, *, valid=None, scored=None
@@ -118,6 +120,7 @@ class DecoderOnlyTraining(Trainable):
 
 class Seq2SeqTraining(Trainable):
     kind = "seq2seq"
+    architecture = "Seq2SeqTransformer"
 
     def loss_and_grads(
         self, src, tgt_in, tgt_out, *, src_valid=None, tgt_valid=None, scored=None
