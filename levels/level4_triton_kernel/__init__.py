@@ -12,9 +12,9 @@ the fused kernels themselves, written out so they can be read.
 - ``flash_backward.py``: dQ, dK, dV recomputed from the saved log-sum-exp, a
   ``delta = rowsum(dO * O)`` pre-pass, then one kernel per key tile (dK, dV)
   and one per query tile (dQ): deterministic, no atomics.
-- ``layer_norm.py``: fused LayerNorm forward and backward (formula derived
+- ``fused_layer_norm.py``: fused LayerNorm forward and backward (formula derived
   in its docstring), with or without bias.
-- ``attention.py``: the host side: the shared checks, refusing empty query
+- ``flash_attention.py``: the host side: the shared checks, refusing empty query
   rows before launch, and the ``torch.autograd.Function`` wrappers.
 - ``tiles.py``: tile sizes, autotuned on a GPU, fixed under the interpreter;
   decoding (T <= 16 queries against a KV cache) goes through the forward kernel
@@ -27,6 +27,8 @@ Without CUDA the kernels run in Triton's interpreter (numpy on the CPU, one
 program instance at a time): correct for float32 and float16, wrong for
 bfloat16, and thousands of times slower than a GPU. ``describe()`` says which
 one is in use, so nobody mistakes interpreter timings for kernel timings.
+
+The tutorial chapter for this level is docs/level4_triton_kernel.md.
 """
 
 from __future__ import annotations
@@ -60,8 +62,8 @@ if (
     )
 
 from ..level2_torch_manual import FeedForward, asarray, to_numpy  # noqa: E402
-from .attention import FlashAttention, attention  # noqa: E402
-from .layer_norm import FusedLayerNorm, layer_norm  # noqa: E402
+from .flash_attention import FlashAttention, attention  # noqa: E402
+from .fused_layer_norm import FusedLayerNorm, layer_norm  # noqa: E402
 from .models import (  # noqa: E402
     KERNELS,
     DecoderLayer,

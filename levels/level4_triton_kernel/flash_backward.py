@@ -57,7 +57,7 @@ from .tiles import DKDV_SHAPES, DQ_SHAPES, Tiles, autotuned, head_block, launch,
 DELTA_BLOCK_ROWS = 16  # rows of O per program in the delta pre-pass
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R"])
 def _attn_bwd_delta_kernel(
     Out,  # (R, Dv) forward output, contiguous, R = B * H * T rows
     dOut,  # (R, Dv) incoming gradient, contiguous
@@ -76,7 +76,7 @@ def _attn_bwd_delta_kernel(
     tl.store(Delta + offs_r, tl.sum(o * do, 1), mask=offs_r < R)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "S", "T_KEY", "S_KEY"])
 def _attn_bwd_dkdv_kernel(
     Q, K, V,  # (B, H, T, Dh), (B, H, S, Dh), (B, H, S, Dv) forward inputs, any strides
     Mask,  # (B, H, T, S) bool view; a dummy pointer unless HAS_MASK
@@ -167,7 +167,7 @@ def _attn_bwd_dkdv_kernel(
     tl.store(dv_ptrs, dv.to(dV.dtype.element_ty), mask=out_ok & (offs_dv < DV)[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "S", "T_KEY", "S_KEY"])
 def _attn_bwd_dq_kernel(
     Q, K, V,  # (B, H, T, Dh), (B, H, S, Dh), (B, H, S, Dv) forward inputs, any strides
     Mask,  # (B, H, T, S) bool view; a dummy pointer unless HAS_MASK

@@ -41,7 +41,7 @@ Numerics
   guard: a row whose keys so far are *all* disallowed has ``m_i = -inf``, and
   ``-inf - (-inf)`` is NaN; the kernel subtracts 0 instead for such rows, which
   still gives ``exp2(-inf) = 0``. A row that stays empty to the end is refused on
-  the host before launch (attention.py), so ``l_i > 0`` for every stored row.
+  the host before launch (flash_attention.py), so ``l_i > 0`` for every stored row.
 """
 
 from __future__ import annotations
@@ -107,7 +107,11 @@ def allowed_tile(
     return ok
 
 
-@triton.jit
+# Lengths are not specialised: by default Triton compiles a separate variant when
+# an integer argument is 1 or a multiple of 16. T and S only enter comparisons,
+# loop bounds and row offsets, so such variants would buy nothing and cost a
+# compilation (with every autotuning candidate) each time a new length class appears.
+@triton.jit(do_not_specialize=["T", "S", "T_KEY", "S_KEY"])
 def _attn_fwd_kernel(
     Q,  # (B, H, T, Dh) queries, any strides
     K,  # (B, H, S, Dh) keys
@@ -238,7 +242,7 @@ def flash_forward(
     scale: float,
     tiles: Tiles | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch the forward kernel. Inputs are already validated (attention.py).
+    """Launch the forward kernel. Inputs are already validated (flash_attention.py).
 
     ``q (B,H,T,Dh)``, ``k (B,H,S,Dh)``, ``v (B,H,S,Dv)``, ``mask`` a bool
     ``(B,H,T,S)`` view or None. Returns ``out (B,H,T,Dv)`` in q's dtype and

@@ -40,7 +40,7 @@ import torch
 
 from benchmarks.flops import attention_flops, attention_fwd_bwd_flops
 
-from .attention import attention
+from .flash_attention import attention
 
 LOWP_FACTOR = 2.0  # the flash-attention rule: at most 2x PyTorch's own error
 LOWP_FLOOR = {"float16": 2e-3, "bfloat16": 1.6e-2}  # a few ulps of O(1) values

@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 
 from .. import level2_torch_manual as level2
-from .attention import attention
-from .layer_norm import layer_norm
+from .flash_attention import attention
+from .fused_layer_norm import layer_norm
 
 
 def kernel_attention(

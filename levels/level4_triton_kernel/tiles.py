@@ -81,16 +81,17 @@ def length_key(n: int) -> int:
     return triton.next_power_of_2(n)
 
 
-# Candidate (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel on a GPU: a few
-# each, so the first call of a new shape tunes in seconds. They are the usual
-# flash-attention shapes for Hopper/Ampere-class GPUs. The forward and the dQ
-# kernel hold a query tile and stream keys: large BLOCK_M, 8 warps for the
-# largest tiles, 3 stages to overlap the next K/V load with the current matmuls.
-# The dK/dV kernel holds a key tile (its K, V, dK, dV: four BLOCK_N x Dh tiles
-# in registers) and streams queries: large BLOCK_N, small BLOCK_M.
-FORWARD_SHAPES = ((128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3))
-DKDV_SHAPES = ((32, 128, 4, 3), (64, 128, 8, 3), (64, 64, 4, 3))
-DQ_SHAPES = ((128, 32, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3))
+# Candidate (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel on a GPU. Only
+# a few each: every candidate is compiled (seconds) the first time a head width,
+# dtype or causal flag is seen, and timed again for every new length bucket.
+# They are the usual flash-attention shapes for Hopper/Ampere-class GPUs. The
+# forward and the dQ kernel hold a query tile and stream keys: large BLOCK_M,
+# 8 warps for the largest tiles, 3 stages to overlap the next K/V load with the
+# current matmuls. The dK/dV kernel holds a key tile (its K, V, dK, dV: four
+# BLOCK_N x Dh tiles in registers) and streams queries: large BLOCK_N, small BLOCK_M.
+FORWARD_SHAPES = ((128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3))
+DKDV_SHAPES = ((32, 128, 4, 3), (64, 128, 8, 3), (32, 64, 4, 3))
+DQ_SHAPES = ((128, 32, 4, 3), (128, 64, 8, 3))
 
 
 def attention_configs(shapes) -> list[triton.Config]:

@@ -64,7 +64,7 @@ ROW_TILE_ELEMENTS = 4096  # narrow rows are grouped so a program holds about thi
 BACKWARD_PROGRAMS = 128  # G: partial-sum rows for dw and db
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N"])
 def _layer_norm_fwd_kernel(
     X,  # (N, D) input rows, contiguous
     Y,  # (N, D) output, contiguous
@@ -98,7 +98,7 @@ def _layer_norm_fwd_kernel(
     tl.store(Rstd + rows, rstd, mask=rows < N)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N"])
 def _layer_norm_bwd_kernel(
     X,  # (N, D) forward input
     dY,  # (N, D) incoming gradient, contiguous
