@@ -241,18 +241,24 @@ def torch_layer_norm(config, params, prefix, *, dtype=torch.float64, device="cpu
     return _load(m, params, prefix, dtype, device)
 
 
+class TorchFeedForward(nn.Module):
+    """``linear2(GELU(linear1(x)))`` from PyTorch's modules, named as in the canonical dict."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.linear1 = nn.Linear(config.d_model, config.d_ff, bias=config.bias)
+        self.linear2 = nn.Linear(config.d_ff, config.d_model, bias=config.bias)
+
+    def forward(self, x):
+        return self.linear2(nn.functional.gelu(self.linear1(x)))  # exact (erf) GELU
+
+
 def torch_feed_forward(config, params, prefix, *, dtype=torch.float64, device="cpu"):
-    """``linear2(GELU(linear1(x)))`` as an ``nn.Sequential`` of PyTorch modules."""
-    ff = nn.ModuleDict(
-        {
-            "linear1": nn.Linear(config.d_model, config.d_ff, bias=config.bias),
-            "linear2": nn.Linear(config.d_ff, config.d_model, bias=config.bias),
-        }
-    )
-    names = [n for n in subset(params, prefix) if n.startswith(("linear1.", "linear2."))]
-    ff = ff.to(dtype=dtype, device=device)
-    ff.load_state_dict({n: torch.as_tensor(params[prefix + n], dtype=dtype) for n in names})
-    return nn.Sequential(ff["linear1"], nn.GELU(), ff["linear2"]).to(device)
+    """The FFN of the block under ``prefix`` (e.g. ``"decoder.layers.0."``)."""
+    ffn = {
+        n: v for n, v in params.items() if n.startswith((prefix + "linear1.", prefix + "linear2."))
+    }
+    return _load(TorchFeedForward(config), ffn, prefix, dtype, device)
 
 
 def _t(x, dtype, device):

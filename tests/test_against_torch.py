@@ -26,6 +26,8 @@ from _helpers import (
     torch_decoder_layer,
     torch_decoder_only_logits,
     torch_encoder_layer,
+    torch_feed_forward,
+    torch_layer_norm,
     torch_mha,
     torch_model,
     torch_sdpa_math,
@@ -120,6 +122,36 @@ def test_attention_vs_sdpa_math(case, causal):
         case.arr(q), case.arr(k), case.arr(v), causal=causal, mask=case.arr(mask)
     )
     case.assert_close(out, expected, what="attention vs SDPA math", baseline=baseline)
+
+
+@BIAS
+def test_layer_norm_and_feed_forward_vs_torch(case, bias):
+    config = torch_config(case.tiny, bias=bias)
+    params = init_params(config, "seq2seq", seed=9, scheme="random")
+    rng = np.random.default_rng(9)
+    x = 2.0 + 3.0 * rng.normal(size=(2, 5, config.d_model))  # off-centre, wide: both stats matter
+
+    def run_torch(build, prefix):
+        def run(dt, dev):
+            return _np(
+                build(config, params, prefix, dtype=dt, device=dev)(
+                    torch.as_tensor(x, dtype=dt, device=dev)
+                )
+            )
+
+        return run
+
+    expected, baseline = _torch_in(case, run_torch(torch_layer_norm, "decoder.layers.0.norm2."))
+    ln = case.build("LayerNorm", config, params, prefix="decoder.layers.0.norm2.")
+    case.assert_close(
+        ln(case.arr(x)), expected, what="LayerNorm vs nn.LayerNorm", baseline=baseline
+    )
+
+    expected, baseline = _torch_in(case, run_torch(torch_feed_forward, "decoder.layers.0."))
+    ff = case.build("FeedForward", config, params, prefix="decoder.layers.0.")
+    case.assert_close(
+        ff(case.arr(x)), expected, what="FeedForward vs nn.Linear/GELU", baseline=baseline
+    )
 
 
 @BIAS
