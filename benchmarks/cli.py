@@ -130,6 +130,14 @@ def bench(args: argparse.Namespace) -> int:
     if device.startswith("cuda") and not args.no_peers:
         backends += [B.sdpa_backend(which, device) for which in B.SDPA_BACKENDS]
     machine = describe_machine(device)
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    if not device.startswith("cuda") and load > cores:
+        console.print(
+            f"[yellow]load average {load:.1f} on {cores} cores: other processes compete for "
+            "the CPU, and multi-threaded torch suffers most (each parallel region waits for "
+            "its threads to be scheduled). Compare ratios within this run; --threads 1 is "
+            "steadier.[/yellow]"
+        )
 
     start = time.perf_counter()
     if args.no_progress:
@@ -167,7 +175,7 @@ def bench(args: argparse.Namespace) -> int:
     if args.plot:
         from .plot import plot
 
-        plot(records, args.plot, title=f"{machine}; {dtype}")
+        plot(records, args.plot, title=f"{machine}; {records[0].date}")
         console.print(f"plot written to {args.plot}")
     return 0
 

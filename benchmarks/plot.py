@@ -6,6 +6,7 @@ backend switch, so it works on a machine without a display.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -47,3 +48,22 @@ def plot(records: list[Record], path: str | Path, *, title: str = "") -> Path:
     path = Path(path)
     fig.savefig(path, dpi=110)
     return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m benchmarks.plot RUN.json OUT.png``: redraw the plot of a saved run."""
+    from .records import read_json
+
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2:
+        print("usage: python -m benchmarks.plot RUN.json OUT.png", file=sys.stderr)
+        return 2
+    records = read_json(argv[0])
+    stamp = next((r for r in records if r.machine), None)
+    title = f"{stamp.machine}; {stamp.date}" if stamp else ""
+    plot(records, argv[1], title=title)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -43,6 +43,8 @@ class Record:
     padding_waste: float | None = None  # padded positions / real tokens (varlen only)
     description: str = ""  # the level's describe()
     note: str = ""  # e.g. the SDPA backend that ran, or why a size was skipped
+    machine: str = ""  # CPU model and threads, or the GPU's name
+    date: str = ""  # when the run started, UTC, ISO 8601
 
     @property
     def ok(self) -> bool:

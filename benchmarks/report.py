@@ -72,7 +72,8 @@ def make_console() -> Console:
 
 def machine_table(records: list[Record], machine: str) -> Table:
     """The machine, the peak, and what every level is (its describe() or why it is missing)."""
-    table = Table(title=f"Machine: {machine}", show_header=True, title_justify="left")
+    date = records[0].date if records else ""
+    table = Table(title=f"Machine: {machine}   run started {date}", title_justify="left")
     table.add_column("backend")
     table.add_column("what computes")
     for r in records:

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
 from .backends import Backend
 from .flops import matmul_flops
-from .machine import Peak, measure_matmul_peak
+from .machine import Peak, describe_machine, measure_matmul_peak
 from .memory import peak_memory
 from .plan import Plan
 from .records import OK, SKIPPED_BUDGET, Record
@@ -38,28 +39,31 @@ def _family(workload: Workload) -> str:
 
 @dataclass
 class _Pace:
-    """The last measured (FLOPs, seconds) per backend and family: the time budget's basis.
+    """What each backend has shown so far: the basis of the time budget.
 
-    The prediction for a new workload is the last time scaled by the FLOP ratio,
-    preferring the same scenario (the previous, smaller size) and otherwise the
-    family (a decoder forward predicts the varlen batch).
+    For a size of a scenario already measured, the prediction is the last time
+    scaled by the FLOP ratio (the previous, smaller size). For a new scenario it
+    is the FLOPs at the *best* rate the backend reached in the same family, an
+    optimistic guess, so a scenario is skipped only when even that is too slow.
     """
 
     last: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
+    best_rate: dict[tuple[str, str], float] = field(default_factory=dict)  # FLOP/s
 
     def predict(self, backend: Backend, workload: Workload) -> float | None:
-        seen = self.last.get((backend.name, workload.scenario)) or self.last.get(
-            (backend.name, _family(workload))
-        )
-        if seen is None or seen[0] <= 0:
-            return None
-        flops, seconds = seen
-        return seconds * workload.flops() / flops
+        seen = self.last.get((backend.name, workload.scenario))
+        if seen is not None and seen[0] > 0:
+            flops, seconds = seen
+            return seconds * workload.flops() / flops
+        rate = self.best_rate.get((backend.name, _family(workload)))
+        return workload.flops() / rate if rate else None
 
     def record(self, backend: Backend, workload: Workload, seconds: float) -> None:
-        measured = (workload.flops(), seconds)
-        self.last[(backend.name, workload.scenario)] = measured
-        self.last[(backend.name, _family(workload))] = measured
+        flops = workload.flops()
+        self.last[(backend.name, workload.scenario)] = (flops, seconds)
+        key = (backend.name, _family(workload))
+        if seconds > 0:
+            self.best_rate[key] = max(self.best_rate.get(key, 0.0), flops / seconds)
 
 
 def peak_dtype(device: str, dtype: str) -> str:
@@ -218,8 +222,15 @@ def run(
     progress: Progress | None = None,
     reference: Reference | None = None,
 ) -> list[Record]:
-    """The whole sweep; the first record is the matmul peak, then one per unavailable level."""
+    """The whole sweep; the first record is the matmul peak, then one per unavailable level.
+
+    Every record is stamped with the machine and the start time of the run.
+    """
     reference = reference if reference is not None else Reference()
+    stamp = {
+        "machine": describe_machine(device),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
     if progress is not None:
         progress(f"matmul peak ({plan.peak_n}^3)")
     pdtype = peak_dtype(device, dtype)
@@ -247,4 +258,7 @@ def run(
     for record in measured:
         if record.gflops is not None:
             record.peak_fraction = record.gflops / peak.gflops
-    return [peak_record(peak), *records, *measured]
+    everything = [peak_record(peak), *records, *measured]
+    for record in everything:
+        record.machine, record.date = stamp["machine"], stamp["date"]
+    return everything
