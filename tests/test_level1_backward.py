@@ -65,7 +65,10 @@ def global_rel_error(g, ref):
     return float(np.abs(g - ref).max() / np.abs(ref).max())
 
 
-def assert_grads_match(grads, torch_model):
+def assert_matches_torch(loss, grads, ref_loss, torch_model):
+    """Level 1's ``(loss, grads)`` against torch's loss and the autograd gradients it gives."""
+    ref_loss.backward()
+    assert loss == pytest.approx(ref_loss.item(), rel=LOSS_RTOL)
     ref = {name: p.grad.numpy() for name, p in torch_model.named_parameters()}
     assert set(grads) == set(ref)
     for name, g_ref in ref.items():
@@ -100,9 +103,7 @@ def test_decoder_only_grads_match_torch(options):
 
     model = L2.DecoderOnlyTransformer(cfg, params, dtype=torch.float64)
     ref = torch_loss(model(torch.as_tensor(inputs)), targets)
-    ref.backward()
-    assert loss == pytest.approx(ref.item(), rel=LOSS_RTOL)
-    assert_grads_match(grads, model)
+    assert_matches_torch(loss, grads, ref, model)
 
 
 @pytest.mark.parametrize("options", OPTIONS, ids=lambda o: f"{o['positional']}-bias{o['bias']}")
@@ -119,9 +120,7 @@ def test_seq2seq_grads_match_torch(options):
 
     model = L2.Seq2SeqTransformer(cfg, params, dtype=torch.float64)
     ref = torch_loss(model(torch.as_tensor(src), torch.as_tensor(tgt_in)), tgt_out)
-    ref.backward()
-    assert loss == pytest.approx(ref.item(), rel=LOSS_RTOL)
-    assert_grads_match(grads, model)
+    assert_matches_torch(loss, grads, ref, model)
 
 
 def test_scored_mask_selects_the_targets():
@@ -141,9 +140,7 @@ def test_scored_mask_selects_the_targets():
     logits = model(torch.as_tensor(inputs))
     pick = torch.as_tensor(scored)
     ref = F.cross_entropy(logits[pick], torch.as_tensor(targets)[pick])
-    ref.backward()
-    assert loss == pytest.approx(ref.item(), rel=LOSS_RTOL)
-    assert_grads_match(grads, model)
+    assert_matches_torch(loss, grads, ref, model)
 
 
 def test_padding_contributes_no_gradient():
