@@ -93,6 +93,9 @@ MHA_CASES = {
     # name: (cross, causal, masked, rope, position_offset)
     "self": (False, False, False, False, 0),
     "self-causal-rope": (False, True, False, True, 0),
+    # RoPE scores depend only on i - j, so an offset applied to q and k alike
+    # must leave the output unchanged; the KV-cache tests check that decoding
+    # really continues from the cache length.
     "self-rope-offset": (False, True, False, True, 5),
     "self-mask": (False, False, True, False, 0),
     "cross-mask": (True, False, True, False, 0),
