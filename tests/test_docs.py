@@ -17,9 +17,9 @@ must print (compared exactly, trailing whitespace aside).
 Figures measured by the benchmark harness are never typed into the prose.
 They sit between ``<!-- generated: KIND key="value" ... -->`` and
 ``<!-- end generated -->`` and are rendered by ``RENDERERS`` from the
-committed run ``docs/data/cpu_quick.json`` (``ladder bench --quick --json
-docs/data/cpu_quick.json``); a test fails when a block differs from what the
-renderer makes. After a new run, rewrite them with ``python tests/test_docs.py``.
+committed run ``docs/data/cpu_quick.json`` (``BENCH_COMMAND`` below, with
+``--json docs/data/cpu_quick.json``); a test fails when a block differs from
+what the renderer makes. After a new run, rewrite them with ``python tests/test_docs.py``.
 """
 
 from __future__ import annotations
@@ -43,6 +43,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DOC_FILES = sorted(ROOT.glob("docs/*.md")) + [ROOT / "README.md"]
 BENCH_JSON = ROOT / "docs" / "data" / "cpu_quick.json"
+# The run BENCH_JSON holds. One torch thread and one BLAS thread: on a shared
+# 2-core machine, idle threads spinning for work distort the timings badly.
+BENCH_COMMAND = "OPENBLAS_NUM_THREADS=1 ladder bench --quick --threads 1"
 
 # ----------------------------------------------------------------------------- parsing
 
@@ -258,7 +261,7 @@ UNITS = {
 
 def _source_line(records: list[dict]) -> str:
     devices = sorted({r["device"] for r in records})
-    return f"Measured by `ladder bench --quick` on {', '.join(devices)}; data: `docs/data/{BENCH_JSON.name}`."
+    return f"Measured by `{BENCH_COMMAND}` on {', '.join(devices)}; data: `docs/data/{BENCH_JSON.name}`."
 
 
 def _fixed_sizes(rows: list[dict], by: str) -> str:
@@ -305,6 +308,36 @@ def render_bench(
     return "\n".join(lines)
 
 
+def render_scenarios(records: list[dict], *, scenarios: str, value: str, levels: str = "") -> str:
+    """A row per level, a column per scenario (each measured at one size), e.g. cached vs uncached."""
+    names = scenarios.split(",")
+    rows = [r for r in records if r["scenario"] in names]
+    if levels:
+        rows = [r for r in rows if r["level"] in levels.split(",")]
+    order = list(dict.fromkeys(r["level"] for r in rows))
+    lines = [
+        f"| {UNITS[value]} | " + " | ".join(names) + " |",
+        "| --- |" + " ---: |" * len(names),
+    ]
+    for level in order:
+        cells = []
+        for name in names:
+            hits = [r for r in rows if r["level"] == level and r["scenario"] == name]
+            if len(hits) > 1:
+                raise ValueError(f"{name} was measured at several sizes; use the bench renderer")
+            cells.append(_cell(hits[0] if hits else None, value))
+        lines.append(f"| {level} | " + " | ".join(cells) + " |")
+    lines += ["", f"{_source_line(rows)} {_fixed_sizes(rows, '')}; {_dtypes(rows)}."]
+    if any(r["status"].startswith("skipped (budget") for r in rows):
+        lines[-1] += ' "budget": skipped, too slow at this size.'
+    return "\n".join(lines)
+
+
+def _times(ratio: float) -> str:
+    """``2210.4`` -> ``"2,210x"``, ``0.183`` -> ``"0.18x"``."""
+    return f"{ratio:,.0f}x" if ratio >= 10 else f"{ratio:.2g}x"
+
+
 def render_ladder(records: list[dict], *, scenario: str, T: str) -> str:
     """The README's table: each level, what it is (its package docstring), one measured time."""
     from levels import LEVELS
@@ -325,14 +358,18 @@ def render_ladder(records: list[dict], *, scenario: str, T: str) -> str:
         ms = _cell(record, "median_ms")
         ratio = ""
         if record and base and record["status"] == "ok" and base["status"] == "ok":
-            ratio = f"{base['median_s'] / record['median_s']:,.3g}x"
+            ratio = _times(base["median_s"] / record["median_s"])
         lines.append(f"| {i} [`{name}`](docs/{name}.md) | {summary(name)} | {ms} | {ratio} |")
     measured = list(rows.values())
     lines += ["", f"{_source_line(measured)} {_fixed_sizes(measured, 'T')}; {_dtypes(measured)}."]
     return "\n".join(lines)
 
 
-RENDERERS: dict[str, Callable[..., str]] = {"bench": render_bench, "ladder": render_ladder}
+RENDERERS: dict[str, Callable[..., str]] = {
+    "bench": render_bench,
+    "ladder": render_ladder,
+    "scenarios": render_scenarios,
+}
 
 
 def render(spec: str, records: list[dict]) -> str:
