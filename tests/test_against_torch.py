@@ -98,6 +98,24 @@ def test_reference_attention_matches_sdpa_math():
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)  # float64 vs float64
 
 
+def test_reference_rope_gelu_layer_norm():
+    """The reference's small pieces, checked by hand and against PyTorch's functions."""
+    # Dh = 4, base 100, position 2: pair 0 turns by 2 * 100^0 = 2 rad, pair 1 by
+    # 2 * 100^(-2/4) = 0.2 rad; (a, b) -> (a cos - b sin, a sin + b cos).
+    x = np.array([[1.0, 0.0, 0.0, 1.0]])  # (T=1, Dh=4)
+    want = [np.cos(2.0), np.sin(2.0), -np.sin(0.2), np.cos(0.2)]
+    np.testing.assert_allclose(ref.rope(x, [2], base=100.0)[0], want, rtol=0, atol=1e-15)
+    rng = np.random.default_rng(3)
+    z = 3.0 * rng.normal(size=(4, 6))
+    exact_gelu = torch.nn.functional.gelu(torch.as_tensor(z), approximate="none").numpy()
+    np.testing.assert_allclose(ref.gelu(z), exact_gelu, rtol=1e-14, atol=1e-15)  # float64 erf
+    w, b = rng.normal(size=6), rng.normal(size=6)
+    torch_ln = torch.nn.functional.layer_norm(
+        torch.as_tensor(z), (6,), torch.as_tensor(w), torch.as_tensor(b), 1e-5
+    ).numpy()
+    np.testing.assert_allclose(ref.layer_norm(z, w, b, 1e-5), torch_ln, rtol=1e-13, atol=1e-13)
+
+
 # ---------------------------------------------------------------------------
 # Levels against PyTorch
 # ---------------------------------------------------------------------------
