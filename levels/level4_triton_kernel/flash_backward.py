@@ -50,7 +50,9 @@ from .flash_forward import (
     allowed_tile,
     causal_key_end,
     dot_precision,
+    load_tile,
     mask_strides,
+    store_tile,
 )
 from .tiles import DKDV_SHAPES, DQ_SHAPES, Tiles, autotuned, head_block, launch, length_key
 
@@ -69,10 +71,8 @@ def _attn_bwd_delta_kernel(
 ):
     offs_r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_DV)
-    ok = (offs_r < R)[:, None] & (offs_d < DV)[None, :]
-    ptrs = offs_r[:, None] * DV + offs_d[None, :]
-    o = tl.load(Out + ptrs, mask=ok, other=0.0).to(tl.float32)
-    do = tl.load(dOut + ptrs, mask=ok, other=0.0).to(tl.float32)
+    o = load_tile(Out, offs_r, offs_d, DV, 1, R, DV).to(tl.float32)  # (BLOCK_R, BLOCK_DV)
+    do = load_tile(dOut, offs_r, offs_d, DV, 1, R, DV).to(tl.float32)
     tl.store(Delta + offs_r, tl.sum(o * do, 1), mask=offs_r < R)
 
 
@@ -109,25 +109,18 @@ def _attn_bwd_dkdv_kernel(
     offs_m0 = tl.arange(0, BLOCK_M)
     offs_dh = tl.arange(0, BLOCK_DH)
     offs_dv = tl.arange(0, BLOCK_DV)
-    key_ok = offs_n < S
-
-    # This program's keys and values stay in registers for the whole loop.
-    k = tl.load(
-        K + off_b * stride_kb + off_h * stride_kh
-        + offs_n[:, None] * stride_ks + offs_dh[None, :] * stride_kd,
-        mask=key_ok[:, None] & (offs_dh < DH)[None, :], other=0.0,
-    )  # (BLOCK_N, BLOCK_DH)  # fmt: skip
-    v = tl.load(
-        V + off_b * stride_vb + off_h * stride_vh
-        + offs_n[:, None] * stride_vs + offs_dv[None, :] * stride_vd,
-        mask=key_ok[:, None] & (offs_dv < DV)[None, :], other=0.0,
-    )  # (BLOCK_N, BLOCK_DV)  # fmt: skip
-    dk = tl.zeros([BLOCK_N, BLOCK_DH], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
 
     q_base = Q + off_b * stride_qb + off_h * stride_qh
-    do_base = dOut + off_bh * T * DV  # dO is contiguous (B*H, T, Dv)
+    do_base = dOut + off_bh * T * DV  # dO is contiguous: (B*H, T, Dv)
     mask_base = Mask + off_b * stride_mb + off_h * stride_mh
+
+    # This program's keys and values stay in registers for the whole loop.
+    k_base = K + off_b * stride_kb + off_h * stride_kh
+    v_base = V + off_b * stride_vb + off_h * stride_vh
+    k = load_tile(k_base, offs_n, offs_dh, stride_ks, stride_kd, S, DH)  # (BLOCK_N, BLOCK_DH)
+    v = load_tile(v_base, offs_n, offs_dv, stride_vs, stride_vd, S, DV)  # (BLOCK_N, BLOCK_DV)
+    dk = tl.zeros([BLOCK_N, BLOCK_DH], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
 
     # Causal: key j is seen only by queries i >= j - (S - T); earlier query tiles are skipped.
     query_start = 0
@@ -135,24 +128,17 @@ def _attn_bwd_dkdv_kernel(
         query_start = tl.maximum(0, start_n - (S - T))
     for start_m in range(query_start, T, BLOCK_M):
         offs_m = start_m + offs_m0
-        row_ok = offs_m < T
-        qT = tl.load(
-            q_base + offs_m[None, :] * stride_qt + offs_dh[:, None] * stride_qd,
-            mask=row_ok[None, :] & (offs_dh < DH)[:, None], other=0.0,
-        )  # (BLOCK_DH, BLOCK_M)  # fmt: skip
-        do = tl.load(
-            do_base + offs_m[:, None] * DV + offs_dv[None, :],
-            mask=row_ok[:, None] & (offs_dv < DV)[None, :], other=0.0,
-        )  # (BLOCK_M, BLOCK_DV)  # fmt: skip
-        lse = tl.load(Lse + off_bh * T + offs_m, mask=row_ok, other=0.0)  # (BLOCK_M,)
-        delta = tl.load(Delta + off_bh * T + offs_m, mask=row_ok, other=0.0)  # (BLOCK_M,)
+        qT = load_tile(q_base, offs_dh, offs_m, stride_qd, stride_qt, DH, T)  # (BLOCK_DH, BLOCK_M)
+        do = load_tile(do_base, offs_m, offs_dv, DV, 1, T, DV)  # (BLOCK_M, BLOCK_DV)
+        lse = tl.load(Lse + off_bh * T + offs_m, mask=offs_m < T, other=0.0)  # (BLOCK_M,)
+        delta = tl.load(Delta + off_bh * T + offs_m, mask=offs_m < T, other=0.0)  # (BLOCK_M,)
 
         # The tile transposed (keys along rows), so dK and dV need no transposes.
         sT = tl.dot(k, qT, input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_N, BLOCK_M)
         ok = allowed_tile(
             offs_m[None, :], offs_n[:, None], T, S, mask_base, stride_mt, stride_ms,
             CAUSAL, HAS_MASK,
-        )  # fmt: skip
+        )  # (BLOCK_N, BLOCK_M)  # fmt: skip
         # -inf before exp2: disallowed pairs give exactly 0 and never overflow.
         pT = tl.math.exp2(tl.where(ok, sT - lse[None, :], float("-inf")))  # (BLOCK_N, BLOCK_M)
         dv += tl.dot(pT.to(do.dtype), do, input_precision=DOT_PRECISION)  # (BLOCK_N, BLOCK_DV)
@@ -160,11 +146,9 @@ def _attn_bwd_dkdv_kernel(
         dsT = pT * (dpT - delta[None, :])  # (BLOCK_N, BLOCK_M) fp32
         dk += tl.dot(dsT.to(qT.dtype), tl.trans(qT), input_precision=DOT_PRECISION)
 
-    out_ok = key_ok[:, None]
-    dk_ptrs = dK + off_bh * S * DH + offs_n[:, None] * DH + offs_dh[None, :]
-    dv_ptrs = dV + off_bh * S * DV + offs_n[:, None] * DV + offs_dv[None, :]
-    tl.store(dk_ptrs, (dk * scale).to(dK.dtype.element_ty), mask=out_ok & (offs_dh < DH)[None, :])
-    tl.store(dv_ptrs, dv.to(dV.dtype.element_ty), mask=out_ok & (offs_dv < DV)[None, :])
+    # dK and dV are contiguous: (B*H, S, Dh) and (B*H, S, Dv).
+    store_tile(dK + off_bh * S * DH, offs_n, offs_dh, DH, 1, S, DH, dk * scale)
+    store_tile(dV + off_bh * S * DV, offs_n, offs_dv, DV, 1, S, DV, dv)
 
 
 @triton.jit(do_not_specialize=["T", "S", "T_KEY", "S_KEY"])
@@ -199,49 +183,36 @@ def _attn_bwd_dq_kernel(
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_dh = tl.arange(0, BLOCK_DH)
     offs_dv = tl.arange(0, BLOCK_DV)
-    row_ok = offs_m < T
-
-    q = tl.load(
-        Q + off_b * stride_qb + off_h * stride_qh
-        + offs_m[:, None] * stride_qt + offs_dh[None, :] * stride_qd,
-        mask=row_ok[:, None] & (offs_dh < DH)[None, :], other=0.0,
-    )  # (BLOCK_M, BLOCK_DH)  # fmt: skip
-    do = tl.load(
-        dOut + off_bh * T * DV + offs_m[:, None] * DV + offs_dv[None, :],
-        mask=row_ok[:, None] & (offs_dv < DV)[None, :], other=0.0,
-    )  # (BLOCK_M, BLOCK_DV)  # fmt: skip
-    lse = tl.load(Lse + off_bh * T + offs_m, mask=row_ok, other=0.0)  # (BLOCK_M,)
-    delta = tl.load(Delta + off_bh * T + offs_m, mask=row_ok, other=0.0)  # (BLOCK_M,)
-    dq = tl.zeros([BLOCK_M, BLOCK_DH], dtype=tl.float32)
 
     k_base = K + off_b * stride_kb + off_h * stride_kh
     v_base = V + off_b * stride_vb + off_h * stride_vh
     mask_base = Mask + off_b * stride_mb + off_h * stride_mh
 
+    # This program's queries, their dO, lse and delta stay in registers.
+    q_base = Q + off_b * stride_qb + off_h * stride_qh
+    q = load_tile(q_base, offs_m, offs_dh, stride_qt, stride_qd, T, DH)  # (BLOCK_M, BLOCK_DH)
+    do = load_tile(dOut + off_bh * T * DV, offs_m, offs_dv, DV, 1, T, DV)  # (BLOCK_M, BLOCK_DV)
+    lse = tl.load(Lse + off_bh * T + offs_m, mask=offs_m < T, other=0.0)  # (BLOCK_M,)
+    delta = tl.load(Delta + off_bh * T + offs_m, mask=offs_m < T, other=0.0)  # (BLOCK_M,)
+    dq = tl.zeros([BLOCK_M, BLOCK_DH], dtype=tl.float32)
+
     key_end = causal_key_end(start_m, T, S, BLOCK_M, CAUSAL)  # the forward's loop bound
     for start_n in range(0, key_end, BLOCK_N):
         offs_n = start_n + offs_n0
-        key_ok = offs_n < S
-        kT = tl.load(
-            k_base + offs_n[None, :] * stride_ks + offs_dh[:, None] * stride_kd,
-            mask=key_ok[None, :] & (offs_dh < DH)[:, None], other=0.0,
-        )  # (BLOCK_DH, BLOCK_N)  # fmt: skip
-        vT = tl.load(
-            v_base + offs_n[None, :] * stride_vs + offs_dv[:, None] * stride_vd,
-            mask=key_ok[None, :] & (offs_dv < DV)[:, None], other=0.0,
-        )  # (BLOCK_DV, BLOCK_N)  # fmt: skip
+        kT = load_tile(k_base, offs_dh, offs_n, stride_kd, stride_ks, DH, S)  # (BLOCK_DH, BLOCK_N)
+        vT = load_tile(v_base, offs_dv, offs_n, stride_vd, stride_vs, DV, S)  # (BLOCK_DV, BLOCK_N)
         s = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N)
         ok = allowed_tile(
             offs_m[:, None], offs_n[None, :], T, S, mask_base, stride_mt, stride_ms,
             CAUSAL, HAS_MASK,
-        )  # fmt: skip
+        )  # (BLOCK_M, BLOCK_N)  # fmt: skip
         p = tl.math.exp2(tl.where(ok, s - lse[:, None], float("-inf")))  # (BLOCK_M, BLOCK_N)
         dp = tl.dot(do, vT, input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N)
         ds = p * (dp - delta[:, None])  # (BLOCK_M, BLOCK_N) fp32
         dq += tl.dot(ds.to(kT.dtype), tl.trans(kT), input_precision=DOT_PRECISION)
 
-    dq_ptrs = dQ + off_bh * T * DH + offs_m[:, None] * DH + offs_dh[None, :]
-    tl.store(dq_ptrs, (dq * scale).to(dQ.dtype.element_ty), mask=row_ok[:, None] & (offs_dh < DH)[None, :])  # fmt: skip
+    # dQ is contiguous: (B*H, T, Dh).
+    store_tile(dQ + off_bh * T * DH, offs_m, offs_dh, DH, 1, T, DH, dq * scale)
 
 
 _dkdv_tuned = autotuned(_attn_bwd_dkdv_kernel, TUNING_KEY, DKDV_SHAPES)

@@ -67,6 +67,33 @@ LOG2E = math.log2(math.e)  # exp(x) == exp2(x * LOG2E)
 
 
 @triton.jit
+def load_tile(
+    base,  # pointer to element (0, 0) of a strided matrix
+    rows,  # (R,) row indices of the tile
+    cols,  # (C,) column indices of the tile
+    stride_r,  # elements between consecutive rows
+    stride_c,  # elements between consecutive columns
+    n_rows,  # true number of rows: indices >= n_rows are tile padding
+    n_cols,  # true number of columns (e.g. Dh, padded up to BLOCK_DH)
+):
+    """An ``(R, C)`` tile; padding entries load as 0, which adds nothing to a dot product.
+
+    Swapping the roles of rows and columns loads the transpose (``K^T`` tiles)
+    without moving any data.
+    """
+    ptrs = base + rows[:, None] * stride_r + cols[None, :] * stride_c
+    return tl.load(ptrs, mask=(rows < n_rows)[:, None] & (cols < n_cols)[None, :], other=0.0)
+
+
+@triton.jit
+def store_tile(base, rows, cols, stride_r, stride_c, n_rows, n_cols, value):
+    """Store the ``(R, C)`` tile ``value`` (cast to the buffer's dtype), skipping padding."""
+    ptrs = base + rows[:, None] * stride_r + cols[None, :] * stride_c
+    ok = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+    tl.store(ptrs, value.to(base.dtype.element_ty), mask=ok)
+
+
+@triton.jit
 def causal_key_end(start_m, T, S, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
     """One past the last key that any query of the tile ``[start_m, start_m + BLOCK_M)`` may see.
 
@@ -150,19 +177,14 @@ def _attn_fwd_kernel(
     offs_n0 = tl.arange(0, BLOCK_N)  # (BLOCK_N,) key offsets inside a tile
     offs_dh = tl.arange(0, BLOCK_DH)
     offs_dv = tl.arange(0, BLOCK_DV)
-    row_ok = offs_m < T
 
-    # The query tile stays in registers for the whole loop. Padded rows and
-    # padded head columns load as 0 and add nothing to the dot products.
-    q = tl.load(
-        Q + off_b * stride_qb + off_h * stride_qh
-        + offs_m[:, None] * stride_qt + offs_dh[None, :] * stride_qd,
-        mask=row_ok[:, None] & (offs_dh < DH)[None, :], other=0.0,
-    )  # (BLOCK_M, BLOCK_DH)  # fmt: skip
-
+    q_base = Q + off_b * stride_qb + off_h * stride_qh
     k_base = K + off_b * stride_kb + off_h * stride_kh
     v_base = V + off_b * stride_vb + off_h * stride_vh
     mask_base = Mask + off_b * stride_mb + off_h * stride_mh
+
+    # The query tile stays in registers for the whole loop.
+    q = load_tile(q_base, offs_m, offs_dh, stride_qt, stride_qd, T, DH)  # (BLOCK_M, BLOCK_DH)
 
     # Online-softmax state, fp32, one entry per query row (base-2 units).
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max of scores
@@ -172,12 +194,7 @@ def _attn_fwd_kernel(
     key_end = causal_key_end(start_m, T, S, BLOCK_M, CAUSAL)
     for start_n in range(0, key_end, BLOCK_N):
         offs_n = start_n + offs_n0
-        # K^T tile, loaded transposed: (BLOCK_DH, BLOCK_N)
-        kT = tl.load(
-            k_base + offs_n[None, :] * stride_ks + offs_dh[:, None] * stride_kd,
-            mask=(offs_n < S)[None, :] & (offs_dh < DH)[:, None],
-            other=0.0,
-        )
+        kT = load_tile(k_base, offs_dh, offs_n, stride_kd, stride_ks, DH, S)  # (BLOCK_DH, BLOCK_N)
         s = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N) fp32
         ok = allowed_tile(
             offs_m[:, None], offs_n[None, :], T, S, mask_base, stride_mt, stride_ms,
@@ -193,11 +210,7 @@ def _attn_fwd_kernel(
         alpha = tl.math.exp2(m_i - m_shift)  # rescales the old state to the new max
         l_i = l_i * alpha + tl.sum(p, 1)
 
-        v = tl.load(
-            v_base + offs_n[:, None] * stride_vs + offs_dv[None, :] * stride_vd,
-            mask=(offs_n < S)[:, None] & (offs_dv < DV)[None, :],
-            other=0.0,
-        )  # (BLOCK_N, BLOCK_DV)
+        v = load_tile(v_base, offs_n, offs_dv, stride_vs, stride_vd, S, DV)  # (BLOCK_N, BLOCK_DV)
         # p is cast to v's dtype for the tensor cores (fp16/bf16); the sum stays fp32.
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
@@ -206,16 +219,10 @@ def _attn_fwd_kernel(
     # (offs_m >= T) may have l_i = 0, and the guard keeps them free of NaN.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]  # (BLOCK_M, BLOCK_DV)
-    o_ptrs = (
-        Out
-        + off_b * stride_ob
-        + off_h * stride_oh
-        + offs_m[:, None] * stride_ot
-        + offs_dv[None, :] * stride_od
-    )
-    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_dv < DV)[None, :])
+    o_base = Out + off_b * stride_ob + off_h * stride_oh
+    store_tile(o_base, offs_m, offs_dv, stride_ot, stride_od, T, DV, out)
     # log2(sum_j exp2(s_j)) = m_i + log2(l_i): the backward gets p_ij = exp2(s_ij - lse_i).
-    tl.store(Lse + pid_bh * T + offs_m, m_i + tl.math.log2(l_safe), mask=row_ok)
+    tl.store(Lse + pid_bh * T + offs_m, m_i + tl.math.log2(l_safe), mask=offs_m < T)
 
 
 # The autotuner's cache key; it adds the tensors' dtypes itself.
