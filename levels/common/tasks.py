@@ -12,13 +12,14 @@ symbols are ``3 .. vocab_size - 1``.
 
 Two encoder-decoder tasks (``src`` -> ``tgt``):
 
-* ``copy``:    ``src = x + [EOS]``, ``tgt = [BOS] + x + [EOS]``
-* ``reverse``: ``src = x + [EOS]``, ``tgt = [BOS] + reversed(x) + [EOS]``
+* ``copy``:    ``src = [BOS] + x + [EOS]``, ``tgt = [BOS] + x + [EOS]``
+* ``reverse``: ``src = [BOS] + x + [EOS]``, ``tgt = [BOS] + reversed(x) + [EOS]``
 
 with ``x`` a uniformly random string of ``min_len .. max_len`` symbols. The
-source ends in EOS so the encoder has an anchor at the end of the string:
-reversing means "the i-th output is the i-th symbol *counted from the end*",
-and rotary positions are relative, so the model needs a landmark to count from.
+source is framed by BOS and EOS so the encoder has a landmark at each end:
+copying means "the i-th output is the i-th symbol counted from the start",
+reversing "counted from the end", and rotary positions are relative, so the
+model needs something to count from.
 
 One decoder-only task:
 
@@ -66,7 +67,7 @@ def split_rng(seed: int, split: str) -> np.random.Generator:
 class Seq2SeqExample:
     """One source/target pair. ``tgt`` starts with BOS and ends with EOS."""
 
-    src: tuple[int, ...]  # (S,) symbols then EOS
+    src: tuple[int, ...]  # (S,) BOS, symbols, EOS
     tgt: tuple[int, ...]  # (1 + T,) BOS, output symbols, EOS
 
     @property
@@ -108,7 +109,7 @@ class Seq2SeqTask:
 
     @property
     def max_seq_len(self) -> int:
-        """Longest sequence either side: the target is BOS + max_len + EOS."""
+        """Longest sequence either side: BOS + max_len symbols + EOS."""
         return self.max_len + 2
 
     def sample(self, n: int, seed: int, split: str) -> list[Seq2SeqExample]:
@@ -119,7 +120,9 @@ class Seq2SeqTask:
             x = rng.integers(FIRST_SYMBOL, self.vocab_size, size=int(length)).tolist()
             y = x if self.name == "copy" else x[::-1]
             examples.append(
-                Seq2SeqExample(src=tuple(x + [EOS_ID]), tgt=tuple([BOS_ID] + y + [EOS_ID]))
+                Seq2SeqExample(
+                    src=tuple([BOS_ID] + x + [EOS_ID]), tgt=tuple([BOS_ID] + y + [EOS_ID])
+                )
             )
         return examples
 
