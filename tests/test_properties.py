@@ -264,6 +264,26 @@ def test_gradients_finite_and_padding_contributes_nothing(case):
         case.assert_close(grads[1][name], g, what=f"d loss / d {name} with junk padding")
 
 
+@pytest.mark.best_dtype
+@pytest.mark.torch_only
+def test_dropout_acts_only_in_training_mode(case):
+    config = small_config(case.tiny, dropout=0.3)
+    params, model = _decoder(case, config, 11)
+    tokens = random_tokens(np.random.default_rng(11), config, 2, 5)
+    model.eval()
+    out = case.np(model.forward(case.arr(tokens)))
+    expected = ref.decoder_only_forward(config, params, tokens)  # the reference has no dropout
+    case.assert_close(out, expected, what="eval-mode logits with dropout=0.3")
+    model.train()
+    try:
+        a, b = (case.np(model.forward(case.arr(tokens))) for _ in range(2))
+    except NotImplementedError:
+        # A level may refuse to train with dropout (level 4's attention kernel
+        # has none) but must say so, never silently train without it.
+        return
+    assert not np.allclose(a, out) and not np.allclose(a, b), "training mode should drop at random"
+
+
 # ---------------------------------------------------------------------------
 # Attention over random shapes
 # ---------------------------------------------------------------------------
