@@ -101,6 +101,8 @@ def pytest_configure(config):
     # far more than it saves (spin-waiting threads on a shared 2-core machine
     # made small float64 matmuls ~10x slower): one thread.
     torch.set_num_threads(1)
+    if config.getoption("--device") == "cuda" and not torch.cuda.is_available():
+        raise pytest.UsageError("--device cuda was asked for, but torch sees no CUDA device")
     if config.getoption("--device") == "cpu":
         # Triton kernels can only run on CPU in the interpreter, which must be
         # switched on before any module defining @triton.jit kernels is imported.
