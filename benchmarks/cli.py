@@ -55,6 +55,18 @@ def _int_list(text: str) -> list[int]:
     return sorted(values)
 
 
+def free_cores(default: int) -> int:
+    """Threads for torch on the CPU: the cores the other processes leave free (the 1-minute
+    load average), at least 1, at most ``default``.
+
+    On a busy machine every parallel region of a multi-threaded op waits until all of
+    its threads get a core, which can make a small op a hundred times slower; one
+    thread per free core avoids that.
+    """
+    cores = os.cpu_count() or 1
+    return max(1, min(default, cores - round(os.getloadavg()[0])))
+
+
 def add_bench_parser(subparsers) -> None:
     from .plan import SCENARIOS
 
@@ -88,7 +100,7 @@ def add_bench_parser(subparsers) -> None:
         "--threads",
         type=int,
         default=None,
-        help="torch CPU threads (default: torch's choice; 1 is steadier on a busy machine)",
+        help="torch CPU threads (default: the cores other processes leave free, at least 1)",
     )
     p.add_argument("--json", metavar="PATH", help="write the records as a JSON list")
     p.add_argument("--plot", metavar="PATH", help="write time and GFLOP/s against T as a PNG")
@@ -120,8 +132,8 @@ def bench(args: argparse.Namespace) -> int:
     if device.startswith("cuda") and not torch.cuda.is_available():
         console.print("[red]--device cuda: torch sees no CUDA device here[/red]")
         return 2
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    if not device.startswith("cuda"):
+        torch.set_num_threads(args.threads or free_cores(torch.get_num_threads()))
     dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
     plan = default_plan(device, quick=args.quick, seq_lens=args.seq_lens, causal=args.causal)
     if args.scenario:
@@ -131,12 +143,11 @@ def bench(args: argparse.Namespace) -> int:
         backends += [B.sdpa_backend(which, device) for which in B.SDPA_BACKENDS]
     machine = describe_machine(device)
     load, cores = os.getloadavg()[0], os.cpu_count() or 1
-    if not device.startswith("cuda") and load > cores:
+    if not device.startswith("cuda") and load >= 1.0:
         console.print(
-            f"[yellow]load average {load:.1f} on {cores} cores: other processes compete for "
-            "the CPU, and multi-threaded torch suffers most (each parallel region waits for "
-            "its threads to be scheduled). Compare ratios within this run; --threads 1 is "
-            "steadier.[/yellow]"
+            f"[yellow]load average {load:.1f} on {cores} cores before the run: other processes "
+            f"compete for the CPU, so torch runs {torch.get_num_threads()} thread(s) (--threads "
+            "to override). Compare ratios within this run, not absolute times.[/yellow]"
         )
 
     start = time.perf_counter()

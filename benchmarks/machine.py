@@ -50,10 +50,10 @@ def describe_machine(device: str) -> str:
 
     if device.startswith("cuda"):
         return f"{torch.cuda.get_device_name(device)} (torch {torch.__version__})"
-    cores = os.cpu_count()
+    cores, threads = os.cpu_count(), torch.get_num_threads()
     return (
         f"{cpu_model()}, {cores} cores, torch {torch.__version__} "
-        f"with {torch.get_num_threads()} threads"
+        f"with {threads} thread{'' if threads == 1 else 's'}"
     )
 
 
