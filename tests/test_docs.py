@@ -280,57 +280,72 @@ def _dtypes(rows: list[dict]) -> str:
     return common + (f" ({', '.join(others)})" if others else "")
 
 
-def render_bench(
-    records: list[dict], *, scenario: str, value: str = "median_ms", by: str = "T", levels=""
+def _table(
+    title: str,
+    columns: list,
+    cell: Callable[[str, object], str],
+    rows: list[dict],
+    by: str,
+    label: Callable[[object], str] = str,
 ) -> str:
-    """A table of one scenario: a row per level, a column per size (``shape[by]``)."""
-    rows = [r for r in records if r["scenario"] == scenario]
-    if levels:
-        wanted = levels.split(",")
-        rows = [r for r in rows if r["level"] in wanted]
-    if not rows:
-        raise ValueError(f"no records for scenario {scenario!r} in {BENCH_JSON.name}")
-    sizes = sorted({r["shape"][by] for r in rows if by in r["shape"]})
-    names = list(dict.fromkeys(r["level"] for r in rows))
+    """A Markdown table with a row per level of ``rows``, a column per entry of ``columns``
+    (headed ``label(column)``) holding ``cell(level, column)``, then where the figures come from."""
     lines = [
-        f"| {scenario} ({UNITS[value]}) | " + " | ".join(f"{by}={s}" for s in sizes) + " |",
-        "| --- |" + " ---: |" * len(sizes),
+        f"| {title} | " + " | ".join(label(c) for c in columns) + " |",
+        "| --- |" + " ---: |" * len(columns),
     ]
-    for name in names:
-        cells = []
-        for size in sizes:
-            hit = [r for r in rows if r["level"] == name and r["shape"].get(by) == size]
-            cells.append(_cell(hit[0] if hit else None, value))
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    for level in dict.fromkeys(r["level"] for r in rows):
+        lines.append(f"| {level} | " + " | ".join(cell(level, c) for c in columns) + " |")
     lines += ["", f"{_source_line(rows)} {_fixed_sizes(rows, by)}; {_dtypes(rows)}."]
     if any(r["status"].startswith("skipped (budget") for r in rows):
         lines[-1] += ' "budget": skipped, too slow at this size.'
     return "\n".join(lines)
 
 
-def render_scenarios(records: list[dict], *, scenarios: str, value: str, levels: str = "") -> str:
-    """A row per level, a column per scenario (each measured at one size), e.g. cached vs uncached."""
-    names = scenarios.split(",")
-    rows = [r for r in records if r["scenario"] in names]
+def _only(records: list[dict], scenarios: list[str], levels: str) -> list[dict]:
+    """The records of ``scenarios``, restricted to the comma-separated ``levels`` if given."""
+    rows = [r for r in records if r["scenario"] in scenarios]
     if levels:
         rows = [r for r in rows if r["level"] in levels.split(",")]
-    order = list(dict.fromkeys(r["level"] for r in rows))
-    lines = [
-        f"| {UNITS[value]} | " + " | ".join(names) + " |",
-        "| --- |" + " ---: |" * len(names),
-    ]
-    for level in order:
-        cells = []
-        for name in names:
-            hits = [r for r in rows if r["level"] == level and r["scenario"] == name]
-            if len(hits) > 1:
-                raise ValueError(f"{name} was measured at several sizes; use the bench renderer")
-            cells.append(_cell(hits[0] if hits else None, value))
-        lines.append(f"| {level} | " + " | ".join(cells) + " |")
-    lines += ["", f"{_source_line(rows)} {_fixed_sizes(rows, '')}; {_dtypes(rows)}."]
-    if any(r["status"].startswith("skipped (budget") for r in rows):
-        lines[-1] += ' "budget": skipped, too slow at this size.'
-    return "\n".join(lines)
+    if not rows:
+        raise ValueError(f"no records for {scenarios} in {BENCH_JSON.name}")
+    return rows
+
+
+def _one(rows: list[dict], **where) -> dict | None:
+    """The record of ``rows`` matching ``where`` (``shape`` keys allowed); None if there is none."""
+    hits = [r for r in rows if all(r["shape"].get(k, r.get(k)) == v for k, v in where.items())]
+    if len(hits) > 1:
+        raise ValueError(f"several records match {where}; narrow the table")
+    return hits[0] if hits else None
+
+
+def render_bench(
+    records: list[dict], *, scenario: str, value: str = "median_ms", by: str = "T", levels=""
+) -> str:
+    """A table of one scenario: a row per level, a column per size (``shape[by]``)."""
+    rows = _only(records, [scenario], levels)
+    sizes = sorted({r["shape"][by] for r in rows if by in r["shape"]})
+    return _table(
+        f"{scenario} ({UNITS[value]})",
+        sizes,
+        lambda level, size: _cell(_one(rows, level=level, **{by: size}), value),
+        rows,
+        by,
+        label=lambda size: f"{by}={size}",
+    )
+
+
+def render_scenarios(records: list[dict], *, scenarios: str, value: str, levels: str = "") -> str:
+    """A row per level, a column per scenario (each measured at one size), e.g. cached vs uncached."""
+    rows = _only(records, scenarios.split(","), levels)
+    return _table(
+        UNITS[value],
+        scenarios.split(","),
+        lambda level, col: _cell(_one(rows, level=level, scenario=col), value),
+        rows,
+        "",
+    )
 
 
 def _times(ratio: float) -> str:
