@@ -260,8 +260,10 @@ UNITS = {
 
 
 def _source_line(records: list[dict]) -> str:
-    devices = sorted({r["device"] for r in records})
-    return f"Measured by `{BENCH_COMMAND}` on {', '.join(devices)}; data: `docs/data/{BENCH_JSON.name}`."
+    """Where the figures come from: the command, the machine and the day of the run."""
+    runs = sorted({(r.get("machine") or r["device"], (r.get("date") or "")[:10]) for r in records})
+    where = "; ".join(f"{machine}, {day}" if day else machine for machine, day in runs)
+    return f"Measured by `{BENCH_COMMAND}` on {where}; data: `docs/data/{BENCH_JSON.name}`."
 
 
 def _fixed_sizes(rows: list[dict], by: str) -> str:
@@ -354,29 +356,38 @@ def _times(ratio: float) -> str:
 
 
 def render_ladder(records: list[dict], *, scenario: str, T: str) -> str:
-    """The README's table: each level, what it is (its package docstring), one measured time."""
+    """The README's table: each level, what it is (its package docstring), its time at each
+    of the comma-separated sizes ``T``, and its speed-up over level 0 at the first size."""
     from levels import LEVELS
     from levels.show import summary
 
-    rows = {
-        r["level"]: r
-        for r in records
-        if r["scenario"] == scenario and r["shape"].get("T") == int(T)
-    }
-    base = rows.get(LEVELS[0])
+    sizes = [int(t) for t in T.split(",")]
+    rows = [r for r in records if r["scenario"] == scenario and r["shape"].get("T") in sizes]
+    base = _one(rows, level=LEVELS[0], T=sizes[0])
+    times = " | ".join(f"T={t} (ms)" for t in sizes)
     lines = [
-        f"| level | what it is | {scenario}, T={T} (ms) | speed-up over level 0 |",
-        "| --- | --- | ---: | ---: |",
+        f"| level | what it is | {times} | speed-up over level 0, T={sizes[0]} |",
+        "| --- | --- |" + " ---: |" * (len(sizes) + 1),
     ]
     for i, name in enumerate(LEVELS):
-        record = rows.get(name)
-        ms = _cell(record, "median_ms")
+        cells = [_cell(_one(rows, level=name, T=t), "median_ms") for t in sizes]
+        first = _one(rows, level=name, T=sizes[0])
         ratio = ""
-        if record and base and record["status"] == "ok" and base["status"] == "ok":
-            ratio = _times(base["median_s"] / record["median_s"])
-        lines.append(f"| {i} [`{name}`](docs/{name}.md) | {summary(name)} | {ms} | {ratio} |")
-    measured = list(rows.values())
-    lines += ["", f"{_source_line(measured)} {_fixed_sizes(measured, 'T')}; {_dtypes(measured)}."]
+        if i == 0:
+            ratio = "baseline"
+        elif first and base and first["status"] == base["status"] == "ok":
+            ratio = _times(base["median_s"] / first["median_s"])
+        lines.append(
+            f"| {i} [`{name}`](docs/{name}.md) | {summary(name)} | "
+            + " | ".join(cells)
+            + f" | {ratio} |"
+        )
+    lines += [
+        "",
+        f"Scenario `{scenario}`. {_source_line(rows)} {_fixed_sizes(rows, 'T')}; {_dtypes(rows)}.",
+    ]
+    if any(r["status"].startswith("skipped (budget") for r in rows):
+        lines[-1] += ' "budget": skipped, too slow at this size.'
     return "\n".join(lines)
 
 
