@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -43,6 +44,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DOC_FILES = sorted(ROOT.glob("docs/*.md")) + [ROOT / "README.md"]
 BENCH_JSON = ROOT / "docs" / "data" / "cpu_quick.json"
+# The plot of that run (benchmarks/plot.py), and the hash of the JSON it was drawn from.
+BENCH_PLOT = ROOT / "docs" / "img" / "cpu_quick.png"
+BENCH_PLOT_SOURCE = BENCH_PLOT.with_suffix(".source")
 # The run BENCH_JSON holds. One torch thread and one BLAS thread: on a shared
 # 2-core machine, idle threads spinning for work distort the timings badly.
 BENCH_COMMAND = "OPENBLAS_NUM_THREADS=1 ladder bench --quick --threads 1"
@@ -448,6 +452,17 @@ def test_generated_figures_are_current(path):
     )
 
 
+def _json_digest() -> str:
+    return "sha256 " + hashlib.sha256(BENCH_JSON.read_bytes()).hexdigest()
+
+
+def test_the_plot_is_drawn_from_the_committed_run():
+    assert BENCH_PLOT.is_file(), f"{_id(BENCH_PLOT)} is missing; run `python tests/test_docs.py`"
+    assert BENCH_PLOT_SOURCE.read_text().strip() == _json_digest(), (
+        f"{_id(BENCH_PLOT)} was drawn from another run; run `python tests/test_docs.py`"
+    )
+
+
 def test_the_doc_files_parse_and_the_front_door_exists():
     """Every marker in every doc file is well-formed (a bad one fails here, not silently)."""
     assert (ROOT / "README.md").is_file()
@@ -604,7 +619,15 @@ def test_ladder_show_overview_and_level_choice(capsys):
 
 
 def main() -> int:
-    """Rewrite every generated block from the committed benchmark JSON."""
+    """Rewrite every generated block, and redraw the plot, from the committed benchmark JSON."""
+    from benchmarks import plot
+
+    if BENCH_PLOT_SOURCE.is_file() and BENCH_PLOT_SOURCE.read_text().strip() == _json_digest():
+        print(f"{_id(BENCH_PLOT)} is current")
+    else:
+        plot.main([str(BENCH_JSON), str(BENCH_PLOT)])
+        BENCH_PLOT_SOURCE.write_text(_json_digest() + "\n")
+        print(f"redrew {_id(BENCH_PLOT)}")
     records = load_records()
     for path in DOC_FILES:
         if not path.is_file():
