@@ -32,7 +32,7 @@ try:
 except levels.LevelUnavailable as exc:  # no triton here: say so, do not pretend
     pytest.skip(str(exc), allow_module_level=True)
 
-from levels.level4_triton_kernel.tiles import INTERPRETER_TILES, Tiles  # noqa: E402
+from levels.level4_triton_kernel.tiles import Tiles  # noqa: E402
 
 # fp32: the kernels sum in a different order than the float64 reference (tiles
 # of 16 keys, online rescaling by exp2(m_old - m_new)); with O(1) inputs that
@@ -125,6 +125,38 @@ def check_fp32(actual, expected, what):
     )
 
 
+def random_qkv(seed: int, B: int, H: int, T: int, S: int, Dh: int, Dv: int | None = None):
+    """float64 ``q (B,H,T,Dh)``, ``k (B,H,S,Dh)``, ``v (B,H,S,Dv)`` and an upstream
+    gradient ``d_out (B,H,T,Dv)``, all standard normal."""
+    gen = torch.Generator().manual_seed(seed)
+    shapes = ((T, Dh), (S, Dh), (S, Dv or Dh), (T, Dv or Dh))
+    return [torch.randn(B, H, n, d, generator=gen, dtype=torch.float64) for n, d in shapes]
+
+
+def with_grads(fn, q, k, v, d_out, *, dtype=torch.float64, device="cpu"):
+    """``[out, dq, dk, dv]`` of ``fn(q, k, v)`` for the upstream gradient ``d_out``,
+    with the inputs cast to ``dtype`` on ``device``."""
+    ins = [x.detach().to(device, dtype).requires_grad_() for x in (q, k, v)]
+    out = fn(*ins)
+    out.backward(d_out.to(device, dtype))
+    return [out.detach(), *(x.grad for x in ins)]
+
+
+def ours(device, **kw):
+    """Level 4's attention with this device's test tiles; ``kw``: causal, mask, tiles, scale."""
+    kw.setdefault("tiles", tiles_for(device))
+    if kw.get("mask") is not None:
+        kw["mask"] = kw["mask"].to(device)
+    return functools.partial(L4.attention, **kw)
+
+
+def reference(**kw):
+    return functools.partial(reference_attention, **kw)
+
+
+GRAD_NAMES = ("output", "dq", "dk", "dv")
+
+
 # ---------------------------------------------------------------------------
 # attention: forward and backward against float64 autograd
 # ---------------------------------------------------------------------------
@@ -147,46 +179,28 @@ SHAPES = [
 
 @pytest.mark.parametrize("T,S,Dh,Dv,causal,mask_kind", SHAPES)
 def test_attention_forward_backward_fp32(device, T, S, Dh, Dv, causal, mask_kind):
-    gen = torch.Generator().manual_seed(T * 1000 + S * 10 + Dh)
-    B, H = 2, 2
-    widths = ((T, Dh), (S, Dh), (S, Dv))
-    q, k, v = (torch.randn(B, H, n, d, generator=gen, dtype=torch.float64) for n, d in widths)
-    d_out = torch.randn(B, H, T, Dv, generator=gen, dtype=torch.float64)
-    mask = make_mask(mask_kind, B, H, T, S, gen)
-
-    ref_in = [x.clone().requires_grad_() for x in (q, k, v)]
-    expected = reference_attention(*ref_in, causal=causal, mask=mask)
-    expected.backward(d_out)
-
-    ins = [x.to(device, torch.float32).requires_grad_() for x in (q, k, v)]
-    out = L4.attention(
-        *ins, causal=causal, mask=None if mask is None else mask.to(device), tiles=tiles_for(device)
+    q, k, v, d_out = random_qkv(T * 1000 + S * 10 + Dh, 2, 2, T, S, Dh, Dv)
+    mask = make_mask(mask_kind, 2, 2, T, S, torch.Generator().manual_seed(T + S))
+    got = with_grads(
+        ours(device, causal=causal, mask=mask), q, k, v, d_out, dtype=torch.float32, device=device
     )
-    out.backward(d_out.to(device, torch.float32))
-
-    check_fp32(out, expected.detach(), "output")
-    for name, got, want in zip("qkv", ins, ref_in, strict=True):
-        check_fp32(got.grad, want.grad, f"d{name}")
+    want = with_grads(reference(causal=causal, mask=mask), q, k, v, d_out)
+    for name, g, w in zip(GRAD_NAMES, got, want, strict=True):
+        check_fp32(g, w, name)
 
 
 @pytest.mark.parametrize("block_m,block_n", [(16, 32), (32, 16)])
 @pytest.mark.parametrize("T,S", [(13, 45), (45, 45)])
 def test_attention_unequal_tiles(device, block_m, block_n, T, S):
     """Query and key tiles of different sizes: the causal loop bounds mix the two."""
-    gen = torch.Generator().manual_seed(block_m + T)
-    B, H, Dh = 1, 2, 16
-    q, k, v = (torch.randn(B, H, n, Dh, generator=gen, dtype=torch.float64) for n in (T, S, S))
-    mask = make_mask("general", B, H, T, S, gen)
-    ref_in = [x.clone().requires_grad_() for x in (q, k, v)]
-    expected = reference_attention(*ref_in, causal=True, mask=mask)
-    expected.sum().backward()
-    ins = [x.to(device, torch.float32).requires_grad_() for x in (q, k, v)]
+    q, k, v, d_out = random_qkv(block_m + T, 1, 2, T, S, 16)
+    mask = make_mask("general", 1, 2, T, S, torch.Generator().manual_seed(T))
     tiles = Tiles(block_m=block_m, block_n=block_n)
-    out = L4.attention(*ins, causal=True, mask=mask.to(device), tiles=tiles)
-    out.sum().backward()
-    check_fp32(out, expected.detach(), "output")
-    for name, got, want in zip("qkv", ins, ref_in, strict=True):
-        check_fp32(got.grad, want.grad, f"d{name}")
+    fn = ours(device, causal=True, mask=mask, tiles=tiles)
+    got = with_grads(fn, q, k, v, d_out, dtype=torch.float32, device=device)
+    want = with_grads(reference(causal=True, mask=mask), q, k, v, d_out)
+    for name, g, w in zip(GRAD_NAMES, got, want, strict=True):
+        check_fp32(g, w, name)
 
 
 @pytest.mark.parametrize(
@@ -194,26 +208,18 @@ def test_attention_unequal_tiles(device, block_m, block_n, T, S):
 )
 def test_attention_low_precision(device, T, S, Dh, causal, mask_kind):
     """fp16 (and bf16 on a GPU): within twice SDPA's own error, output and gradients."""
-    gen = torch.Generator().manual_seed(7)
-    B, H = 2, 2
-    q, k, v = (torch.randn(B, H, n, Dh, generator=gen, dtype=torch.float64) for n in (T, S, S))
-    d_out = torch.randn(B, H, T, Dh, generator=gen, dtype=torch.float64)
-    mask = make_mask(mask_kind, B, H, T, S, gen)
-    ref_in = [x.clone().requires_grad_() for x in (q, k, v)]
-    expected = reference_attention(*ref_in, causal=causal, mask=mask)
-    expected.backward(d_out)
+    q, k, v, d_out = random_qkv(7, 2, 2, T, S, Dh)
+    mask = make_mask(mask_kind, 2, 2, T, S, torch.Generator().manual_seed(7))
+    want = with_grads(reference(causal=causal, mask=mask), q, k, v, d_out)
     for dtype in dtypes_here(device)[1:]:
-        results = []
-        ours = functools.partial(L4.attention, tiles=tiles_for(device))
-        for fn in (ours, sdpa_same_dtype):
-            ins = [x.to(device, dtype).requires_grad_() for x in (q, k, v)]
-            out = fn(*ins, causal=causal, mask=None if mask is None else mask.to(device))
-            out.backward(d_out.to(device, dtype))
-            results.append((out, *(x.grad for x in ins)))
-        names = ("output", "dq", "dk", "dv")
-        wanted = (expected, *(x.grad for x in ref_in))
-        for name, got, base, want in zip(names, *results, wanted, strict=True):
-            check_lowp(got.cpu(), want.detach(), base.cpu(), dtype, f"{dtype} {name}")
+        sdpa = functools.partial(
+            sdpa_same_dtype, causal=causal, mask=None if mask is None else mask.to(device)
+        )
+        kw = {"dtype": dtype, "device": device}
+        got = with_grads(ours(device, causal=causal, mask=mask), q, k, v, d_out, **kw)
+        base = with_grads(sdpa, q, k, v, d_out, **kw)
+        for name, g, b, w in zip(GRAD_NAMES, got, base, want, strict=True):
+            check_lowp(g.cpu(), w, b.cpu(), dtype, f"{dtype} {name}")
 
 
 def test_attention_strided_inputs_and_scale(device):
@@ -238,51 +244,43 @@ def test_attention_strided_inputs_and_scale(device):
 # in its p @ v (or dS^T q) product, so the finite result shows the tile was skipped.
 
 
+# 16 x 16 tiles over T = S = 64: four query tiles, four key tiles, whatever the device.
+PROBE_TILES = Tiles(block_m=16, block_n=16)
+
+
 # The interpreter's numpy reductions warn about the NaN rows these probes create on purpose.
 @pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")
 def test_causal_forward_and_dq_skip_tiles_past_the_diagonal(device):
-    tiles = Tiles(block_m=16, block_n=16)
-    B, H, T, Dh = 1, 2, 64, 16
-    gen = torch.Generator().manual_seed(11)
-    q, k, v = (torch.randn(B, H, T, Dh, generator=gen, dtype=torch.float64) for _ in range(3))
+    q, k, v, d_out = random_qkv(11, 1, 2, 64, 64, 16)
+    d_out[:, :, 32:] = 0.0  # only rows 0..31 are checked; the rest legitimately see NaN
     poisoned_k, poisoned_v = k.clone(), v.clone()
     poisoned_k[:, :, 32:] = float("nan")  # key tiles 2 and 3
     poisoned_v[:, :, 32:] = float("nan")
-    # Query tiles 0 and 1 (rows 0..31) end their loop at key 16 and 32 respectively.
-    ins = [x.to(device, torch.float32).requires_grad_() for x in (q, poisoned_k, poisoned_v)]
-    out = L4.attention(*ins, causal=True, tiles=tiles)
-    out[:, :, :32].sum().backward()
-    ref_in = [x.clone().requires_grad_() for x in (q, k, v)]
-    expected = reference_attention(*ref_in, causal=True)
-    expected[:, :, :32].sum().backward()
-    check_fp32(out[:, :, :32], expected[:, :, :32].detach(), "rows before the poisoned tiles")
-    check_fp32(ins[0].grad[:, :, :32], ref_in[0].grad[:, :, :32], "dq of those rows")
+    # Query tiles 0 and 1 (rows 0..31) must end their key loop at key 16 and 32.
+    fn = ours(device, causal=True, tiles=PROBE_TILES)
+    kw = {"dtype": torch.float32, "device": device}
+    out, dq, _, _ = with_grads(fn, q, poisoned_k, poisoned_v, d_out, **kw)
+    want_out, want_dq, _, _ = with_grads(reference(causal=True), q, k, v, d_out)
+    check_fp32(out[:, :, :32], want_out[:, :, :32], "rows before the poisoned key tiles")
+    check_fp32(dq[:, :, :32], want_dq[:, :, :32], "dq of those rows")
     assert out[:, :, 32:].isnan().all(), "rows that may see the poisoned keys should be NaN"
 
 
 # The interpreter's numpy reductions warn about the NaN rows these probes create on purpose.
 @pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")
 def test_causal_dkdv_skips_query_tiles_before_the_diagonal(device):
-    tiles = Tiles(block_m=16, block_n=16)
-    B, H, T, Dh = 1, 2, 64, 16
-    gen = torch.Generator().manual_seed(12)
-    q, k, v = (torch.randn(B, H, T, Dh, generator=gen, dtype=torch.float64) for _ in range(3))
-    d_out = torch.randn(B, H, T, Dh, generator=gen, dtype=torch.float64)
+    q, k, v, d_out = random_qkv(12, 1, 2, 64, 64, 16)
     # Keys 32..63 are seen only by queries 32..63: the dK/dV programs of key tiles
     # 2 and 3 must start their query loop at row 32 and never read rows 0..31.
     poisoned_q, poisoned_do = q.clone(), d_out.clone()
     poisoned_q[:, :, :32] = float("nan")
     poisoned_do[:, :, :32] = float("nan")
-    ins = [x.to(device, torch.float32).requires_grad_() for x in (poisoned_q, k, v)]
-    L4.attention(*ins, causal=True, tiles=tiles).backward(poisoned_do.to(device, torch.float32))
-    ref_in = [x.clone().requires_grad_() for x in (q, k, v)]
-    reference_attention(*ref_in, causal=True).backward(d_out)
-    check_fp32(ins[1].grad[:, :, 32:], ref_in[1].grad[:, :, 32:], "dk of late keys")
-    check_fp32(ins[2].grad[:, :, 32:], ref_in[2].grad[:, :, 32:], "dv of late keys")
-
-
-def test_interpreter_uses_the_fixed_tiles_the_skip_tests_assume():
-    assert (INTERPRETER_TILES.block_m, INTERPRETER_TILES.block_n) == (16, 16)
+    fn = ours(device, causal=True, tiles=PROBE_TILES)
+    kw = {"dtype": torch.float32, "device": device}
+    _, _, dk, dv = with_grads(fn, poisoned_q, k, v, poisoned_do, **kw)
+    _, _, want_dk, want_dv = with_grads(reference(causal=True), q, k, v, d_out)
+    check_fp32(dk[:, :, 32:], want_dk[:, :, 32:], "dk of the late keys")
+    check_fp32(dv[:, :, 32:], want_dv[:, :, 32:], "dv of the late keys")
 
 
 # ---------------------------------------------------------------------------
