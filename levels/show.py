@@ -76,7 +76,7 @@ PIECES: dict[str, dict[str, tuple[Source, ...] | Reuse]] = {
         "level1_numpy": Reuse("level0_loops", "level 1 binds level 0's architecture to numpy"),
         "level2_torch_manual": (Source("level2_torch_manual/cache.py", "KVCache"),),
         "level3_sdpa_flash": (Source("level3_sdpa_flash/cache.py", "StaticKVCache"),),
-        "level4_triton_kernel": Reuse("level2_torch_manual", "its KERNELS keep level 2's cache"),
+        "level4_triton_kernel": Reuse("level3_sdpa_flash", "its KERNELS use level 3's cache"),
     },
 }
 
