@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -201,10 +202,15 @@ def show_overview(printer: _Printer) -> None:
 
 def run(args: argparse.Namespace) -> int:
     printer = _Printer(plain=args.plain)
-    if args.piece is None:
-        show_overview(printer)
-    else:
-        show_piece(args.piece, args.levels or list(LEVELS), printer)
+    try:
+        if args.piece is None:
+            show_overview(printer)
+        else:
+            show_piece(args.piece, args.levels or list(LEVELS), printer)
+    except BrokenPipeError:
+        # The reader stopped reading (`ladder show attention | head`): not an error.
+        # Point stdout at devnull so the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 
