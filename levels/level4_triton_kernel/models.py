@@ -6,10 +6,9 @@ module builds level 4's record and subclasses each public module only to point
 its ``kernels`` attribute at it. Parameter loading, the checks, RoPE, the FFN,
 the KV-cache protocol, prefill / decode_step and generation are level 2's code.
 
-The KV cache stays level 2's (it concatenates). The attention kernel takes any
-strides, so a cache that hands out slices of a preallocated buffer would work
-unchanged; decoding's cost here is dominated by the interpreter on CPU and by
-the attention kernel on a GPU, not by the cache.
+The KV cache is level 3's static one (allocated once, written in place): the
+attention kernel takes any strides, so it reads the cache's filled prefix as a
+view, without the copy level 2's concatenating cache makes at every step.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from .. import level2_torch_manual as level2
+from ..level3_sdpa_flash import StaticKVCache
 from .flash_attention import attention
 from .fused_layer_norm import layer_norm
 
@@ -50,7 +50,7 @@ class LayerNorm(level2.LayerNorm):
         return layer_norm(x, self.weight, self.bias, self.eps)  # (..., D) -> (..., D)
 
 
-KERNELS = level2.Kernels(attention=kernel_attention, layer_norm=LayerNorm, kv_cache=level2.KVCache)
+KERNELS = level2.Kernels(attention=kernel_attention, layer_norm=LayerNorm, kv_cache=StaticKVCache)
 
 
 class MultiHeadAttention(level2.MultiHeadAttention):
