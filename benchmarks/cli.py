@@ -113,11 +113,20 @@ def add_bench_parser(subparsers) -> None:
 
 def bench(args: argparse.Namespace) -> int:
     """``ladder bench``: load levels, run the plan, print, and write JSON / PNG if asked."""
-    device = args.device
-    if not device.startswith("cuda"):
+    if not args.device.startswith("cuda"):
         # Level 4's kernels can run on the CPU only under the Triton interpreter, which
         # must be switched on before the module defining them is imported.
         os.environ.setdefault("TRITON_INTERPRET", "1")
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        return _bench(args)
+    finally:
+        torch.set_num_threads(threads)  # main() may be called in a longer-lived process
+
+
+def _bench(args: argparse.Namespace) -> int:
     import torch
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -129,6 +138,7 @@ def bench(args: argparse.Namespace) -> int:
     from .runner import case_count, run
 
     console = make_console()
+    device = args.device
     if device.startswith("cuda") and not torch.cuda.is_available():
         console.print("[red]--device cuda: torch sees no CUDA device here[/red]")
         return 2
@@ -230,8 +240,34 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     return parser
 
 
+BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def limit_blas_threads(argv: Sequence[str]) -> None:
+    """Size numpy's BLAS thread pool for ``ladder bench`` on the CPU, before numpy loads.
+
+    A BLAS library reads its thread count once, when it is loaded, and a
+    multi-threaded BLAS call on a busy CPU waits for all its threads just as
+    torch does (``free_cores``). So the count (``--threads``, else the free cores)
+    goes into the environment before anything imports numpy. A variable the user
+    set is left alone; in a process where numpy is already loaded this does nothing.
+    """
+    if "numpy" in sys.modules or "bench" not in argv:
+        return
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--threads", type=int, default=None)
+    pre.add_argument("--device", default="cpu")
+    known, _ = pre.parse_known_args(argv)
+    if known.device.startswith("cuda"):
+        return
+    threads = known.threads or free_cores(os.cpu_count() or 1)
+    for name in BLAS_THREAD_VARIABLES:
+        os.environ.setdefault(name, str(threads))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    limit_blas_threads(argv)
     parser = build_parser(argv)
     args, extra = parser.parse_known_args(argv)
     func = getattr(args, "func", None)

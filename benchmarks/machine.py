@@ -51,9 +51,11 @@ def describe_machine(device: str) -> str:
     if device.startswith("cuda"):
         return f"{torch.cuda.get_device_name(device)} (torch {torch.__version__})"
     cores, threads = os.cpu_count(), torch.get_num_threads()
+    blas = os.environ.get("OPENBLAS_NUM_THREADS")
     return (
         f"{cpu_model()}, {cores} cores, torch {torch.__version__} "
         f"with {threads} thread{'' if threads == 1 else 's'}"
+        + (f", OPENBLAS_NUM_THREADS={blas}" if blas else "")
     )
 
 

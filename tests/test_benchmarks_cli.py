@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import sys
 
 import numpy as np
 import pytest
@@ -324,3 +326,13 @@ def test_help_lists_plugged_in_commands_without_importing_them(monkeypatch, caps
         cli.main(["--help"])
     text = capsys.readouterr().out
     assert "bench" in text and "frobnicate" in text
+
+
+def test_blas_threads_are_set_before_numpy_loads(monkeypatch):
+    monkeypatch.delitem(sys.modules, "numpy")  # as in a fresh `ladder` process
+    for name in cli.BLAS_THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MKL_NUM_THREADS", "7")  # set by the user: left alone
+    cli.limit_blas_threads(["bench", "--quick", "--threads", "3"])
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "3" and os.environ["OMP_NUM_THREADS"] == "3"
+    assert os.environ["MKL_NUM_THREADS"] == "7"
