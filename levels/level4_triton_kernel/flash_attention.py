@@ -22,7 +22,7 @@ from .flash_forward import flash_forward
 from .tiles import Tiles, interpreting
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-MAX_HEAD_WIDTH = 256  # a 256-wide tile is the largest that fits on-chip at every tile size tried
+MAX_HEAD_WIDTH = 256  # wider heads need tiles too large for on-chip memory (tested up to 128)
 
 
 def check_rows_nonempty(mask: torch.Tensor | None, causal: bool, T: int, S: int) -> None:

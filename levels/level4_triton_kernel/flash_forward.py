@@ -3,10 +3,11 @@
 Motivation
 ----------
 Level 2 writes attention as four steps: ``scores = q @ k^T``, mask, softmax,
-``out = probs @ v``. Each step reads and writes a ``(B, H, T, S)`` matrix in
-memory: for T = S = 4096, H = 16, fp16 that is 512 MiB per step, against 8 MiB
-for q, k, v and the output together. The arithmetic is cheap next to moving that
-matrix, so the unfused version is bound by memory bandwidth.
+``out = probs @ v``, and each step hands the next a ``(B, H, T, S)`` matrix
+through memory: for B = 1, H = 16, T = S = 4096 in fp16 that is 512 MiB written
+and read back at every step, against 32 MiB for q, k, v and the output together
+(Dh = 64). The arithmetic is cheap next to moving that matrix, so the unfused
+version is bound by memory bandwidth.
 
 The fused kernel never writes the score matrix. One program owns a tile of
 ``BLOCK_M`` query rows and walks over the keys ``BLOCK_N`` at a time, keeping
@@ -20,7 +21,7 @@ row it keeps
 
 and when a new tile raises the running maximum from ``m_old`` to ``m_new`` it
 rescales ``l_i`` and ``acc`` by ``exp(m_old - m_new)``. After the last tile,
-``acc / l_i`` is exactly ``softmax(scores) @ v``. Memory traffic drops to reading
+``acc / l_i`` equals ``softmax(scores) @ v`` (up to rounding). Memory traffic drops to reading
 q once and k, v once per query tile: O(T * Dh + S * Dh * T / BLOCK_M) instead of
 O(T * S).
 
@@ -35,10 +36,10 @@ Numerics
 * ``exp(x) = exp2(x * log2(e))``; exp2 is the hardware instruction, so
   ``log2(e)`` is folded into the softmax scale once (``qk_scale``) and every
   score, ``m_i`` and the saved log-sum-exp live in base-2 units.
-* A disallowed score is set to ``-inf``, so ``exp2`` gives exactly 0 (a large
-  negative number such as -1e9 would not be exactly 0 after a shift, and would
-  turn a fully masked row into a silent uniform average). ``-inf`` needs one
-  guard: a row whose keys so far are *all* disallowed has ``m_i = -inf``, and
+* A disallowed score is set to ``-inf``, so ``exp2`` gives exactly 0. (A large
+  finite negative such as -1e9 works only while the row has some allowed key:
+  a fully masked row would come out as a silent uniform average of its
+  values.) ``-inf`` needs one guard: a row whose keys so far are *all* disallowed has ``m_i = -inf``, and
   ``-inf - (-inf)`` is NaN; the kernel subtracts 0 instead for such rows, which
   still gives ``exp2(-inf) = 0``. A row that stays empty to the end is refused on
   the host before launch (flash_attention.py), so ``l_i > 0`` for every stored row.
