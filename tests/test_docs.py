@@ -131,6 +131,9 @@ def plan(path: Path, text: str | None = None) -> tuple[list[Step], list[Block]]:
     all_blocks = blocks(path, text)
     steps, excerpts = [], []
     for n, block in enumerate(all_blocks):
+        if block.lang in ("py", "python3", "py3", "pycon", "ipython"):
+            # Another name for Python would be shown highlighted but never run.
+            raise ValueError(f"{block.where}: write ```python (it runs) or mark it skip=")
         if block.lang != "python":
             continue
         unknown = set(block.attrs) - {"skip", "excerpt"} or set(block.flags)
@@ -504,9 +507,11 @@ def test_a_skip_without_reason_is_rejected():
             plan(SAMPLE, f"```{marker}\nx = 1\n```\n")
 
 
-def test_an_unknown_marker_is_rejected():
+def test_an_unknown_marker_or_another_name_for_python_is_rejected():
     with pytest.raises(ValueError, match="unknown block marker"):
         plan(SAMPLE, '```python skpi="typo"\nx = 1\n```\n')
+    with pytest.raises(ValueError, match="write ```python"):
+        plan(SAMPLE, "```py\nx = 1\n```\n")
 
 
 def test_blocks_share_a_namespace_and_outputs_are_checked():
