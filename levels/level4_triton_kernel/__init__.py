@@ -8,19 +8,21 @@ the fused kernels themselves, written out so they can be read.
   (running max ``m_i``, running sum ``l_i``, fp32 accumulator ``acc``), never
   materialising the ``(T, S)`` score matrix; bottom-right causal with the key
   tiles past the diagonal skipped; boolean masks read as stride-0 views;
-  any T, S and head widths 4..256 (padded to a power of two with masked loads).
+  any T and S; head widths up to 256, tested from 4 to 128, padded to a power
+  of two with masked loads.
 - ``flash_backward.py``: dQ, dK, dV recomputed from the saved log-sum-exp, a
   ``delta = rowsum(dO * O)`` pre-pass, then one kernel per key tile (dK, dV)
   and one per query tile (dQ): deterministic, no atomics.
 - ``fused_layer_norm.py``: fused LayerNorm forward and backward (formula derived
-  in its docstring), with or without bias.
+  in its docstring), with or without bias, and its ``autograd.Function``.
 - ``flash_attention.py``: the host side: the shared checks, refusing empty query
-  rows before launch, and the ``torch.autograd.Function`` wrappers.
+  rows before launch, and attention's ``autograd.Function``.
 - ``tiles.py``: tile sizes, autotuned on a GPU, fixed under the interpreter;
   decoding (T <= 16 queries against a KV cache) goes through the forward kernel
   with a 16-row query tile.
 - ``models.py``: level 2's modules with only the attention core and the
-  LayerNorm swapped (level 2's ``Kernels`` hook); no model code is repeated.
+  LayerNorm swapped, and level 3's static KV cache (level 2's ``Kernels``
+  hook); no model code is repeated.
 - ``gpu_bench.py``: the GPU checks and benchmarks run by ``benchmarks/gpu_check.sh``.
 
 Without CUDA the kernels run in Triton's interpreter (numpy on the CPU, one

@@ -9,7 +9,7 @@ times each candidate ``triton.Config`` and remembers the winner.
 Autotuning times real launches, so it needs a GPU. Under the interpreter
 (``TRITON_INTERPRET=1``, kernels executed by numpy on the CPU) one fixed tile of
 16 x 16 is used instead: small enough that the awkward test shapes (T=13,
-S=29) cover partial tiles, several tiles and tiles skipped by the causal bound.
+S=29) span several key tiles, the last of them partial.
 
 A caller may also pin the tiles explicitly (``Tiles``), which bypasses the
 autotuner: decoding does that (a query tile of 16 for T = 1), and so do the tests
@@ -25,7 +25,11 @@ import triton
 
 
 def interpreting() -> bool:
-    """True when Triton executes kernels with its CPU interpreter (read at import time)."""
+    """True when Triton runs kernels in its CPU interpreter.
+
+    Triton reads the variable when a kernel is *defined*; level 4's ``__init__``
+    sets it before any kernel module is imported, so this agrees with the kernels.
+    """
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
