@@ -86,6 +86,15 @@ class _Model(nn.Module):
         """An empty KV cache of capacity ``max_seq_len`` for ``batch`` rows."""
         return self.kernels.kv_cache(self.config, batch, device=self.device, dtype=self.dtype)
 
+    def _check_step(self, tokens: torch.Tensor, cache, what: str) -> None:
+        """Token ids in range and room for them (``max_seq_len``, or the cache's capacity)."""
+        _check_tokens(tokens, self.config.vocab_size, f"{what} token id".lstrip())
+        if cache is None:
+            length = f"{what or 'sequence'} length"
+            check_length(tokens.shape[1], self.config.max_seq_len, what=length)
+        else:
+            cache.check_room(tokens.shape[1])  # capacity max_seq_len; raises before any write
+
     def _causal_step(self, tokens, valid, cache, *, embedding, blocks, head, what) -> torch.Tensor:
         """Logits ``(B,T,V)`` for ``tokens (B,T)`` placed after the cache's filled positions.
 
@@ -94,12 +103,7 @@ class _Model(nn.Module):
         Everything is checked before the cache is written; the cache's length
         grows only after the last layer.
         """
-        _check_tokens(tokens, self.config.vocab_size, f"{what} token id".lstrip())
-        if cache is None:
-            length = f"{what or 'sequence'} length"
-            check_length(tokens.shape[1], self.config.max_seq_len, what=length)
-        else:
-            cache.check_room(tokens.shape[1])  # capacity max_seq_len; raises before any write
+        self._check_step(tokens, cache, what)
         key_valid = valid if cache is None else cache.key_valid(valid)  # (B, length + T)
         logits = head(blocks(embedding(tokens), key_valid))  # (B,T) -> (B,T,D) -> (B,T,V)
         if cache is not None:
@@ -260,6 +264,9 @@ class Seq2SeqTransformer(_Model):
         )
 
     def _valid_pair(self, src, tgt_in, src_valid, tgt_valid):
+        """Resolve both masks, and check the target before the source is encoded, so that
+        bad target input fails before any work (or any kernel launch) is done."""
+        self._check_step(tgt_in, None, "target")
         pad = self.config.pad_id
         return (
             _resolve_valid(src, src_valid, pad, "src_valid"),
