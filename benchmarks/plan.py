@@ -110,7 +110,7 @@ def _workloads(
 def cpu_plan(
     *, quick: bool = False, seq_lens: list[int] | None = None, causal: bool = True
 ) -> Plan:
-    """The CPU sweep: T = 32 .. 2048 by default, a few sizes with ``quick``."""
+    """The CPU sweep: T = 32 .. 4096 by default, a few sizes with ``quick``."""
     if quick:
         attn_T = seq_lens or [32, 128, 512, 1024]
         workloads = _workloads(
@@ -132,19 +132,19 @@ def cpu_plan(
             "torch": Budget(max_call_s=1.0),
         }
         return Plan(workloads, budgets, timing, peak_n=1024)
-    attn_T = seq_lens or [32, 64, 128, 256, 512, 1024, 2048]
+    attn_T = seq_lens or [32, 64, 128, 256, 512, 1024, 2048, 4096]
     workloads = _workloads(
         attn_T=attn_T,
-        bwd_T=[t for t in attn_T if t <= 1024],
-        model_T=seq_lens or [8, 32, 128, 512, 1024],
-        gen=(16, 48),
-        varlen=(24, 8, 96, 6),
+        bwd_T=[t for t in attn_T if t <= 2048],
+        model_T=seq_lens or [8, 32, 128, 512, 1024, 2048],
+        gen=(32, 96),
+        varlen=(32, 8, 128, 8),
         B=1,
         H=8,
         Dh=64,
         causal=causal,
     )
-    timing = TimingPolicy(warmup=1, min_repeat=3, max_repeat=20, min_time_s=0.25)
+    timing = TimingPolicy(warmup=1, min_repeat=5, max_repeat=30, min_time_s=0.5)
     budgets = {
         "python": Budget(max_gflop=0.04, max_call_s=2.0),
         "interpreted": Budget(max_gflop=0.2, max_call_s=2.0),

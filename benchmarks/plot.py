@@ -25,14 +25,18 @@ def plot(records: list[Record], path: str | Path, *, title: str = "") -> Path:
     fig = Figure(figsize=(11, 3.6 * len(scenarios)), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(len(scenarios), 2, squeeze=False)
+    # One colour per level in every panel, in ladder order.
+    names = dict.fromkeys(r.level for r in records if r.ok and r.scenario in scenarios)
+    colour = {name: f"C{i % 10}" for i, name in enumerate(names)}
     for row, scenario in zip(axes, scenarios, strict=True):
         ok = [r for r in records if r.ok and r.scenario == scenario]
         for level in dict.fromkeys(r.level for r in ok):
             mine = sorted((r for r in ok if r.level == level), key=lambda r: r.shape["T"])
             T = [r.shape["T"] for r in mine]
             label = f"{level} ({mine[0].dtype})"
-            row[0].plot(T, [r.median_s for r in mine], marker="o", label=label)
-            row[1].plot(T, [r.gflops for r in mine], marker="o", label=label)
+            style = {"marker": "o", "label": label, "color": colour[level]}
+            row[0].plot(T, [r.median_s for r in mine], **style)
+            row[1].plot(T, [r.gflops for r in mine], **style)
         row[0].set_title(f"{scenario}: median time per call")
         row[0].set_ylabel("seconds")
         row[1].set_title(f"{scenario}: GFLOP/s")
