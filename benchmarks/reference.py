@@ -6,6 +6,10 @@ come from level 2 (torch autograd through the written-out attention) run in
 float64. A level measured against itself in float64 shows an error of zero,
 which is what that comparison means.
 
+On a GPU run (``device="cuda"``) the attention reference is level 2 in float64
+on the GPU instead: at the GPU sweep's sizes (``B=4, H=16, T=16384``) level 1 on
+the CPU would take minutes per size. Same formula, same float64, another device.
+
 The inputs the reference sees are the level's own inputs after rounding to
 the level's dtype (``round_to``), so an error figure is the computation's error,
 not the rounding of the inputs. Results are cached per workload, since every
@@ -47,7 +51,8 @@ def _load(name: str) -> ModuleType | None:
 class Reference:
     """Lazily loaded float64 reference levels, with a small cache of their results."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: str = "cpu") -> None:
+        self.device = device  # where the float64 attention reference runs (torch only)
         self._modules: dict[str, ModuleType | None] = {}
         self._cache: dict[Any, Any] = {}
 
@@ -70,6 +75,8 @@ class Reference:
         Computed one ``(b, h)`` slice at a time so the ``(T, S)`` float64 score
         matrix of only one head is alive at once.
         """
+        if self.device.startswith("cuda"):
+            return self._attention_on_device(q, k, v, causal)
         level1 = self._level(VALUE_LEVEL)
 
         def compute() -> np.ndarray:
@@ -78,6 +85,23 @@ class Reference:
                 for h in range(q.shape[1]):
                     one = (x[b : b + 1, h : h + 1] for x in (q, k, v))  # (1,1,T|S,Dh) each
                     out[b, h] = np.asarray(level1.attention(*one, causal=causal))[0, 0]
+            return out
+
+        return self._cached(("attention", _digest(q, k, v), causal), compute)
+
+    def _attention_on_device(
+        self, q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool
+    ) -> np.ndarray:
+        """Level 2 attention in float64 on ``self.device``, one batch row at a time."""
+        level2 = self._level(GRAD_LEVEL)
+
+        def compute() -> np.ndarray:
+            import torch
+
+            out = np.empty(q.shape[:3] + v.shape[3:], dtype=np.float64)  # (B,H,T,Dv)
+            for b in range(q.shape[0]):
+                one = (torch.from_numpy(x[b : b + 1]).to(self.device) for x in (q, k, v))
+                out[b] = level2.attention(*one, causal=causal)[0].cpu().numpy()  # (H,T,Dv)
             return out
 
         return self._cached(("attention", _digest(q, k, v), causal), compute)
@@ -91,10 +115,12 @@ class Reference:
         def compute() -> tuple[np.ndarray, ...]:
             import torch
 
-            leaves = [torch.from_numpy(x.copy()).requires_grad_(True) for x in (q, k, v)]
+            leaves = [
+                torch.from_numpy(x.copy()).to(self.device).requires_grad_(True) for x in (q, k, v)
+            ]
             out = level2.attention(*leaves, causal=causal)  # (B,H,T,Dh)
-            out.backward(torch.from_numpy(dout.copy()))
-            return tuple(x.grad.numpy() for x in leaves)
+            out.backward(torch.from_numpy(dout.copy()).to(self.device))
+            return tuple(x.grad.cpu().numpy() for x in leaves)
 
         return self._cached(("grads", _digest(q, k, v, dout), causal), compute)
 

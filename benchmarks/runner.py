@@ -226,7 +226,7 @@ def run(
 
     Every record is stamped with the machine and the start time of the run.
     """
-    reference = reference if reference is not None else Reference()
+    reference = reference if reference is not None else Reference(device)
     stamp = {
         "machine": describe_machine(device),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),

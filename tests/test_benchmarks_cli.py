@@ -336,3 +336,22 @@ def test_blas_threads_are_set_before_numpy_loads(monkeypatch):
     cli.limit_blas_threads(["bench", "--quick", "--threads", "3"])
     assert os.environ["OPENBLAS_NUM_THREADS"] == "3" and os.environ["OMP_NUM_THREADS"] == "3"
     assert os.environ["MKL_NUM_THREADS"] == "7"
+
+
+def test_gpu_reference_path_agrees_with_level1_in_float64():
+    for name in ("level1_numpy", "level2_torch_manual"):
+        _load(name)
+    q, k, v, _ = Attention(B=2, H=2, T=9, Dh=6).inputs()
+    ref = Reference()
+    # The CUDA path (level 2 in float64, one batch row at a time), run here on the CPU.
+    on_device = ref._attention_on_device(q, k, v, True)
+    # Both float64 with O(1) values; only summation order differs: a few ulps.
+    np.testing.assert_allclose(on_device, ref.attention(q, k, v, True), rtol=0, atol=1e-13)
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="checks the message on a machine without CUDA"
+)
+def test_device_cuda_without_cuda_says_so(capsys):
+    assert cli.main(["bench", "--device", "cuda", "--no-progress"]) == 2
+    assert "no CUDA device" in capsys.readouterr().out
