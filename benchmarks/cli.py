@@ -89,7 +89,12 @@ def add_bench_parser(subparsers) -> None:
         help="scenario group to run (repeatable; default: all)",
     )
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
-    p.add_argument("--dtype", default=None, help="float32 on cpu, bfloat16 on cuda by default")
+    p.add_argument(
+        "--dtype",
+        default=None,
+        choices=("float64", "float32", "float16", "bfloat16"),
+        help="float32 on cpu, bfloat16 on cuda by default (level 0 always computes in float64)",
+    )
     p.add_argument(
         "--seq-lens", type=_int_list, default=None, help="override the T sweep, e.g. 64,256"
     )

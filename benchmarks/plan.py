@@ -1,9 +1,10 @@
 """What a run measures: the sizes per scenario, the size budget and the timing policy.
 
-Two plans for the CPU (the default sweep and ``--quick``) and one for CUDA.
-The sweep is over sequence length ``T``; the sizes are chosen so the default
-run takes about three minutes on two cores and ``--quick`` under ninety
-seconds, with every level measured at the sizes it can manage.
+Four ``Sizes`` declarations: ``CPU`` (the default sweep), ``CPU_QUICK``
+(``--quick``), ``CUDA`` and ``CUDA_QUICK``. The sweep is over sequence length
+``T``; the CPU sizes are chosen so the default run takes about three minutes on
+two cores and ``--quick`` under ninety seconds, with every level measured at
+the sizes it can manage.
 
 The size budget
 ---------------
@@ -11,7 +12,8 @@ Level 0 (pure Python) and the Triton interpreter are thousands of times
 slower than the rest, so each kind of backend has a ``Budget``: a cap on the
 estimated work of one call (GFLOP, from ``benchmarks/flops.py``), and a cap
 on the predicted time of one call, extrapolated from the previous size of the
-same scenario at the measured rate. A size over either cap is not run and
+same scenario (or, for a scenario's first size, from the best rate the level
+reached in a similar scenario; see ``runner.Pace``). A size over either cap is not run and
 shows as "skipped (budget)", so a slow level runs the small sizes and never
 hangs the sweep.
 """
@@ -82,105 +84,109 @@ def varlen_lengths(n: int, lo: int, hi: int, seed: int = 0) -> tuple[int, ...]:
     return tuple(int(x) for x in np.random.default_rng(seed).integers(lo, hi + 1, size=n))
 
 
-def _workloads(
-    *,
-    attn_T: list[int],
-    bwd_T: list[int],
-    model_T: list[int],
-    gen: tuple[int, int],
-    varlen: tuple[int, int, int, int],
-    B: int,
-    H: int,
-    Dh: int,
-    causal: bool,
-) -> dict[str, list[Workload]]:
-    config = bench_model(max(max(model_T), sum(gen), varlen[2], 16))
-    prompt, new = gen
-    n, lo, hi, batch = varlen
-    lengths = varlen_lengths(n, lo, hi)
-    return {
-        "attention": [Attention(B, H, T, Dh, causal=causal) for T in attn_T],
-        "attention-bwd": [Attention(B, H, T, Dh, causal=causal, backward=True) for T in bwd_T],
-        "decoder": [DecoderForward(config, 1, T) for T in model_T],
-        "generate": [Generate(config, 1, prompt, new, use_cache=c) for c in (False, True)],
-        "varlen": [VarlenBatch(config, lengths, batch, bucketed=b) for b in (False, True)],
-    }
+@dataclass(frozen=True)
+class Sizes:
+    """The sizes and limits of one plan, declared in one place."""
+
+    attn_T: tuple[int, ...]  # attention sweep
+    bwd_max_T: int  # forward + backward only up to here
+    model_T: tuple[int, ...]  # decoder forward sweep
+    gen: tuple[int, int]  # (prompt, new tokens)
+    varlen: tuple[int, int, int, int]  # (sequences, shortest, longest, batch size)
+    B: int
+    H: int
+    Dh: int
+    timing: TimingPolicy
+    budgets: dict[str, Budget]
+    peak_n: int
 
 
-def cpu_plan(
-    *, quick: bool = False, seq_lens: list[int] | None = None, causal: bool = True
-) -> Plan:
-    """The CPU sweep: T = 32 .. 4096 by default, a few sizes with ``quick``."""
-    if quick:
-        attn_T = seq_lens or [32, 128, 512, 1024]
-        workloads = _workloads(
-            attn_T=attn_T,
-            bwd_T=[t for t in attn_T if t <= 512],
-            model_T=seq_lens or [8, 128, 512],
-            gen=(8, 16),
-            varlen=(12, 8, 64, 4),
-            B=1,
-            H=8,
-            Dh=64,
-            causal=causal,
-        )
-        timing = TimingPolicy(warmup=1, min_repeat=3, max_repeat=10, min_time_s=0.08)
-        budgets = {
-            "python": Budget(max_gflop=0.01, max_call_s=0.5),
-            "interpreted": Budget(max_gflop=0.02, max_call_s=1.0),
-            "numpy": Budget(max_call_s=1.0),
-            "torch": Budget(max_call_s=1.0),
-        }
-        return Plan(workloads, budgets, timing, peak_n=1024)
-    attn_T = seq_lens or [32, 64, 128, 256, 512, 1024, 2048, 4096]
-    workloads = _workloads(
-        attn_T=attn_T,
-        bwd_T=[t for t in attn_T if t <= 2048],
-        model_T=seq_lens or [8, 32, 128, 512, 1024, 2048],
-        gen=(32, 96),
-        varlen=(32, 8, 128, 8),
-        B=1,
-        H=8,
-        Dh=64,
-        causal=causal,
-    )
-    timing = TimingPolicy(warmup=1, min_repeat=5, max_repeat=30, min_time_s=0.5)
-    budgets = {
+CPU = Sizes(
+    attn_T=(32, 64, 128, 256, 512, 1024, 2048, 4096),
+    bwd_max_T=2048,
+    model_T=(8, 32, 128, 512, 1024, 2048),
+    gen=(32, 96),
+    varlen=(32, 8, 128, 8),
+    B=1,
+    H=8,
+    Dh=64,
+    timing=TimingPolicy(warmup=1, min_repeat=5, max_repeat=30, min_time_s=0.5),
+    budgets={
         "python": Budget(max_gflop=0.04, max_call_s=2.0),
         "interpreted": Budget(max_gflop=0.2, max_call_s=2.0),
         "numpy": Budget(max_call_s=2.0),
         "torch": Budget(max_call_s=2.0),
-    }
-    return Plan(workloads, budgets, timing, peak_n=2048)
+    },
+    peak_n=2048,
+)
 
+CPU_QUICK = replace(
+    CPU,
+    attn_T=(32, 128, 512, 1024),
+    bwd_max_T=512,
+    model_T=(8, 128, 512),
+    gen=(8, 16),
+    varlen=(12, 8, 64, 4),
+    timing=TimingPolicy(warmup=1, min_repeat=3, max_repeat=10, min_time_s=0.08),
+    budgets={
+        "python": Budget(max_gflop=0.01, max_call_s=0.5),
+        "interpreted": Budget(max_gflop=0.02, max_call_s=1.0),
+        "numpy": Budget(max_call_s=1.0),
+        "torch": Budget(max_call_s=1.0),
+    },
+    peak_n=1024,
+)
 
-def cuda_plan(
-    *, quick: bool = False, seq_lens: list[int] | None = None, causal: bool = True
-) -> Plan:
-    """The GPU sweep: longer sequences, more heads, CUDA-event timing with more samples."""
-    attn_T = seq_lens or ([512, 2048, 8192] if quick else [256, 512, 1024, 2048, 4096, 8192, 16384])
-    workloads = _workloads(
-        attn_T=attn_T,
-        bwd_T=attn_T,
-        model_T=seq_lens or ([128, 1024] if quick else [128, 512, 1024, 2048, 4096]),
-        gen=(128, 128),
-        varlen=(128, 16, 1024, 16),
-        B=4,
-        H=16,
-        Dh=64,
-        causal=causal,
-    )
-    timing = TimingPolicy(warmup=5, min_repeat=10, max_repeat=100, min_time_s=0.2)
-    budgets = {
+# On a GPU: longer sequences, more heads, more warm-up (compilation and autotuning
+# happen in the first calls) and more samples, since CUDA-event samples are cheap.
+CUDA = Sizes(
+    attn_T=(256, 512, 1024, 2048, 4096, 8192, 16384),
+    bwd_max_T=16384,
+    model_T=(128, 512, 1024, 2048, 4096),
+    gen=(128, 128),
+    varlen=(128, 16, 1024, 16),
+    B=4,
+    H=16,
+    Dh=64,
+    timing=TimingPolicy(warmup=5, min_repeat=10, max_repeat=100, min_time_s=0.2),
+    budgets={
         "python": Budget(max_gflop=0.04, max_call_s=2.0),
         "numpy": Budget(max_call_s=2.0),
         "torch": Budget(max_call_s=2.0),
+    },
+    peak_n=8192,
+)
+
+CUDA_QUICK = replace(CUDA, attn_T=(512, 2048, 8192), bwd_max_T=8192, model_T=(128, 1024))
+
+
+def plan_from(sizes: Sizes, *, seq_lens: list[int] | None = None, causal: bool = True) -> Plan:
+    """The workloads of ``sizes``; ``seq_lens`` replaces both T sweeps."""
+    attn_T = tuple(seq_lens) if seq_lens else sizes.attn_T
+    model_T = tuple(seq_lens) if seq_lens else sizes.model_T
+    prompt, new = sizes.gen
+    n, lo, hi, batch = sizes.varlen
+    config = bench_model(max(max(model_T), prompt + new, hi, 16))
+    lengths = varlen_lengths(n, lo, hi)
+    attention = [Attention(sizes.B, sizes.H, T, sizes.Dh, causal=causal) for T in attn_T]
+    workloads: dict[str, list[Workload]] = {
+        "attention": attention,
+        "attention-bwd": [replace(a, backward=True) for a in attention if a.T <= sizes.bwd_max_T],
+        "decoder": [DecoderForward(config, 1, T) for T in model_T],
+        # Uncached first: its time at the best rate of the decoder forward is the honest
+        # budget estimate; the cached run's per-step overhead would overstate it.
+        "generate": [Generate(config, 1, prompt, new, use_cache=c) for c in (False, True)],
+        "varlen": [VarlenBatch(config, lengths, batch, bucketed=b) for b in (False, True)],
     }
-    return Plan(workloads, budgets, timing, peak_n=8192)
+    return Plan(workloads, sizes.budgets, sizes.timing, peak_n=sizes.peak_n)
 
 
 def default_plan(
     device: str, *, quick: bool = False, seq_lens: list[int] | None = None, causal: bool = True
 ) -> Plan:
-    make = cuda_plan if device.startswith("cuda") else cpu_plan
-    return make(quick=quick, seq_lens=seq_lens, causal=causal)
+    """The plan ``ladder bench`` runs: ``CPU`` / ``CPU_QUICK`` / ``CUDA`` / ``CUDA_QUICK``."""
+    if device.startswith("cuda"):
+        sizes = CUDA_QUICK if quick else CUDA
+    else:
+        sizes = CPU_QUICK if quick else CPU
+    return plan_from(sizes, seq_lens=seq_lens, causal=causal)

@@ -38,7 +38,7 @@ def _family(workload: Workload) -> str:
 
 
 @dataclass
-class _Pace:
+class Pace:
     """What each backend has shown so far: the basis of the time budget.
 
     For a size of a scenario already measured, the prediction is the last time
@@ -110,7 +110,7 @@ def _timer(backend: Backend):
     return cpu_timer(backend.sync)
 
 
-def _over_budget(backend: Backend, workload: Workload, plan: Plan, pace: _Pace) -> str | None:
+def _over_budget(backend: Backend, workload: Workload, plan: Plan, pace: Pace) -> str | None:
     budget = plan.budget_for(backend)
     gflop = workload.flops() / 1e9
     if gflop > budget.max_gflop:
@@ -129,10 +129,10 @@ def run_case(
     plan: Plan,
     reference: Reference,
     peak: Peak | None,
-    pace: _Pace | None = None,
+    pace: Pace | None = None,
 ) -> Record:
     """Measure one workload on one backend (see the module docstring for the steps)."""
-    pace = pace if pace is not None else _Pace()
+    pace = pace if pace is not None else Pace()
     flops = workload.flops()
     record = Record(
         level=backend.name,
@@ -242,7 +242,7 @@ def run(
                 level=name, scenario="-", device=device, dtype=dtype, status=f"unavailable: {why}"
             )
         )
-    pace = _Pace()
+    pace = Pace()
     measured = []
     for backend, workload in _pairs(backends, plan):
         if progress is not None:

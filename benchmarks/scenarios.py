@@ -159,11 +159,15 @@ class Attention:
 # --------------------------------------------------------------------------- models
 
 
-def _model(backend: Backend, config: TransformerConfig, params: dict, dtype: str) -> Any:
+def _model(
+    backend: Backend, config: TransformerConfig, seed: int, dtype: str
+) -> tuple[dict[str, np.ndarray], Any]:
+    """The canonical parameters of ``seed`` and the level's decoder-only model built from them."""
+    params = init_params(config, "decoder_only", seed)
     kwargs: dict[str, Any] = {"device": backend.device}
     if backend.kind != "python":
-        kwargs["dtype"] = backend.native_dtype(dtype)
-    return backend.module.DecoderOnlyTransformer(config, params, **kwargs)
+        kwargs["dtype"] = backend.native_dtype(dtype)  # level 0 takes no dtype
+    return params, backend.module.DecoderOnlyTransformer(config, params, **kwargs)
 
 
 def _random_tokens(rng: np.random.Generator, config: TransformerConfig, shape) -> np.ndarray:
@@ -201,8 +205,7 @@ class DecoderForward:
         return _needs_models(backend)
 
     def build(self, backend: Backend, dtype: str, reference: Reference) -> Case:
-        params = init_params(self.config, "decoder_only", self.seed)
-        model = _model(backend, self.config, params, dtype)
+        params, model = _model(backend, self.config, self.seed, dtype)
         tokens64 = _random_tokens(np.random.default_rng(self.seed), self.config, (self.B, self.T))
         tokens = backend.asarray(tokens64)
         fn = _calls(backend, lambda: model.forward(tokens), grad=False)
@@ -252,8 +255,7 @@ class Generate:
         return _needs_models(backend)
 
     def build(self, backend: Backend, dtype: str, reference: Reference) -> Case:
-        params = init_params(self.config, "decoder_only", self.seed)
-        model = _model(backend, self.config, params, dtype)
+        params, model = _model(backend, self.config, self.seed, dtype)
         rng = np.random.default_rng(self.seed)
         prefix64 = _random_tokens(rng, self.config, (self.B, self.prompt))
         prefix = backend.asarray(prefix64)
@@ -320,8 +322,7 @@ class VarlenBatch:
         return [_random_tokens(rng, self.config, (n,)) for n in self.lengths]
 
     def build(self, backend: Backend, dtype: str, reference: Reference) -> Case:
-        params = init_params(self.config, "decoder_only", self.seed)
-        model = _model(backend, self.config, params, dtype)
+        params, model = _model(backend, self.config, self.seed, dtype)
         seqs = self.sequences()
         padded = [pad_batch([seqs[i] for i in b], self.config.pad_id) for b in self.batches()]
         native = [(backend.asarray(t), backend.asarray(m)) for t, m in padded]  # (B_b, T_b) each

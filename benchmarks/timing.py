@@ -11,6 +11,10 @@ The rules, which every number in the benchmark tables follows:
   machine) with the interquartile range as the spread;
 * a call shorter than ``min_sample_s`` is repeated ``number`` times inside one
   sample, so the clock's own resolution and overhead stay negligible.
+
+Caches are not flushed between calls (``triton.testing.do_bench`` can do that on
+a GPU): repeated calls on the same inputs measure the steady state of a loop
+that reuses its buffers, which is what a training or decoding loop sees.
 """
 
 from __future__ import annotations
