@@ -176,11 +176,12 @@ def _measure_into(
     reference: Reference,
 ) -> None:
     case = workload.build(backend, dtype, reference)
+    # The warm-up calls are untimed, so the last of them doubles as the memory probe,
+    # after first-call effects (autotuning buffers, lazy initialisation) are over.
     for _ in range(policy.warmup - 1):
         case.fn()
-    # The last warm-up call doubles as the memory probe: it is untimed anyway.
     record.peak_memory_bytes = peak_memory(case.fn, backend.memory_method)
-    stats = measure(case.fn, _timer(backend), policy)
+    stats = measure(case.fn, _timer(backend), policy, warmed=policy.warmup)
     for key, value in _times(stats).items():
         setattr(record, key, value)
     record.status = OK

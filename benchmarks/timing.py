@@ -3,7 +3,7 @@
 The rules, which every number in the benchmark tables follows:
 
 * never time the first call: compilation, autotuning, lazy allocation and cold
-  caches all land there. The caller runs ``warmup`` untimed calls first;
+  caches all land there. ``measure`` makes ``policy.warmup`` untimed calls first;
 * synchronise: on CUDA a kernel launch returns before the kernel has run, so
   the time is taken between two CUDA events recorded on the stream (and read
   after a synchronise); on the CPU the wall clock is read around the call;
@@ -120,13 +120,19 @@ def cuda_timer() -> Timer:
     return timer
 
 
-def measure(fn: Callable[[], object], timer: Timer, policy: TimingPolicy) -> Stats:
-    """Time ``fn`` (already warmed up by the caller) under ``policy``.
+def measure(
+    fn: Callable[[], object], timer: Timer, policy: TimingPolicy, *, warmed: int = 0
+) -> Stats:
+    """Warm ``fn`` up, then time it under ``policy``.
 
-    The first sample is a single call; it decides how many calls go into each
-    later sample. When that number is one, the first sample is kept (it is not
-    the first call of ``fn``: the warm-up was).
+    ``policy.warmup`` untimed calls come first, less the ``warmed`` calls the
+    caller already made (the runner's memory probe is one). The first sample is
+    a single call; it decides how many calls go into each later sample. When
+    that number is one, the first sample is kept (it is not the first call of
+    ``fn``: the warm-up was).
     """
+    for _ in range(policy.warmup - warmed):
+        fn()
     first = timer(fn, 1)
     number = (
         1 if first >= policy.min_sample_s else math.ceil(policy.min_sample_s / max(first, 1e-9))

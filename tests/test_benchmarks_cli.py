@@ -155,11 +155,11 @@ def test_budget_skips_over_the_work_cap_without_running():
 
 
 def test_budget_skips_a_size_predicted_too_slow():
-    from benchmarks.runner import _Pace
+    from benchmarks.runner import Pace
 
     backend = level_backend("level1_numpy", _load("level1_numpy"), "cpu")
     small, large = Attention(B=1, H=2, T=16, Dh=8), Attention(B=1, H=2, T=64, Dh=8)
-    pace = _Pace()
+    pace = Pace()
     pace.record(backend, small, 1.0)  # pretend the small size took 1 s
     # The large one is 16x the work, so it would take about 16 s > 5 s.
     record = run_case(
@@ -355,3 +355,21 @@ def test_gpu_reference_path_agrees_with_level1_in_float64():
 def test_device_cuda_without_cuda_says_so(capsys):
     assert cli.main(["bench", "--device", "cuda", "--no-progress"]) == 2
     assert "no CUDA device" in capsys.readouterr().out
+
+
+def test_measure_makes_the_warm_up_calls_itself():
+    calls, timed = [], []
+
+    def fn():
+        calls.append(len(timed))  # 0 for an untimed call, else its rank among timed ones
+
+    def timer(f, number):
+        for _ in range(number):
+            timed.append(1)
+            f()
+        return 1.0
+
+    policy = TimingPolicy(warmup=3, min_repeat=2, max_repeat=2, min_time_s=0.0)
+    measure(fn, timer, policy, warmed=1)
+    # 3 warm-up calls less the 1 the caller made are untimed; then 2 timed samples.
+    assert calls == [0, 0, 1, 2]
