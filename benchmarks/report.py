@@ -112,7 +112,9 @@ COLUMNS = (
 def _cells(r: Record, varying: list[str]) -> list[str]:
     size, dtype = size_label(r.shape, varying), SHORT_DTYPES.get(r.dtype, r.dtype)
     if not r.ok:
-        return [size, r.level, dtype, r.status, *[""] * 7, r.note]
+        # "skipped: no gradients at this level" -> "skipped" here, the reason in the note.
+        short, _, why = r.status.partition(": ")
+        return [size, r.level, dtype, short, *[""] * 7, "; ".join(filter(None, (why, r.note)))]
     return [
         size,
         r.level,

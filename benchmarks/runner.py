@@ -175,7 +175,8 @@ def _measure_into(
     policy: TimingPolicy,
     reference: Reference,
 ) -> None:
-    case = workload.build(backend, dtype, reference)
+    # Level 0 computes in float64 whatever was asked; its reference must know that.
+    case = workload.build(backend, backend.effective_dtype(dtype), reference)
     # The warm-up calls are untimed, so the last of them doubles as the memory probe,
     # after first-call effects (autotuning buffers, lazy initialisation) are over.
     for _ in range(policy.warmup - 1):

@@ -64,7 +64,7 @@ def test_ladder(benchmark, workload, level):
     if gflop > budget.max_gflop:
         pytest.skip(f"skipped (budget): {gflop:.3g} GFLOP per call > cap {budget.max_gflop:g}")
 
-    case = workload.build(backend, DTYPE, REFERENCE)
+    case = workload.build(backend, backend.effective_dtype(DTYPE), REFERENCE)
 
     def call():
         result = case.fn()

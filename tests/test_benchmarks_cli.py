@@ -373,3 +373,20 @@ def test_measure_makes_the_warm_up_calls_itself():
     measure(fn, timer, policy, warmed=1)
     # 3 warm-up calls less the 1 the caller made are untimed; then 2 timed samples.
     assert calls == [0, 0, 1, 2]
+
+
+def test_level0_is_measured_in_float64_whatever_the_run_dtype():
+    _load("level1_numpy")
+    backend = level_backend("level0_loops", _load("level0_loops"), "cpu")
+    record = run_case(
+        backend,
+        Attention(B=1, H=2, T=8, Dh=4),
+        dtype="bfloat16",
+        plan=_plan(Budget()),
+        reference=Reference(),
+        peak=None,
+    )
+    assert record.ok and record.dtype == "float64"
+    # Compared with a reference on its own (unrounded) float64 inputs: a few ulps of O(1).
+    assert record.max_error < 1e-13
+    assert record.memory_method == "tracemalloc" and record.peak_memory_bytes > 0
