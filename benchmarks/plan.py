@@ -110,7 +110,7 @@ CPU = Sizes(
     B=1,
     H=8,
     Dh=64,
-    timing=TimingPolicy(warmup=1, min_repeat=5, max_repeat=30, min_time_s=0.5),
+    timing=TimingPolicy(warmup=1, min_repeat=3, max_repeat=30, min_time_s=0.5),
     budgets={
         "python": Budget(max_gflop=0.04, max_call_s=2.0),
         "interpreted": Budget(max_gflop=0.2, max_call_s=2.0),

@@ -15,6 +15,7 @@ A level that raises does not stop the sweep: its row says ``error: ...``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -23,13 +24,14 @@ from .backends import Backend
 from .flops import matmul_flops
 from .machine import Peak, describe_machine, measure_matmul_peak
 from .memory import peak_memory
-from .plan import Plan
+from .plan import Budget, Plan
 from .records import OK, SKIPPED_BUDGET, Record
 from .reference import Reference
 from .scenarios import Workload
 from .timing import Stats, TimingPolicy, cpu_timer, cuda_timer, measure
 
 Progress = Callable[[str], None]  # called before each case with a label, once per case
+PROBE_SLACK = 2.0  # a call measured over this many times the time cap is not sampled
 
 
 def _family(workload: Workload) -> str:
@@ -153,9 +155,19 @@ def run_case(
         record.status, record.note = SKIPPED_BUDGET, over
         return record
     try:
-        _measure_into(record, backend, workload, dtype, plan.timing, reference)
+        _measure_into(
+            record,
+            backend,
+            workload,
+            dtype,
+            plan.timing,
+            reference,
+            budget=plan.budget_for(backend),
+        )
     except Exception as exc:  # a failing level must not stop the sweep
         record.status = f"error: {type(exc).__name__}: {exc}"[:300]
+        return record
+    if not record.ok:
         return record
     pace.record(backend, workload, record.median_s)
     record.gflops = flops / record.median_s / 1e9
@@ -174,6 +186,8 @@ def _measure_into(
     dtype: str,
     policy: TimingPolicy,
     reference: Reference,
+    *,
+    budget: Budget,
 ) -> None:
     # Level 0 computes in float64 whatever was asked; its reference must know that.
     case = workload.build(backend, backend.effective_dtype(dtype), reference)
@@ -181,7 +195,18 @@ def _measure_into(
     # after first-call effects (autotuning buffers, lazy initialisation) are over.
     for _ in range(policy.warmup - 1):
         case.fn()
+    start = time.perf_counter()
     record.peak_memory_bytes = peak_memory(case.fn, backend.memory_method)
+    probe_s = time.perf_counter() - start
+    # A prediction can be wrong (a scenario far slower than the rate it was predicted
+    # from); the probe call says so before the samples are taken. The factor 2 leaves
+    # room for the probe's own overhead (tracemalloc slows pure Python down).
+    if probe_s > PROBE_SLACK * budget.max_call_s:
+        record.status = SKIPPED_BUDGET
+        record.note = (
+            f"one call took {probe_s:.2g} s > {PROBE_SLACK:g} x cap {budget.max_call_s:g} s"
+        )
+        return
     stats = measure(case.fn, _timer(backend), policy, warmed=policy.warmup)
     for key, value in _times(stats).items():
         setattr(record, key, value)

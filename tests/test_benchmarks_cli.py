@@ -10,6 +10,7 @@ import json
 import math
 import os
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -390,3 +391,40 @@ def test_level0_is_measured_in_float64_whatever_the_run_dtype():
     # Compared with a reference on its own (unrounded) float64 inputs: a few ulps of O(1).
     assert record.max_error < 1e-13
     assert record.memory_method == "tracemalloc" and record.peak_memory_bytes > 0
+
+
+class _Sleeper:
+    """A stand-in workload whose call takes a known time, for the budget's last guard."""
+
+    scenario = "sleep"
+
+    def shape(self):
+        return {"T": 1}
+
+    def flops(self):
+        return 1.0
+
+    def tokens(self):
+        return None
+
+    def unsupported(self, backend):
+        return None
+
+    def build(self, backend, dtype, reference):
+        from benchmarks.scenarios import Case
+
+        return Case(fn=lambda: time.sleep(0.05))
+
+
+def test_budget_stops_a_case_whose_first_call_is_far_over_the_cap():
+    backend = level_backend("level1_numpy", _load("level1_numpy"), "cpu")
+    record = run_case(
+        backend,
+        _Sleeper(),
+        dtype="float32",
+        plan=_plan(Budget(max_call_s=0.01)),  # 0.05 s > 2 x 0.01 s
+        reference=Reference(),
+        peak=None,
+    )
+    assert record.status == SKIPPED_BUDGET and record.note.startswith("one call took")
+    assert record.median_s is None  # no samples were taken
