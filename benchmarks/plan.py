@@ -2,7 +2,7 @@
 
 Four ``Sizes`` declarations: ``CPU`` (the default sweep), ``CPU_QUICK``
 (``--quick``), ``CUDA`` and ``CUDA_QUICK``. The sweep is over sequence length
-``T``; the CPU sizes are chosen so the default run takes about three minutes on
+``T``; the CPU sizes are chosen so the default run takes two to three minutes on
 two cores and ``--quick`` under ninety seconds, with every level measured at
 the sizes it can manage.
 
