@@ -57,7 +57,11 @@ def add_parser(subparsers: Any) -> None:
     _common(t)
     t.add_argument("--steps", type=int, default=None, help="optimisation steps (default per task)")
     t.add_argument("--quick", action="store_true", help="a tiny smoke run (seconds)")
-    t.add_argument("--checkpoint", default=None, help="write the final state here (atomically)")
+    t.add_argument(
+        "--checkpoint",
+        default=None,
+        help="save the state here (atomically) every 200 steps and at the end",
+    )
     t.add_argument("--resume", action="store_true", help="continue from --checkpoint")
     t.add_argument("--json", default=None, help="write the metrics here")
     t.add_argument("--plot", default=None, help="write the loss curve (PNG) here")
@@ -105,6 +109,8 @@ def run_train(args: argparse.Namespace) -> int:
     if args.resume:
         if args.checkpoint is None:
             raise SystemExit("--resume needs --checkpoint PATH")
+        if args.steps is not None or args.quick:
+            raise SystemExit("--resume continues the saved run as planned: drop --steps/--quick")
         spec = spec_from_dict(load_checkpoint(args.checkpoint)["spec"])
     else:
         spec = default_spec(

@@ -21,7 +21,7 @@ every prefix token as real (no left padding).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
 
@@ -119,16 +119,23 @@ def is_exact(example: Example, output: Sequence[int]) -> bool:
     return tuple(output[: len(want)]) == tuple(want)
 
 
-def greedy_exact(backend: TrainerBackend, examples: Sequence[Example], batch_size: int) -> float:
-    """Fraction of ``examples`` reproduced exactly by cached greedy decoding."""
-    outputs = greedy_outputs(backend, examples, batch_size, use_cache=True)
-    return sum(is_exact(e, o) for e, o in zip(examples, outputs, strict=True)) / len(examples)
-
-
 def evaluate(
-    backend: TrainerBackend, examples: Sequence[Example], batch_size: int
+    backend: TrainerBackend,
+    examples: Sequence[Example],
+    batch_size: int,
+    *,
+    seen: Collection[Example] = frozenset(),
 ) -> dict[str, float]:
-    """Every held-out metric of the module docstring."""
+    """Every held-out metric of the module docstring.
+
+    ``greedy_exact_unseen`` repeats ``greedy_exact`` over the examples not in
+    ``seen`` (the training set): independent draws of short strings collide,
+    and a model could reproduce those from memory.
+    """
     metrics = teacher_forced(backend, examples, batch_size)
-    metrics["greedy_exact"] = greedy_exact(backend, examples, batch_size)
+    outputs = greedy_outputs(backend, examples, batch_size, use_cache=True)
+    hits = [is_exact(e, o) for e, o in zip(examples, outputs, strict=True)]
+    metrics["greedy_exact"] = sum(hits) / len(hits)
+    unseen = [hit for e, hit in zip(examples, hits, strict=True) if e not in seen]
+    metrics["greedy_exact_unseen"] = sum(unseen) / len(unseen) if unseen else float("nan")
     return metrics

@@ -47,9 +47,9 @@ Task = Seq2SeqTask | CycleTask
 
 @dataclass(frozen=True)
 class TrainSettings:
-    steps: int = 1000
+    steps: int = 600
     batch_size: int = 64
-    lr: float = 3e-3  # peak; small models on toy tasks tolerate (and need) a high rate
+    lr: float = 5e-3  # peak; small models on toy tasks tolerate (and need) a high rate
     warmup_steps: int = 50  # Adam's second-moment estimates are noisy for the first steps
     final_lr_fraction: float = 0.05  # cosine decay ends at this fraction of the peak
     n_train: int = 20_000
@@ -75,7 +75,12 @@ def default_spec(
     steps: int | None = None,
     seed: int = 0,
 ) -> RunSpec:
-    """The defaults: a 2-layer, 64-wide model per stack that solves each task in under a minute.
+    """The defaults: models 64 wide that solve each task in under a minute on a CPU.
+
+    Seq2seq uses 3 layers per stack: with 2, copy stalls near 0.99 exact match,
+    missing mostly the longest strings. Decoder-only uses 2, the least an
+    induction head needs. Two heads of width 32 rather than four of 16: more
+    rotary frequency pairs per head sharpen position-based attention.
 
     ``quick`` is a smoke run (a smaller model, 60 steps): it checks that
     everything runs, not that anything is learned.
@@ -84,12 +89,14 @@ def default_spec(
     config = TransformerConfig(
         vocab_size=the_task.vocab_size,
         d_model=32 if quick else 64,
-        n_heads=4,
-        d_ff=64 if quick else 256,
-        n_layers=1 if quick else 2,
+        n_heads=2,
+        d_ff=64 if quick else 128,
+        n_layers=1 if quick else (3 if kind == "seq2seq" else 2),
         max_seq_len=the_task.max_seq_len,
     )
-    settings = TrainSettings(seed=seed)
+    # The decoder-only task needs an induction head to form, which takes more
+    # steps; its steps are cheaper (one stack, no cross-attention).
+    settings = TrainSettings(seed=seed, steps=600 if kind == "seq2seq" else 1500)
     if quick:
         settings = dataclasses.replace(settings, n_train=2_000, n_heldout=128, steps=60)
     if steps is not None:
@@ -148,6 +155,7 @@ def train(
     checkpoint: str | Path | None = None,
     resume: bool = False,
     stop_after: int | None = None,
+    checkpoint_every: int | None = 200,
     preflight: bool = True,
     evaluation: bool = True,
     progress: Progress | None = None,
@@ -155,9 +163,11 @@ def train(
 ) -> dict[str, Any]:
     """Train ``level`` on ``spec``; return the metrics (and the per-step ``losses``).
 
-    ``resume`` continues from ``checkpoint`` (which must have been written for
-    the same spec). ``stop_after`` ends the run after that many steps *of the
-    schedule of ``spec.settings.steps``*, as an interruption would.
+    With a ``checkpoint`` path the state is saved there every
+    ``checkpoint_every`` steps and at the end. ``resume`` continues from it
+    (it must have been written for the same spec). ``stop_after`` ends the run
+    after that many steps *of the schedule of ``spec.settings.steps``*, as an
+    interruption would.
     """
     started = time.perf_counter()
     settings = spec.settings
@@ -195,13 +205,15 @@ def train(
         real_tokens += batch.n_real
         if progress is not None:
             progress(step + 1, loss, real_tokens / (time.perf_counter() - train_started))
+        done = step + 1
+        if checkpoint is not None and (
+            done == stop or (checkpoint_every and done % checkpoint_every == 0)
+        ):
+            save_checkpoint(
+                checkpoint,
+                {**backend.state(), "spec": spec_to_dict(spec), "step": done, "losses": losses},
+            )
     train_seconds = time.perf_counter() - train_started
-
-    if checkpoint is not None:
-        save_checkpoint(
-            checkpoint,
-            {**backend.state(), "spec": spec_to_dict(spec), "step": stop, "losses": losses},
-        )
 
     token, baseline = majority_baseline(train_set, heldout)
     seen = set(train_set)  # examples are frozen dataclasses, so hashable
@@ -224,7 +236,7 @@ def train(
         "losses": losses,
     }
     if evaluation:
-        result |= evaluate(backend, heldout, settings.eval_batch_size)
+        result |= evaluate(backend, heldout, settings.eval_batch_size, seen=seen)
     result["seconds"] = time.perf_counter() - started
     result["backend"] = backend
     return result

@@ -264,14 +264,14 @@ def test_a_broken_property_stops_training_and_is_named(prop, tmp_path):
 
 # -- agreement across levels -------------------------------------------------------
 
-# Levels 1-4 trained from the same canonical start on the same batches. They
-# differ only in summation order (BLAS blocking, SDPA, Triton tiles; level 1
-# also computes in float64), i.e. ~1e-7 relative per step in the loss; AdamW
-# divides each gradient by its own running scale, which can amplify round-off in
-# near-zero gradient components, so after 4 steps the losses agree to ~1e-6.
-# 1e-4 relative is well clear of that and far below what a wrong gradient does
-# (a missing term moves the loss by ~1e-2 within one step at this learning rate).
-CURVE_RTOL = 1e-4
+# Levels 1-4 trained from the same canonical start on the same batches differ
+# only in summation order (BLAS blocking, SDPA, Triton tiles; level 1 also
+# computes in float64). Measured over these 4 steps: 1.2e-7 relative, about
+# one float32 ulp. AdamW divides each gradient by its own running scale, which
+# can amplify round-off in near-zero components, so the bound is 100x that;
+# for scale, dropping the gradient of one weight matrix (layers.0.linear1)
+# moves the loss by 1.3e-4 after one step and 7e-3 after two.
+CURVE_RTOL = 1e-5
 
 
 @pytest.mark.parametrize("name", ["level1_numpy", "level3_sdpa_flash", "level4_triton_kernel"])
@@ -297,14 +297,16 @@ def test_a_short_run_beats_the_majority_baseline():
     config = TransformerConfig(
         vocab_size=task.vocab_size, d_model=32, n_heads=2, d_ff=64, n_layers=1, max_seq_len=8
     )
-    settings = TrainSettings(steps=150, batch_size=32, lr=5e-3, n_train=2000, n_heldout=128)
+    settings = TrainSettings(steps=300, batch_size=32, lr=5e-3, n_train=2000, n_heldout=128)
     result = train(RunSpec("seq2seq", task, config, settings), level)
-    # The baseline (always EOS) scores ~1/4.5 here; copying needs attention to
-    # work, and 150 steps get this model past 0.8 token accuracy. 0.3 above the
-    # baseline leaves room for seed-to-seed variation while no model that
-    # ignores its source can get there (its best is guessing one symbol in 13).
-    assert result["token_accuracy"] > result["baseline_accuracy"] + 0.3
-    assert result["heldout_loss"] < 1.0  # log(13) = 2.56 is a uniform guess over symbols
+    # The baseline (always EOS) scores ~0.22 here. Over seeds 0-3 this run
+    # reached 0.86-0.98 token accuracy, held-out loss 0.10-0.35 and free-running
+    # exact match 0.64-0.91; the bounds below sit well inside those, and far
+    # above what a model that ignores its source can do (its best guess of a
+    # symbol is 1 in 13: loss log(13) = 2.56, and almost no exact strings).
+    assert result["token_accuracy"] > result["baseline_accuracy"] + 0.5
+    assert result["heldout_loss"] < 0.7
+    assert result["greedy_exact"] > 0.4
 
 
 # -- command line ------------------------------------------------------------------
