@@ -86,19 +86,21 @@ class TrainerBackend(ABC):
         """A context for evaluation (no gradient tape, no dropout)."""
         yield
 
-    def logits(self, batch: Batch) -> np.ndarray:
-        """Teacher-forced logits ``(B, T, V)`` as numpy (call inside ``inference()``)."""
+    def forward(self, batch: Batch) -> Any:
+        """Teacher-forced logits ``(B, T, V)`` in the level's array type."""
         inputs, valid = self.to_native(batch.inputs), self.to_native(batch.valid)
         if self.kind == "seq2seq":
-            out = self.model.forward(
+            return self.model.forward(
                 self.to_native(batch.src),
                 inputs,
                 src_valid=self.to_native(batch.src_valid),
                 tgt_valid=valid,
             )
-        else:
-            out = self.model.forward(inputs, valid=valid)
-        return self.to_numpy(out)
+        return self.model.forward(inputs, valid=valid)
+
+    def logits(self, batch: Batch) -> np.ndarray:
+        """Teacher-forced logits ``(B, T, V)`` as numpy (call inside ``inference()``)."""
+        return self.to_numpy(self.forward(batch))
 
     @abstractmethod
     def loss(self, batch: Batch) -> float:
@@ -195,16 +197,7 @@ class TorchAutogradBackend(TrainerBackend):
             self.model.train(was_training)
 
     def _loss(self, batch: Batch) -> torch.Tensor:
-        inputs, valid = self.to_native(batch.inputs), self.to_native(batch.valid)
-        if self.kind == "seq2seq":
-            logits = self.model(
-                self.to_native(batch.src),
-                inputs,
-                src_valid=self.to_native(batch.src_valid),
-                tgt_valid=valid,
-            )  # (B, T, V)
-        else:
-            logits = self.model(inputs, valid=valid)  # (B, T, V)
+        logits = self.forward(batch)  # (B, T, V)
         return masked_cross_entropy(
             logits, self.to_native(batch.targets), self.to_native(batch.scored)
         )

@@ -161,7 +161,8 @@ def train(
     progress: Progress | None = None,
     device: str | None = None,
 ) -> dict[str, Any]:
-    """Train ``level`` on ``spec``; return the metrics (and the per-step ``losses``).
+    """Train ``level`` on ``spec``; return the metrics, the per-step ``losses``
+    and, under ``"backend"``, the trained backend itself (left out of the JSON).
 
     With a ``checkpoint`` path the state is saved there every
     ``checkpoint_every`` steps and at the end. ``resume`` continues from it
@@ -181,7 +182,7 @@ def train(
         train_set, settings.batch_size, seed=settings.seed, pad_id=spec.config.pad_id
     )
 
-    start, losses = 0, []
+    start, losses, grad_norms = 0, [], []
     backend.seed(settings.seed)
     if resume:
         if checkpoint is None:
@@ -200,7 +201,7 @@ def train(
         loss = backend.loss_and_grads(batch)
         if not math.isfinite(loss):
             raise FloatingPointError(f"the training loss became {loss} at step {step}")
-        backend.step(learning_rate(step, settings))
+        grad_norms.append(backend.step(learning_rate(step, settings)))
         losses.append(loss)
         real_tokens += batch.n_real
         if progress is not None:
@@ -234,6 +235,7 @@ def train(
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "spec": spec_to_dict(spec),
         "losses": losses,
+        "grad_norms": grad_norms,  # before clipping, from this session's steps
     }
     if evaluation:
         result |= evaluate(backend, heldout, settings.eval_batch_size, seen=seen)
