@@ -86,7 +86,10 @@ def run_preflight_command(args: argparse.Namespace) -> int:
     from .train import build_backend, default_spec
 
     level = _setup(args)
-    spec = default_spec(KINDS[args.kind], args.task, seed=args.seed)
+    try:
+        spec = default_spec(KINDS[args.kind], args.task, seed=args.seed)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from exc
     backend = build_backend(spec, level, device=args.device)
     checks = run_preflight(backend, spec.task, seed=args.seed)
     console = Console()
@@ -113,9 +116,12 @@ def run_train(args: argparse.Namespace) -> int:
             raise SystemExit("--resume continues the saved run as planned: drop --steps/--quick")
         spec = spec_from_dict(load_checkpoint(args.checkpoint)["spec"])
     else:
-        spec = default_spec(
-            KINDS[args.kind], args.task, quick=args.quick, steps=args.steps, seed=args.seed
-        )
+        try:
+            spec = default_spec(
+                KINDS[args.kind], args.task, quick=args.quick, steps=args.steps, seed=args.seed
+            )
+        except ValueError as exc:  # a task that does not fit the kind
+            raise SystemExit(str(exc)) from exc
     bar = Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),

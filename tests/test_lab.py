@@ -182,6 +182,19 @@ def test_resume_continues_the_same_loss_curve(tmp_path):
         assert np.array_equal(fresh.logits(batch), straight["backend"].logits(batch))
 
 
+@pytest.mark.parametrize("name", ["level1_numpy", "level3_sdpa_flash"])
+def test_a_checkpoint_resumes_at_another_level(name, tmp_path):
+    """State is keyed by canonical names, so level 2's half-run continues at
+    another level and stays on level 2's curve (to the cross-level bound below)."""
+    spec = tiny_spec("decoder_only", steps=6, max_continuation=4)
+    straight = train(spec, load_level(LEVEL2), preflight=False, evaluation=False)["losses"]
+    part = tmp_path / "part.pt"
+    train(spec, load_level(LEVEL2), checkpoint=part, stop_after=3, evaluation=False)
+    resumed = train(spec, load_level(name), checkpoint=part, resume=True, evaluation=False)
+    np.testing.assert_allclose(resumed["losses"], straight, rtol=CURVE_RTOL)
+    assert resumed["losses"][:3] == straight[:3]  # the saved part, as saved
+
+
 # -- preflight ---------------------------------------------------------------------
 
 
@@ -347,5 +360,16 @@ def test_cli_train_writes_metrics_plot_and_checkpoint(tmp_path):
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert load_checkpoint(tmp_path / "c.pt")["step"] == 8
 
+    # Resuming a finished run only evaluates it again.
+    args = _parse(
+        ["train", "decoder-only", "--resume", "--checkpoint", str(tmp_path / "c.pt")]
+        + ["--json", str(out)]
+    )
+    assert args.func(args) == 0
+    assert json.loads(out.read_text())["losses"] == metrics["losses"]
+
     args = _parse(["preflight", "seq2seq", "--level", LEVEL2, "--task", "copy"])
     assert args.func(args) == 0
+    with pytest.raises(SystemExit, match="decoder-only task"):
+        args = _parse(["train", "decoder-only", "--task", "reverse"])
+        args.func(args)
