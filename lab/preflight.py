@@ -89,7 +89,11 @@ def _perturb(tokens: np.ndarray, where: np.ndarray, vocab_size: int, rng) -> np.
     return np.where(where, changed, tokens)
 
 
+# Each check returns "" when the property holds, else what went wrong.
+
+
 def future_token_independence(backend: TrainerBackend, batch: Batch, rng) -> str:
+    """Perturb every decoder input from a random cut on; earlier logits must not move."""
     with backend.inference():
         base = backend.logits(batch)  # (B, T, V)
     lengths = batch.valid.sum(axis=1)  # (B,)
@@ -112,6 +116,7 @@ def future_token_independence(backend: TrainerBackend, batch: Batch, rng) -> str
 
 
 def padding_invariance(backend: TrainerBackend, examples: Sequence[Example], rng) -> str:
+    """Rows alone vs padded together, junk in padded slots, zero padded logits, token-weighted loss."""
     pad_id = backend.config.pad_id
     batch = collate(examples, pad_id)
     with backend.inference():
@@ -150,8 +155,16 @@ def padding_invariance(backend: TrainerBackend, examples: Sequence[Example], rng
     return "; ".join(problems)
 
 
-def finite_gradients(backend: TrainerBackend, examples: Sequence[Example], rng) -> str:
+def finite_gradients(
+    backend: TrainerBackend, examples: Sequence[Example], rng, *, seed: int = 0
+) -> str:
+    """Finite loss and gradients on a heavily padded batch, and gradients blind to padded slots.
+
+    The randomness (dropout) is reseeded before each backward, so with
+    ``config.dropout > 0`` both see the same masks.
+    """
     batch = collate(examples, backend.config.pad_id)
+    backend.seed(seed)
     loss = backend.loss_and_grads(batch)
     if not np.isfinite(loss):
         return f"the loss is {loss}"
@@ -165,6 +178,7 @@ def finite_gradients(backend: TrainerBackend, examples: Sequence[Example], rng) 
         inputs=_perturb(batch.inputs, ~batch.valid, vocab, rng),
         src=None if batch.src is None else _perturb(batch.src, ~batch.src_valid, vocab, rng),
     )
+    backend.seed(seed)
     backend.loss_and_grads(junk)
     moved = backend.gradients()
     scale = max(max(float(np.abs(g).max()) for g in grads.values()), 1e-12)
@@ -175,6 +189,7 @@ def finite_gradients(backend: TrainerBackend, examples: Sequence[Example], rng) 
 
 
 def cached_decoding(backend: TrainerBackend, examples: Sequence[Example]) -> str:
+    """Greedy decoding with and without the KV cache must give the same tokens."""
     cached = greedy_outputs(backend, examples, len(examples), use_cache=True)
     uncached = greedy_outputs(backend, examples, len(examples), use_cache=False)
     differ = sum(a != b for a, b in zip(cached, uncached, strict=True))
@@ -198,7 +213,7 @@ def run_preflight(backend: TrainerBackend, task, *, seed: int = 0) -> list[Check
     runs: dict[str, Callable[[], str]] = {
         "future_token_independence": lambda: future_token_independence(backend, batch, rng),
         "padding_invariance": lambda: padding_invariance(backend, examples, rng),
-        "finite_gradients": lambda: finite_gradients(backend, examples, rng),
+        "finite_gradients": lambda: finite_gradients(backend, examples, rng, seed=seed),
         "cached_decoding": lambda: cached_decoding(backend, examples),
     }
     checks = []
