@@ -371,6 +371,15 @@ def is_torch_level(level: ModuleType) -> bool:
     return isinstance(level.asarray(np.zeros(1)), torch.Tensor)
 
 
+def check_trainable(level: ModuleType, kind: str) -> None:
+    """Raise ``ValueError`` if ``level`` has no way to compute gradients for ``kind``."""
+    if not is_torch_level(level) and not hasattr(_model_class(level, kind), "loss_and_grads"):
+        raise ValueError(
+            f"{level.__name__} computes no gradients: its models have no loss_and_grads "
+            f"(see lab/backend.py for what a trainer backend needs)"
+        )
+
+
 def make_backend(
     level: ModuleType,
     config: TransformerConfig,
@@ -382,13 +391,9 @@ def make_backend(
 ) -> TrainerBackend:
     """The backend that trains ``level``: autograd for torch levels; the level's own
     ``loss_and_grads`` and numpy optimiser for a level that has them."""
+    check_trainable(level, kind)
     if is_torch_level(level):
         return TorchAutogradBackend(level, config, kind, params, settings, device=device)
-    if hasattr(_model_class(level, kind), "loss_and_grads"):
-        if device not in (None, "cpu"):
-            raise ValueError(f"{level.__name__} runs on the CPU only, not {device!r}")
-        return NumpyBackend(level, config, kind, params, settings)
-    raise ValueError(
-        f"{level.__name__} computes no gradients: its models have no loss_and_grads "
-        f"(see lab/backend.py for what a trainer backend needs)"
-    )
+    if device not in (None, "cpu"):
+        raise ValueError(f"{level.__name__} runs on the CPU only, not {device!r}")
+    return NumpyBackend(level, config, kind, params, settings)

@@ -79,6 +79,15 @@ def _setup(args: argparse.Namespace):
     return resolve_level(args.level)
 
 
+def _require_trainable(level, kind: str) -> None:
+    from .backend import check_trainable
+
+    try:
+        check_trainable(level, kind)
+    except ValueError as exc:  # level 0: no backward pass
+        raise SystemExit(str(exc)) from exc
+
+
 def run_preflight_command(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -90,6 +99,7 @@ def run_preflight_command(args: argparse.Namespace) -> int:
         spec = default_spec(KINDS[args.kind], args.task, seed=args.seed)
     except ValueError as exc:
         raise SystemExit(str(exc)) from exc
+    _require_trainable(level, spec.kind)
     backend = build_backend(spec, level, device=args.device)
     checks = run_preflight(backend, spec.task, seed=args.seed)
     console = Console()
@@ -122,6 +132,7 @@ def run_train(args: argparse.Namespace) -> int:
             )
         except ValueError as exc:  # a task that does not fit the kind
             raise SystemExit(str(exc)) from exc
+    _require_trainable(level, spec.kind)
     bar = Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
