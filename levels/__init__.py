@@ -14,10 +14,28 @@ and builds from the canonical parameters made by ``init_params``.
 from __future__ import annotations
 
 import importlib
+import os
 from types import ModuleType
 
 from .common.config import TransformerConfig
 from .common.params import init_params, param_shapes
+
+
+def _choose_triton_interpreter() -> None:
+    """Without a GPU, level 4's kernels can only run in Triton's interpreter.
+
+    Triton decides between compiling and interpreting when it is first
+    imported, and torch imports it as a side effect of some of its own modules
+    (``torch.nn.attention.bias``, which level 3 uses). So the choice cannot wait
+    until level 4 is loaded: it is made here, when the package is imported. On a
+    machine with no GPU driver (neither NVIDIA's nor AMD's device nodes),
+    ``TRITON_INTERPRET=1`` unless the user already set the variable either way.
+    """
+    if not any(os.path.exists(node) for node in ("/dev/nvidiactl", "/dev/kfd")):
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+_choose_triton_interpreter()
 
 LEVELS: tuple[str, ...] = (
     "level0_loops",

@@ -7,6 +7,7 @@ and PyTorch by name.
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import numpy as np
@@ -150,3 +151,22 @@ def test_check_params_lists_every_problem():
         check_params(params, param_shapes(config, "decoder_only"))
     for name in ("norm.bias", "extra.weight", "layers.1.linear2.weight"):
         assert name in str(info.value)
+
+
+def test_level4_loads_after_level3_in_one_process():
+    """Level 3 imports torch's attention-bias module, which imports triton; level 4 must
+    still load afterwards (the interpreter is chosen when ``levels`` is imported)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton", reason="level 4 needs triton")
+    code = (
+        "import levels; levels.load('level3_sdpa_flash'); "
+        "print(levels.load('level4_triton_kernel').describe())"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()
