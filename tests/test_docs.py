@@ -47,9 +47,9 @@ BENCH_JSON = ROOT / "docs" / "data" / "cpu_quick.json"
 # The plot of that run (benchmarks/plot.py), and the hash of the JSON it was drawn from.
 BENCH_PLOT = ROOT / "docs" / "img" / "cpu_quick.png"
 BENCH_PLOT_SOURCE = BENCH_PLOT.with_suffix(".source")
-# The run BENCH_JSON holds. One torch thread and one BLAS thread: on a shared
-# 2-core machine, idle threads spinning for work distort the timings badly.
-BENCH_COMMAND = "OPENBLAS_NUM_THREADS=1 ladder bench --quick --threads 1"
+# The run BENCH_JSON holds. One thread (torch and BLAS): on a shared 2-core
+# machine, threads spinning while they wait for a busy core distort the timings.
+BENCH_COMMAND = "ladder bench --quick --threads 1"
 
 # ----------------------------------------------------------------------------- parsing
 
@@ -623,8 +623,9 @@ def test_ladder_show_overview_and_level_choice(capsys):
 # ----------------------------------------------------------------------------- rewriting
 
 
-def main() -> int:
-    """Rewrite every generated block, and redraw the plot, from the committed benchmark JSON."""
+def main(argv: list[str]) -> int:
+    """``python tests/test_docs.py [FILE.md ...]``: rewrite the generated blocks of the given
+    doc files (default: all of them) and redraw the plot, from the committed benchmark JSON."""
     from benchmarks import plot
 
     if BENCH_PLOT_SOURCE.is_file() and BENCH_PLOT_SOURCE.read_text().strip() == _json_digest():
@@ -634,7 +635,7 @@ def main() -> int:
         BENCH_PLOT_SOURCE.write_text(_json_digest() + "\n")
         print(f"redrew {_id(BENCH_PLOT)}")
     records = load_records()
-    for path in DOC_FILES:
+    for path in [Path(a).resolve() for a in argv] or DOC_FILES:
         if not path.is_file():
             continue
         text = path.read_text()
@@ -646,4 +647,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
