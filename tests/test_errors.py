@@ -14,6 +14,7 @@ import re
 
 import numpy as np
 import pytest
+import torch
 from _helpers import count_kernel_launches, random_tokens
 
 from levels import TransformerConfig, init_params
@@ -205,6 +206,42 @@ def test_length_over_max_seq_len(level):
 # ---------------------------------------------------------------------------
 
 
+def _snapshot(value):
+    """A deep copy of a cache's state, whatever the level's array type: numpy arrays and
+    tensors become numpy copies, containers and plain objects are walked."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", value.detach().cpu().clone().numpy())
+    if isinstance(value, np.ndarray):
+        return ("array", value.copy())
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, [_snapshot(v) for v in value])
+    if isinstance(value, dict):
+        return ("dict", {k: _snapshot(v) for k, v in value.items()})
+    if hasattr(value, "__dict__"):
+        return ("object", _snapshot(vars(value)))
+    return ("value", value)
+
+
+def _assert_same_snapshot(before, after, path="cache"):
+    assert before[0] == after[0], f"{path}: {before[0]} became {after[0]}"
+    kind, a, b = before[0], before[1], after[1]
+    if kind in ("tensor", "array"):
+        # Bit-identical, NaN in the same places: nothing may have been written.
+        assert a.shape == b.shape and np.array_equal(a, b, equal_nan=True), f"{path} changed"
+    elif kind == "dict":
+        assert a.keys() == b.keys(), f"{path}: keys changed"
+        for key in a:
+            _assert_same_snapshot(a[key], b[key], f"{path}.{key}")
+    elif kind in ("list", "tuple"):
+        assert len(a) == len(b), f"{path}: length changed"
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _assert_same_snapshot(x, y, f"{path}[{i}]")
+    elif kind == "object":
+        _assert_same_snapshot(a, b, path)
+    else:
+        assert a == b, f"{path}: {a!r} became {b!r}"
+
+
 def test_kv_cache_overflow_leaves_cache_unchanged(level):
     config = tiny_config()  # capacity 6
     dec, s2s = _models(level, config)
@@ -213,16 +250,20 @@ def test_kv_cache_overflow_leaves_cache_unchanged(level):
     _, cache = dec.prefill(level.arr(tokens[:, :5]))
     dec.decode_step(level.arr(tokens[:, 5]), cache)
     assert cache.length == 6
+    before = _snapshot(cache)
     with raises_before_launch(ValueError, match="overflow"):
         dec.decode_step(level.arr(tokens[:, 0]), cache)
     assert cache.length == 6, "a failed decode_step must not grow the cache"
+    _assert_same_snapshot(before, _snapshot(cache))
 
     src = random_tokens(rng, config, 2, 4)
     _, cache = s2s.prefill(level.arr(src), level.arr(tokens[:, :6]))
     assert cache.length == 6
+    before = _snapshot(cache)
     with raises_before_launch(ValueError, match="overflow"):
         s2s.decode_step(level.arr(tokens[:, 0]), cache)
     assert cache.length == 6
+    _assert_same_snapshot(before, _snapshot(cache))
 
 
 def test_failed_decode_step_leaves_cache_usable(level):
