@@ -51,8 +51,9 @@ class Backend:
 
     @property
     def has_grad(self) -> bool:
-        """Torch levels are differentiable by autograd (level 4 through its own backward kernel)."""
-        return self.kind == "torch"
+        """Torch levels are differentiable by autograd (level 4 through its own backward
+        kernel); level 1 has a hand-written attention backward, ``attention_grads``."""
+        return self.kind == "torch" or callable(getattr(self.module, "attention_grads", None))
 
     @property
     def memory_method(self) -> str:

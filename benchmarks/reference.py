@@ -1,9 +1,9 @@
 """The float64 reference every error figure is measured against.
 
 Level 1 (numpy) run in float64 is the reference for values: attention outputs,
-logits and generated tokens. It has no gradients, so the attention gradients
-come from level 2 (torch autograd through the written-out attention) run in
-float64. A level measured against itself in float64 shows an error of zero,
+logits and generated tokens. The attention gradients come from level 2 (torch
+autograd through the written-out attention) run in float64, so level 1's
+hand-written backward is measured against an independent computation. A level measured against itself in float64 shows an error of zero,
 which is what that comparison means.
 
 On a GPU run (``device="cuda"``) the attention reference is level 2 in float64

@@ -25,6 +25,7 @@ from __future__ import annotations
 from ..level0_loops.bind import INTERFACE, bind
 from ..level0_loops.models import KVCache
 from . import convert, ops
+from .backward import attention_grads
 from .convert import asarray, to_numpy
 from .ops import attention
 from .training import DecoderOnlyTraining, Seq2SeqTraining
@@ -51,4 +52,4 @@ def describe() -> str:
     return "numpy (vectorised), float64 by default; hand-written backward"
 
 
-__all__ = [*INTERFACE, "KVCache", "asarray", "attention", "describe", "to_numpy"]
+__all__ = [*INTERFACE, "KVCache", "asarray", "attention", "attention_grads", "describe", "to_numpy"]

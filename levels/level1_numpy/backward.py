@@ -239,3 +239,27 @@ class Tape:
             return d_q, d_k, d_v
 
         return self._record(p @ v, (q, k, v), backward)  # (B,H,T,S) @ (B,H,S,Dv)
+
+
+def attention_grads(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    d_out: np.ndarray,
+    *,
+    causal: bool = False,
+    mask: np.ndarray | None = None,
+    scale: float | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The attention forward and its hand-written backward on their own.
+
+    ``q (B,H,T,Dh)``, ``k (B,H,S,Dh)``, ``v (B,H,S,Dv)`` and the upstream
+    gradient ``d_out (B,H,T,Dv)`` -> ``(dq, dk, dv)``, the same contract as
+    ``attention`` (and the same errors). q, k and v are handed to the tape as
+    its "parameters", so their gradients come back by name; this is what the
+    benchmarks time against autograd at the torch levels.
+    """
+    tape = Tape({"q": q, "k": k, "v": v})
+    out = tape.attention(q, k, v, causal=causal, mask=mask, scale=scale)  # (B,H,T,Dv)
+    grads = tape.backward(out, d_out)
+    return grads["q"], grads["k"], grads["v"]
