@@ -7,8 +7,10 @@ before the call rather than patched after it:
   (``j <= i + S - T``). The two agree when ``T == S``, and with ``T == 1`` the
   bottom-right rule masks nothing, so only ``1 < T < S`` needs more: PyTorch's
   ``causal_lower_right`` bias;
-* a query row with no allowed key comes out of SDPA as NaN; here it is a
-  ``ValueError``, decided from the shapes and the mask before any kernel runs.
+* a query row with no allowed key comes out of SDPA silently, as NaN or as
+  zeros depending on the PyTorch version and backend (zeros on torch 2.13's
+  CPU backends); here it is a ``ValueError``, decided from the shapes and the
+  mask before any kernel runs.
 
 Which kernel runs is SDPA's choice among the enabled backends, in PyTorch's
 priority order. ``backend=`` narrows the choice to one backend through
