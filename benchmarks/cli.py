@@ -26,21 +26,13 @@ PROVIDERS: tuple[tuple[str, tuple[str, ...], str], ...] = (
 
 
 def _level_names(text: str) -> list[str]:
-    """``"0,2,level3_sdpa_flash"`` -> full level names; a bare digit picks the rung."""
+    """``--levels`` for argparse: ``levels.level_names``, its error as a usage message."""
     import levels
 
-    names = []
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        if part.isdigit() and int(part) < len(levels.LEVELS):
-            names.append(levels.LEVELS[int(part)])
-        else:
-            names.append(part)
-    unknown = [n for n in names if n not in levels.LEVELS]
-    if unknown:
-        raise argparse.ArgumentTypeError(
-            f"unknown level {unknown}; choose from {', '.join(levels.LEVELS)} (or 0-4)"
-        )
-    return names
+    try:
+        return levels.level_names(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def _int_list(text: str) -> list[int]:

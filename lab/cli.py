@@ -24,10 +24,10 @@ def resolve_level(name: str):
     """Load a level from ``level2_torch_manual``, ``level2`` or ``2``."""
     import levels
 
-    for full in levels.LEVELS:
-        if name in (full, full.split("_", 1)[0], full[len("level")]):
-            return levels.load(full)
-    raise SystemExit(f"unknown level {name!r}; choose one of {', '.join(levels.LEVELS)}")
+    try:
+        return levels.load(levels.level_name(name))
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from exc
 
 
 def _common(p: argparse.ArgumentParser) -> None:

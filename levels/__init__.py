@@ -50,6 +50,26 @@ class LevelUnavailable(ImportError):
     """A level that cannot be imported on this machine; the message says why."""
 
 
+def level_name(spec: str) -> str:
+    """The full level name for ``spec``: a name (``"level2_torch_manual"``), its short
+    form (``"level2"``) or the rung's number (``"2"``). ``ValueError`` if unknown."""
+    spec = spec.strip()
+    for number, name in enumerate(LEVELS):
+        if spec in (name, f"level{number}", str(number)):
+            return name
+    raise ValueError(
+        f"unknown level {spec!r}; choose one of {', '.join(LEVELS)} (or 0-{len(LEVELS) - 1})"
+    )
+
+
+def level_names(specs: str | None) -> list[str]:
+    """A comma-separated list of levels (``"0,2,level3_sdpa_flash"``) -> full names, in
+    the order given; empty or None means every level, in ladder order."""
+    if not specs:
+        return list(LEVELS)
+    return [level_name(part) for part in specs.split(",") if part.strip()]
+
+
 def load(name: str) -> ModuleType:
     """Import level ``name`` (one of ``LEVELS``).
 
@@ -81,6 +101,8 @@ __all__ = [
     "TransformerConfig",
     "available",
     "init_params",
+    "level_name",
+    "level_names",
     "load",
     "param_shapes",
 ]

@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import LEVELS
+from . import LEVELS, level_names
 
 ROOT = Path(__file__).resolve().parent  # the levels/ package
 DOCS = ROOT.parent / "docs"
@@ -128,18 +128,11 @@ def summary(level: str) -> str:
 
 
 def _level_names(text: str | None) -> list[str]:
-    """``"0,2,level3_sdpa_flash"`` (or None for all) -> level names."""
-    if not text:
-        return list(LEVELS)
-    names = []
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        name = LEVELS[int(part)] if part.isdigit() and int(part) < len(LEVELS) else part
-        if name not in LEVELS:
-            raise argparse.ArgumentTypeError(
-                f"unknown level {part!r}; choose from {', '.join(LEVELS)} (or 0-{len(LEVELS) - 1})"
-            )
-        names.append(name)
-    return names
+    """``--levels`` for argparse: ``levels.level_names``, its error as a usage message."""
+    try:
+        return level_names(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 class _Printer:

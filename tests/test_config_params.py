@@ -170,3 +170,35 @@ def test_level4_loads_after_level3_in_one_process():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip()
+
+
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        ("level2_torch_manual", "level2_torch_manual"),
+        ("level2", "level2_torch_manual"),
+        ("2", "level2_torch_manual"),
+        (" 0 ", "level0_loops"),
+        ("4", "level4_triton_kernel"),
+    ],
+)
+def test_level_name_accepts_names_short_forms_and_numbers(spec, expected):
+    from levels import level_name
+
+    assert level_name(spec) == expected
+
+
+@pytest.mark.parametrize("spec", ["5", "level5", "-1", "numpy", ""])
+def test_level_name_refuses_unknown_levels(spec):
+    from levels import level_name
+
+    with pytest.raises(ValueError, match="unknown level"):
+        level_name(spec)
+
+
+def test_level_names_keeps_the_order_given_and_defaults_to_all():
+    from levels import LEVELS, level_names
+
+    assert level_names("3,level0,level1_numpy") == [LEVELS[3], LEVELS[0], LEVELS[1]]
+    assert level_names(None) == list(LEVELS)
+    assert level_names("") == list(LEVELS)
