@@ -95,15 +95,15 @@ class _Model(nn.Module):
         else:
             cache.check_room(tokens.shape[1])  # capacity max_seq_len; raises before any write
 
-    def _causal_step(self, tokens, valid, cache, *, embedding, blocks, head, what) -> torch.Tensor:
+    def _causal_step(self, tokens, valid, cache, *, embedding, blocks, head) -> torch.Tensor:
         """Logits ``(B,T,V)`` for ``tokens (B,T)`` placed after the cache's filled positions.
 
         ``blocks(x (B,T,D), key_valid (B, length+T)) -> (B,T,D)`` runs the layers,
-        ``head`` maps ``(B,T,D) -> (B,T,V)``; ``what`` names the tokens in errors.
-        Everything is checked before the cache is written; the cache's length
-        grows only after the last layer.
+        ``head`` maps ``(B,T,D) -> (B,T,V)``. Callers have run ``_check_step`` on
+        ``tokens`` already (once per call: on a GPU each check waits for the
+        device), so nothing is written to the cache for bad input; the cache's
+        length grows only after the last layer.
         """
-        self._check_step(tokens, cache, what)
         key_valid = valid if cache is None else cache.key_valid(valid)  # (B, length + T)
         logits = head(blocks(embedding(tokens), key_valid))  # (B,T) -> (B,T,D) -> (B,T,V)
         if cache is not None:
@@ -155,14 +155,9 @@ class DecoderOnlyTransformer(_Model):
         def tied_logits(x: torch.Tensor) -> torch.Tensor:
             return self.norm(x) @ self.token_embedding.weight.T  # (B,T,D) @ (D,V) -> (B,T,V)
 
+        self._check_step(tokens, cache, "")
         return self._causal_step(
-            tokens,
-            valid,
-            cache,
-            embedding=self.token_embedding,
-            blocks=blocks,
-            head=tied_logits,
-            what="",
+            tokens, valid, cache, embedding=self.token_embedding, blocks=blocks, head=tied_logits
         )
 
     def forward(self, tokens: torch.Tensor, *, valid: torch.Tensor | None = None) -> torch.Tensor:
@@ -241,7 +236,8 @@ class Seq2SeqTransformer(_Model):
         return self.encoder.norm(x)  # (B,S,D)
 
     def _decode(self, tgt, tgt_valid, memory, memory_valid, cache) -> torch.Tensor:
-        """Logits ``(B,T,V)`` for ``tgt (B,T)`` following the cache's filled positions."""
+        """Logits ``(B,T,V)`` for ``tgt (B,T)`` following the cache's filled positions
+        (``tgt`` already checked by the caller)."""
 
         def blocks(x: torch.Tensor, key_valid: torch.Tensor) -> torch.Tensor:
             for i, layer in enumerate(self.decoder.layers):
@@ -254,13 +250,7 @@ class Seq2SeqTransformer(_Model):
             return self.output_projection(self.decoder.norm(x))  # (B,T,D) -> (B,T,V)
 
         return self._causal_step(
-            tgt,
-            tgt_valid,
-            cache,
-            embedding=self.target_embedding,
-            blocks=blocks,
-            head=logits,
-            what="target",
+            tgt, tgt_valid, cache, embedding=self.target_embedding, blocks=blocks, head=logits
         )
 
     def _valid_pair(self, src, tgt_in, src_valid, tgt_valid):
@@ -301,6 +291,7 @@ class Seq2SeqTransformer(_Model):
     def decode_step(self, tokens: torch.Tensor, cache) -> torch.Tensor:
         """Append one target position per row, ``tokens (B,)``, to ``cache`` -> logits ``(B,V)``."""
         tokens, valid = _one_position(tokens)  # (B,1) each
+        self._check_step(tokens, cache, "target")
         return self._decode(tokens, valid, None, cache.memory_valid, cache)[:, 0]  # (B,V)
 
     def generate(
