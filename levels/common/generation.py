@@ -104,7 +104,7 @@ def greedy_seq2seq(
         raise ValueError(
             f"1 + max_new_tokens = {1 + max_new_tokens} exceeds max_seq_len={model.config.max_seq_len}"
         )
-    B = int(np.asarray(to_numpy(src)).shape[0])
+    B = len(src)  # rows of (B, S): nested lists, arrays and tensors all answer len()
     pad = model.config.pad_id
     out = np.full((B, 1), bos_id, dtype=np.int64)  # (B, 1)
     done = np.zeros(B, dtype=bool)
