@@ -178,7 +178,7 @@ def test_model_backend_reaches_the_core_and_auto_obeys_an_enclosing_sdpa_kernel(
     with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]), pytest.raises(RuntimeError):
         auto(tokens)
     assert "static KV cache" in level3.describe()
-    assert "-> math" in level3.describe("math")
+    assert "-> math" in level3.describe(backend="math")
 
 
 # ---------------------------------------------------------------- static KV cache

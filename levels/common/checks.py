@@ -1,18 +1,28 @@
 """Input validation shared by every level, so the errors are identical everywhere.
 
-These functions look only at shapes, dtypes-as-flags and plain integers, never
-at array contents, so each level can call them on its own array type.
-The error table they implement is in docs/conventions.md.
+These functions look at shapes, dtype kinds and a few plain integers, never at
+a level's array type, so each level calls them with facts read off its own
+arrays: levels 0 and 1 through numpy, the torch levels through torch. Each
+message is written once, here. The error table they implement is in
+docs/conventions.md.
+
+``kind`` is numpy's one-letter dtype kind: ``"b"`` bool, ``"i"`` / ``"u"``
+signed / unsigned integer, ``"f"`` float, ``"c"`` complex (anything else
+is reported as it is).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 
 EMPTY_ROW_MESSAGE = (
-    "a query row has no key it may attend to (check the mask, the padding and the "
-    "causal alignment: with causal=True and T > S the first T - S queries see nothing)"
+    "a query row has no key it may attend to (check the mask, the padding "
+    "and the causal alignment: with causal=True and T > S the first T - S queries see nothing)"
 )
+NO_VALID_TOKEN_MESSAGE = "a sequence has no valid token (every position is padding)"
+
+SHAPE_NAMES = {1: "(B,)", 2: "(B, T)"}
 
 
 def attention_dims(
@@ -38,6 +48,15 @@ def attention_dims(
     return B, H, T, S, Dh, v_shape[3]
 
 
+def check_float_inputs(kinds: Sequence[str], dtypes: Sequence[object]) -> None:
+    """Attention computes on real floating-point q, k, v (not integers, bools or complex)."""
+    if any(kind != "f" for kind in kinds):
+        raise TypeError(
+            "attention needs floating-point q, k and v; got "
+            + ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        )
+
+
 def check_mask(mask_shape: Sequence[int], is_bool: bool, target: Sequence[int]) -> None:
     """A mask must be boolean (True = may attend) and broadcastable to ``target`` (B,H,T,S)."""
     if not is_bool:
@@ -50,9 +69,51 @@ def check_mask(mask_shape: Sequence[int], is_bool: bool, target: Sequence[int]) 
         raise ValueError(f"mask of shape {mask_shape} is not broadcastable to (B,H,T,S) = {target}")
 
 
+def check_scale(scale: float | None) -> None:
+    """``scale`` multiplies every score: it must be a positive finite number (or None)."""
+    if scale is None:
+        return
+    if (
+        isinstance(scale, bool)
+        or not isinstance(scale, int | float)
+        or not (math.isfinite(scale) and scale > 0)
+    ):
+        raise ValueError(f"scale must be a positive finite number (or None), got {scale!r}")
+
+
 def causal_offset(T: int, S: int) -> int:
     """Bottom-right alignment: query ``i`` may attend key ``j`` iff ``j <= i + (S - T)``."""
     return S - T
+
+
+def check_token_ids(
+    shape: Sequence[int],
+    kind: str,
+    dtype: object,
+    bounds: Callable[[], tuple[int, int]],
+    vocab_size: int,
+    *,
+    what: str = "tokens",
+    ndim: int = 2,
+) -> None:
+    """Token ids: a non-empty ``ndim``-D integer array with every id in ``[0, vocab_size)``.
+
+    ``bounds()`` returns ``(min, max)``; it is called only once the shape and
+    dtype are right (a kernel must never gather out of bounds).
+    """
+    shape = tuple(int(n) for n in shape)
+    if len(shape) != ndim or 0 in shape:
+        raise ValueError(
+            f"{what} must be a non-empty {SHAPE_NAMES[ndim]} array of token ids, got shape {shape}"
+        )
+    if kind not in "iu":
+        raise TypeError(
+            f"{what} must be integer token ids, got dtype {str(dtype).replace('torch.', '')}"
+        )
+    lo, hi = bounds()
+    if lo < 0 or hi >= vocab_size:
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"{what}: token id {bad} is outside [0, vocab_size={vocab_size})")
 
 
 def check_tokens(lo: int, hi: int, vocab_size: int, *, what: str = "token id") -> None:
@@ -67,6 +128,12 @@ def check_length(length: int, max_seq_len: int, *, what: str = "sequence length"
         raise ValueError(f"{what} {length} exceeds max_seq_len={max_seq_len}")
     if length <= 0:
         raise ValueError(f"{what} must be positive, got {length}")
+
+
+def check_batch(got: int, expected: int, *, what: str) -> None:
+    """Two inputs of one call must have the same number of rows."""
+    if got != expected:
+        raise ValueError(f"{what}: got {got} rows for a batch of {expected}")
 
 
 def check_cache_room(filled: int, adding: int, capacity: int) -> None:
@@ -89,4 +156,10 @@ def check_valid_shape(
         )
 
 
-NO_VALID_TOKEN_MESSAGE = "a sequence has no valid token (every position is padding)"
+def check_new_tokens(max_new_tokens: object) -> int:
+    """``max_new_tokens`` of ``generate``: an integer >= 0."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+        raise TypeError(f"max_new_tokens must be an integer, got {max_new_tokens!r}")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    return max_new_tokens

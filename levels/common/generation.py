@@ -1,8 +1,8 @@
-"""Greedy generation, written once for every level.
+"""Generation, written once for every level.
 
-A level supplies its model and two converters; the loop itself works on numpy
-token arrays, so the only per-level work inside it is the model call. The loop
-asks the model for logits in one of two ways:
+A level's ``generate`` hands this loop its model and two converters; the loop
+itself works on numpy token arrays, so the only per-level work inside it is
+the model call. It asks the model for logits in one of two ways:
 
 * ``use_cache=False``: run the full ``forward`` over everything generated so
   far and read the last position (quadratic in the length, but obviously right);
@@ -10,7 +10,9 @@ asks the model for logits in one of two ways:
   time to ``decode_step``, which attends over the KV cache.
 
 The two must give identical tokens; the test suite holds every level to that.
-Ties in the argmax go to the lowest token id (``np.argmax``'s rule).
+Every argument is checked before the first model call (also when there is
+nothing to generate), with the same messages at every level. Ties in the
+argmax go to the lowest token id (``np.argmax``'s rule).
 """
 
 from __future__ import annotations
@@ -20,7 +22,11 @@ from typing import Any
 
 import numpy as np
 
+from . import checks
+
 Native = Any  # a level's array type (nested lists, np.ndarray, torch.Tensor)
+ToNative = Callable[[np.ndarray], Native]
+ToNumpy = Callable[[Native], np.ndarray]
 
 
 def _pick(logits_last: np.ndarray) -> np.ndarray:
@@ -28,35 +34,45 @@ def _pick(logits_last: np.ndarray) -> np.ndarray:
     return np.asarray(logits_last).argmax(axis=-1).astype(np.int64)
 
 
-def greedy_decoder_only(
+def checked_ids(tokens: np.ndarray, vocab_size: int, what: str) -> np.ndarray:
+    """``tokens (B, L)`` as int64 after the model boundary's checks (shape, dtype, range)."""
+    tokens = np.asarray(tokens)
+    checks.check_token_ids(
+        tokens.shape,
+        tokens.dtype.kind,
+        tokens.dtype,
+        lambda: (int(tokens.min()), int(tokens.max())),
+        vocab_size,
+        what=what,
+    )
+    return tokens.astype(np.int64)
+
+
+def generate_decoder_only(
     model: Any,
     prefix: Native,
     max_new_tokens: int,
     *,
     use_cache: bool,
-    to_native: Callable[[np.ndarray], Native],
-    to_numpy: Callable[[Native], np.ndarray],
+    to_native: ToNative | None = None,
+    to_numpy: ToNumpy | None = None,
 ) -> Native:
     """Extend every row of ``prefix (B, P)`` by ``max_new_tokens`` greedy tokens.
 
-    Every prefix token is taken as real (``valid`` all True): batched prompts of
-    different lengths would need left padding, which the right-padding
-    convention of this project does not cover, so generate those one row at a time.
+    Every prefix token is taken as real (``valid`` all True).
     Returns ``(B, P + max_new_tokens)`` in the level's native type.
+    ``to_native`` / ``to_numpy`` default to ``model.ops.asarray`` / ``model.ops.to_numpy``.
     """
-    tokens = np.asarray(to_numpy(prefix)).astype(np.int64)  # (B, P)
-    if tokens.ndim != 2 or tokens.shape[1] == 0:
-        raise ValueError(
-            f"prefix must be a non-empty (B, P) array of token ids, got {tokens.shape}"
-        )
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    to_native = to_native or model.ops.asarray
+    to_numpy = to_numpy or model.ops.to_numpy
+    config = model.config
+    tokens = checked_ids(to_numpy(prefix), config.vocab_size, "prefix")  # (B, P)
+    checks.check_new_tokens(max_new_tokens)
     B, P = tokens.shape
-    total = P + max_new_tokens
-    if total > model.config.max_seq_len:
+    if P + max_new_tokens > config.max_seq_len:
         raise ValueError(
             f"prefix length {P} + max_new_tokens {max_new_tokens} exceeds "
-            f"max_seq_len={model.config.max_seq_len}"
+            f"max_seq_len={config.max_seq_len}"
         )
     if max_new_tokens == 0:
         return to_native(tokens)
@@ -80,32 +96,48 @@ def greedy_decoder_only(
     return to_native(tokens)
 
 
-def greedy_seq2seq(
+def generate_seq2seq(
     model: Any,
     src: Native,
     *,
-    src_valid: Native | None,
-    bos_id: int,
-    eos_id: int,
-    max_new_tokens: int,
+    src_valid: Native | None = None,
+    bos_id: int | None = None,
+    eos_id: int | None = None,
+    max_new_tokens: int | None = None,
     use_cache: bool,
-    to_native: Callable[[np.ndarray], Native],
-    to_numpy: Callable[[Native], np.ndarray],
+    to_native: ToNative | None = None,
+    to_numpy: ToNumpy | None = None,
 ) -> Native:
     """Decode greedily from BOS for every row of ``src (B, S)``; each row stops at its EOS.
 
     Returns ``(B, 1 + n)`` tokens starting with BOS, where ``n <= max_new_tokens``
-    is the number of steps until every row has produced EOS. A row that has
-    finished is filled with ``pad_id`` after its EOS.
+    is the number of steps until every row has produced EOS; a finished row is
+    filled with ``pad_id`` after its EOS. ``max_new_tokens`` defaults to
+    ``max_seq_len - 1``, the longest target that fits; ``bos_id`` and
+    ``eos_id`` default to the config's.
     """
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    if 1 + max_new_tokens > model.config.max_seq_len:
+    to_native = to_native or model.ops.asarray
+    to_numpy = to_numpy or model.ops.to_numpy
+    config = model.config
+    bos_id = config.bos_id if bos_id is None else bos_id
+    eos_id = config.eos_id if eos_id is None else eos_id
+    for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer):
+            raise TypeError(f"{name} must be an integer token id, got {value!r}")
+        checks.check_tokens(int(value), int(value), config.vocab_size, what=name)
+    max_new_tokens = config.max_seq_len - 1 if max_new_tokens is None else max_new_tokens
+    checks.check_new_tokens(max_new_tokens)
+    if 1 + max_new_tokens > config.max_seq_len:
         raise ValueError(
-            f"1 + max_new_tokens = {1 + max_new_tokens} exceeds max_seq_len={model.config.max_seq_len}"
+            f"1 + max_new_tokens = {1 + max_new_tokens} exceeds max_seq_len={config.max_seq_len}"
         )
-    B = len(src)  # rows of (B, S): nested lists, arrays and tensors all answer len()
-    pad = model.config.pad_id
+    ids = checked_ids(to_numpy(src), config.vocab_size, "source tokens")  # (B, S)
+    checks.check_length(ids.shape[1], config.max_seq_len, what="source length")
+    if src_valid is not None:
+        valid = np.asarray(to_numpy(src_valid))
+        checks.check_valid_shape(valid.shape, ids.shape, valid.dtype == np.bool_, what="src_valid")
+    B = ids.shape[0]
+    pad = config.pad_id
     out = np.full((B, 1), bos_id, dtype=np.int64)  # (B, 1)
     done = np.zeros(B, dtype=bool)
     cache = None

@@ -5,33 +5,58 @@ a Python float (IEEE float64) and every step is a loop you can read, so at tiny
 sizes this level is the ground truth the faster levels are checked against.
 It is slow by design. Inference only: ``config.dropout`` is not applied.
 
-How it is built (docs/level0_loops.md tells the story):
+Where to read it (docs/level0_loops.md tells the story):
 
-* ``ops.py``: the array primitives (``linear``, ``layer_norm``, ``gelu``,
-  ``rope``, ``attention``, ``split_heads``, ...) on nested lists, importing only
-  the standard library;
-* ``pieces.py`` and ``models.py``: the architecture (``MultiHeadAttention``,
-  ``EncoderLayer``, ``DecoderLayer``, both models, the KV cache), written against
-  an ops namespace so that level 1 reuses it unchanged with numpy ops;
-* ``bind.py``: makes the classes of a level by attaching its ops;
+* ``ops.py``: the arithmetic (``linear``, ``layer_norm``, ``gelu``, ``rope``,
+  ``attention``, ``split_heads``, ...) on nested lists, standard library only;
+* ``layers.py``: ``LayerNorm``, ``FeedForward``, ``MultiHeadAttention``,
+  ``EncoderLayer``, ``DecoderLayer``, computing through ``self.ops``;
+* ``models.py``: ``DecoderOnlyTransformer``, ``Seq2SeqTransformer`` and the
+  ``KVCache``; their public methods check the inputs;
 * ``convert.py``: ``asarray`` / ``to_numpy``, the only module here that imports numpy.
+
+Level 1 subclasses these classes with numpy's ops: the architecture is
+written once, here.
 """
 
 from __future__ import annotations
 
-from . import convert, ops
-from .bind import INTERFACE, bind
 from .convert import asarray, to_numpy
-from .models import KVCache
+from .layers import DecoderLayer, EncoderLayer, FeedForward, LayerNorm, MultiHeadAttention
+from .models import DecoderOnlyTransformer, KVCache, Seq2SeqTransformer
 from .ops import attention
 
-# LayerNorm, FeedForward, MultiHeadAttention, EncoderLayer, DecoderLayer,
-# DecoderOnlyTransformer and Seq2SeqTransformer: the architecture computing with this level's ops.
-globals().update(bind(ops, convert, __name__))
+# What the harness and the tests read about this level (docs/conventions.md, "Levels").
+ARRAY = "python"  # nested lists of Python floats, ints and bools
+GRADIENTS = None  # inference only: no backward pass
+INTERPRETED = False
+DEVICES = ("cpu",)  # the Python interpreter
+DTYPES = ("float64",)  # every float is a Python float
+DESCRIPTION = "pure Python loops over nested lists, float64"
 
 
-def describe() -> str:
-    return "pure Python loops over nested lists, float64"
+def describe(*, device=None, dtype=None) -> str:
+    """One line saying what computes at this level (the same signature at every level)."""
+    return DESCRIPTION
 
 
-__all__ = [*INTERFACE, "KVCache", "asarray", "attention", "describe", "to_numpy"]
+__all__ = [
+    "ARRAY",
+    "DESCRIPTION",
+    "DEVICES",
+    "DTYPES",
+    "GRADIENTS",
+    "INTERPRETED",
+    "DecoderLayer",
+    "DecoderOnlyTransformer",
+    "EncoderLayer",
+    "FeedForward",
+    "KVCache",
+    "LayerNorm",
+    "MultiHeadAttention",
+    "Seq2SeqTransformer",
+    "asarray",
+    "attention",
+    "describe",
+    "to_numpy",
+]

@@ -35,10 +35,18 @@ def asarray(np_array: Any, *, device: object = None, dtype: object = None) -> Ne
     elif arr.dtype.kind in "iu":
         arr = arr.astype(np.int64)
     elif arr.dtype.kind != "b":
-        raise TypeError(f"cannot convert an array of dtype {arr.dtype} to level 0's lists")
+        raise TypeError(
+            f"level 0 holds floats, integers and booleans; cannot convert dtype {arr.dtype}"
+        )
     return arr.tolist()
 
 
 def to_numpy(x: Nested) -> np.ndarray:
-    """Nested lists back to numpy: float64, int64 or bool, as the leaves are."""
-    return np.asarray(x)
+    """Nested lists back to numpy: float64, int64 or bool, as the leaves are.
+
+    A ragged nested list (rows of different lengths) is a ``ValueError``.
+    """
+    try:
+        return np.asarray(x)
+    except ValueError as exc:  # numpy: "setting an array element with a sequence" / inhomogeneous
+        raise ValueError(f"not a rectangular array (rows of different lengths?): {exc}") from None

@@ -1,10 +1,15 @@
-"""The two models, their KV cache, and incremental decoding, written against the ops namespace.
+"""The two models at level 0, their KV cache, and incremental decoding.
 
-Like ``pieces.py`` this module holds architecture only; ``bind.py`` gives it a
-level's arithmetic. A decoder pass over ``T`` new tokens always runs through
-one method, ``_decode``, which reads the positions already in a ``KVCache``
-and appends the new ones: a full ``forward`` is a pass against an empty
-cache, ``decode_step`` a pass of one token against a filled one.
+Like ``layers.py`` these compute through ``self.ops``; level 1 subclasses
+them with numpy's. Each model's public methods are the boundary: they check
+their inputs (with numpy, on the host, before any arithmetic) and build the
+masks; the layers below see only checked arrays.
+
+A decoder pass over ``T`` new tokens always runs through one method,
+``_causal_step``, which reads the positions already in a ``KVCache`` and
+appends the new ones: ``forward`` is a pass without a cache, ``prefill`` a
+pass against an empty one, ``decode_step`` a pass of one token against a
+filled one.
 """
 
 from __future__ import annotations
@@ -12,261 +17,334 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from ..common import checks
-from ..common.generation import greedy_decoder_only, greedy_seq2seq
+from ..common.generation import generate_decoder_only, generate_seq2seq
 from ..common.params import check_params, param_shapes
-from .pieces import Component
+from .layers import DecoderLayer, EncoderLayer, LayerNorm, Module
 
 Native = Any
 
 
 class KVCache:
-    """What incremental decoding keeps between steps, in the level's arrays.
+    """What incremental decoding keeps between steps; capacity ``max_seq_len``.
 
-    ``self_kv[i]``: layer ``i``'s self-attention ``(k, v)``, each ``(B,H,S,Dh)``
-    (None before the first pass); ``key_valid (B,S)``: which cached positions
-    are real tokens; ``length``: ``S``, the positions filled; ``capacity``:
-    ``max_seq_len``. For seq2seq also ``cross_kv[i]``, the encoder memory's keys
-    and values for decoder layer ``i`` (computed once per source), and
-    ``memory_valid (B,S_src)``. Levels 0 and 1 grow the cache by appending.
+    Per layer the self-attention keys and values of the positions decoded so
+    far, each ``(B,H,length,Dh)`` in the level's arrays, grown by appending
+    (``ops.concat``); ``cross[i]``: decoder layer ``i``'s cross-attention
+    ``(k, v)`` of the encoded source, computed once; ``memory_valid (B,S)``
+    the source's validity. The validity of the cached positions is numpy, as
+    the models' masks are.
+
+    The models call it as level 2's cache is called, for every step of ``T``
+    new positions: ``check_room(T)`` before anything is written;
+    ``key_valid(valid_new)``; ``append(index, k_new, v_new)`` once per layer;
+    then ``advance(valid_new)``. Appended keys stay pending until ``advance``,
+    so a step that fails half-way leaves the cache as it was.
     """
 
-    def __init__(self, n_layers, batch, capacity, *, cross_kv=None, memory_valid=None):
-        self.self_kv: list = [None] * n_layers
-        self.key_valid: Native | None = None
-        self.length = 0
+    def __init__(self, config, batch: int, *, ops):
+        self._concat = ops.concat  # (B,H,length,Dh) + (B,H,T,Dh) along time
+        self.capacity = config.max_seq_len
         self.batch = batch
-        self.capacity = capacity
-        self.cross_kv = cross_kv
-        self.memory_valid = memory_valid
+        self.length = 0  # filled positions, shared by every layer
+        self._kv: list[tuple[Native, Native] | None] = [None] * config.n_layers
+        self._pending: dict[int, tuple[Native, Native]] = {}
+        self._valid = np.zeros((batch, 0), dtype=bool)  # (B, length)
+        self.cross: list[tuple[Native, Native] | None] = [None] * config.n_layers
+        self.memory_valid: np.ndarray | None = None  # (B, S), seq2seq only
 
-    def commit(self, self_kv: list, key_valid: Native, added: int) -> None:
-        """Store a finished pass; called only after every layer succeeded."""
-        self.self_kv = self_kv
-        self.key_valid = key_valid
-        self.length += added
+    def check_room(self, adding: int) -> None:
+        checks.check_cache_room(self.length, adding, self.capacity)
+
+    def key_valid(self, valid_new: np.ndarray) -> np.ndarray:
+        """The validity of the cached keys, then of the new ones: ``(B, length + T)``."""
+        return np.concatenate([self._valid, valid_new], axis=1)
+
+    def append(self, index: int, k_new: Native, v_new: Native) -> tuple[Native, Native]:
+        """Layer ``index``'s keys and values over the cached and the new positions."""
+        past = self._kv[index]
+        if past is None:
+            k, v = k_new, v_new  # (B,H,T,Dh)
+        else:
+            k = self._concat(past[0], k_new, axis=2)  # (B,H,length+T,Dh)
+            v = self._concat(past[1], v_new, axis=2)
+        self._pending[index] = (k, v)
+        return k, v
+
+    def advance(self, valid_new: np.ndarray) -> None:
+        """Commit the step: every layer has run, its keys now count as cached."""
+        for index, kv in self._pending.items():
+            self._kv[index] = kv
+        self._pending.clear()
+        self._valid = self.key_valid(valid_new)
+        self.length += valid_new.shape[1]
 
 
-class _Model(Component):
-    """What both models share: input checks, the decoder pass, decode_step."""
+class _Model(Module):
+    """What both models share: the input checks, the cache and the causal step."""
 
     kind: str
 
-    def _start(self, config, params, device, dtype) -> dict:
-        """Check the whole parameter dict; return the pieces' keyword arguments."""
-        check_params(params, param_shapes(config, self.kind))
-        self._setup(config, device, dtype)
-        return {"device": device, "dtype": dtype}
+    def __init__(self, config, params, *, ops=None, device=None, dtype=None):
+        check_params(params, param_shapes(config, self.kind))  # every problem, named, up front
+        super().__init__(config, ops=ops, device=device, dtype=dtype)
 
-    def _check_ids(self, tokens: Native, ndim: int, what: str) -> tuple[int, ...]:
-        """Integer token ids of ``ndim`` axes, none empty, all in ``[0, V)``; returns the shape."""
-        ops = self.ops
-        shape = ops.shape(tokens)
-        if len(shape) != ndim or 0 in shape:
-            raise ValueError(f"{what} must be a non-empty {ndim}-D array of token ids, got {shape}")
-        if not ops.is_integer(tokens):
-            raise TypeError(f"{what} must be integer token ids")
-        checks.check_tokens(*ops.value_range(tokens), self.config.vocab_size, what=f"{what} id")
-        return shape
+    # -- the boundary ---------------------------------------------------------
 
-    def _check_sequence(self, tokens: Native, valid: Native | None, what: str) -> Native:
-        """Check ``tokens (B,T)`` and ``valid``; return ``valid (B,T)`` (default ``tokens != pad_id``)."""
-        ops = self.ops
-        shape = self._check_ids(tokens, 2, what)
-        checks.check_length(shape[1], self.config.max_seq_len, what=f"{what} length")
+    def _ids(self, tokens, what: str = "tokens", ndim: int = 2) -> np.ndarray:
+        """``tokens`` as checked int64 numpy ids: ``ndim`` axes, none empty, all in ``[0, V)``."""
+        ids = np.asarray(self.ops.to_numpy(tokens))
+        checks.check_token_ids(
+            ids.shape,
+            ids.dtype.kind,
+            ids.dtype,
+            lambda: (int(ids.min()), int(ids.max())),
+            self.config.vocab_size,
+            what=what,
+            ndim=ndim,
+        )
+        return ids.astype(np.int64)
+
+    def _valid(self, ids: np.ndarray, valid, what: str = "valid") -> np.ndarray:
+        """``valid (B,T)`` as numpy bool, default ``ids != pad_id``; every row needs a real token."""
         if valid is None:
-            valid = ops.not_equal(tokens, self.config.pad_id)
+            valid = ids != self.config.pad_id
         else:
-            checks.check_valid_shape(
-                ops.shape(valid), shape, ops.is_bool(valid), what=f"{what} valid"
-            )
-        if not ops.every_row_has_true(valid):
+            valid = np.asarray(self.ops.to_numpy(valid))
+            checks.check_valid_shape(valid.shape, ids.shape, valid.dtype == np.bool_, what=what)
+        if not valid.any(axis=1).all():
             raise ValueError(f"{what}: {checks.NO_VALID_TOKEN_MESSAGE}")
         return valid
 
-    def _new_cache(self, batch: int, **cross) -> KVCache:
-        return KVCache(self.config.n_layers, batch, self.config.max_seq_len, **cross)
+    def _check_step(self, ids: np.ndarray, cache: KVCache | None, what: str) -> None:
+        """Room for ``ids (B,T)``: at most ``max_seq_len``, or what the cache has left."""
+        if cache is None:
+            checks.check_length(ids.shape[1], self.config.max_seq_len, what=f"{what} length")
+        else:
+            checks.check_batch(ids.shape[0], cache.batch, what=f"{what} for this cache")
+            cache.check_room(ids.shape[1])  # raises before anything is written
 
-    def _layer_inputs(self, cache: KVCache, i: int) -> dict:
-        """Extra keyword arguments of decoder layer ``i``'s ``step``."""
-        raise NotImplementedError
+    def _zero_padding(self, logits: Native, valid: np.ndarray) -> Native:
+        """Logits ``(B,T,V)`` with every padded position set to exactly zero."""
+        out = np.where(valid[..., None], self.ops.to_numpy(logits), 0.0)  # (B,T,V)
+        return self._native(out)
 
-    def _decode(self, tokens: Native, valid: Native, cache: KVCache) -> Native:
-        """Decoder stack over ``tokens (B,T)`` at positions ``cache.length ..``; returns logits ``(B,T,V)``.
+    def new_cache(self, batch: int) -> KVCache:
+        """An empty KV cache of capacity ``max_seq_len`` for ``batch`` rows."""
+        return KVCache(self.config, batch, ops=self.ops)
 
-        Attends to the cached positions and appends the new ones to ``cache``
-        only once every layer has run, so a failure leaves the cache unchanged.
-        Logits at padded positions are exactly zero.
+    def _causal_step(self, ids, valid, cache, *, embedding, blocks, head) -> Native:
+        """Logits ``(B,T,V)`` for ``ids (B,T)`` placed after the cache's filled positions.
+
+        ``blocks(x (B,T,D), key_valid (B, length+T), position_offset) -> (B,T,D)`` runs the layers
+        and ``head`` maps ``(B,T,D) -> (B,T,V)``. Inputs are checked already;
+        the cache's length grows only after the last layer. The logits at padded
+        positions are not zeroed here (``_zero_padding`` does that).
         """
-        ops, config = self.ops, self.config
-        T = ops.shape(tokens)[1]
-        checks.check_cache_room(cache.length, T, cache.capacity)
-        # Embeddings are scaled by sqrt(D) so the residual stream starts at unit variance.
-        x = ops.embed(self._embedding, tokens, math.sqrt(config.d_model))  # (B,T,D)
-        key_valid = valid if cache.key_valid is None else ops.concat(cache.key_valid, valid, axis=1)
-        new_kv = []
-        for i, layer in enumerate(self._decoder_layers):
-            x, kv = layer.step(
-                x,
-                key_valid=key_valid,  # (B,S) with S = cache.length + T
-                past=cache.self_kv[i],
-                position_offset=cache.length,
-                **self._layer_inputs(cache, i),
-            )
-            new_kv.append(kv)
-        x = self._final_norm(x)  # (B,T,D)
-        logits = ops.linear(x, self._projection, None)  # (B,T,D) @ (D,V) -> (B,T,V)
-        logits = ops.zero_invalid(logits, valid)
-        cache.commit(new_kv, key_valid, T)
+        key_valid = valid if cache is None else cache.key_valid(valid)  # (B, length + T)
+        offset = 0 if cache is None else cache.length
+        scale = math.sqrt(self.config.d_model)  # the stream starts at unit variance
+        x = self.ops.embed(embedding, self.ops.asarray(ids), scale)  # (B,T) -> (B,T,D)
+        logits = head(blocks(x, key_valid, offset))  # (B,T,V)
+        if cache is not None:
+            cache.advance(valid)
         return logits
 
-    def decode_step(self, tokens: Native, cache: KVCache) -> Native:
-        """Feed one token per row, ``tokens (B,)``; returns logits ``(B,V)`` and appends to ``cache``.
-
-        The new token is real (valid) and sits at position ``cache.length``.
-        """
-        (B,) = self._check_ids(tokens, 1, "tokens")
-        if B != cache.batch:
-            raise ValueError(f"decode_step got {B} tokens for a cache of batch {cache.batch}")
-        column = self.ops.as_column(tokens)  # (B,1)
-        logits = self._decode(column, self.ops.all_valid(B, 1), cache)  # (B,1,V)
-        return self.ops.take_position(logits, 0)  # (B,V)
-
-    def _generation_io(self) -> dict:
-        """The converters the shared greedy loop needs (it works on numpy token arrays)."""
-        return {
-            "to_native": lambda array: self.convert.asarray(array, device=self.device),
-            "to_numpy": self.convert.to_numpy,
-        }
+    def _last(self, logits: Native) -> Native:
+        """``(B,1,V) -> (B,V)``: a decode step's logits."""
+        return self._native(self.ops.to_numpy(logits)[:, 0])
 
 
 class DecoderOnlyTransformer(_Model):
     """A GPT-style decoder-only transformer (causal pre-norm blocks, tied logits).
 
     ``forward(tokens (B,T), *, valid=None) -> logits (B,T,V)``, ``prefill``,
-    ``decode_step`` and greedy ``generate``. Dropout is not applied (inference only).
+    ``decode_step`` and ``generate``. Dropout is not applied (inference only).
     """
 
     kind = "decoder_only"
 
-    def __init__(self, config, params, *, device=None, dtype=None):
-        kw = self._start(config, params, device, dtype)
+    def __init__(self, config, params, *, ops=None, device=None, dtype=None):
+        super().__init__(config, params, ops=ops, device=device, dtype=dtype)
+        kw = self._children()
         self.token_embedding = self._native(params["token_embedding.weight"])  # (V, D)
         self.layers = [
-            self.classes.EncoderLayer(config, params, prefix=f"layers.{i}.", **kw)
+            EncoderLayer(config, params, prefix=f"layers.{i}.", **kw)
             for i in range(config.n_layers)
         ]
-        self.norm = self.classes.LayerNorm(config, params, prefix="norm.", **kw)
-        # The decoder pass of _Model reads these names.
-        self._embedding = self._projection = self.token_embedding  # tied: logits = h @ E.T
-        self._decoder_layers, self._final_norm = self.layers, self.norm
+        self.norm = LayerNorm(config, params, prefix="norm.", **kw)
 
-    def _layer_inputs(self, cache, i):
-        return {"causal": True}
+    def _step(self, ids: np.ndarray, valid: np.ndarray, cache: KVCache | None) -> Native:
+        """Raw logits ``(B,T,V)`` for ``ids (B,T)`` following the cache's filled positions."""
 
-    def prefill(self, tokens, *, valid=None):
-        """Run the prompt ``tokens (B,T)``; returns ``(logits (B,T,V), cache)``."""
-        valid = self._check_sequence(tokens, valid, "tokens")
-        cache = self._new_cache(self.ops.shape(tokens)[0])
-        return self._decode(tokens, valid, cache), cache
+        def blocks(x, key_valid, offset):
+            for i, layer in enumerate(self.layers):
+                x = layer(
+                    x, valid=key_valid, causal=True, position_offset=offset, cache=cache, index=i
+                )
+            return x  # (B,T,D)
 
-    def forward(self, tokens, *, valid=None):
+        def tied_logits(x):
+            return self.ops.linear(self.norm(x), self.token_embedding, None)  # (B,T,D) @ (D,V)
+
+        self._check_step(ids, cache, "tokens")
+        return self._causal_step(
+            ids, valid, cache, embedding=self.token_embedding, blocks=blocks, head=tied_logits
+        )
+
+    def logits(self, tokens, *, valid=None) -> tuple[Native, np.ndarray]:
+        """``(logits (B,T,V), valid (B,T))`` without zeroing the padded positions (for training)."""
+        ids = self._ids(tokens)
+        valid = self._valid(ids, valid)
+        return self._step(ids, valid, None), valid
+
+    def forward(self, tokens, *, valid=None) -> Native:
         """``tokens (B,T)`` ints, ``valid (B,T)`` bool (default ``tokens != pad_id``) -> ``(B,T,V)``."""
-        return self.prefill(tokens, valid=valid)[0]
+        return self._zero_padding(*self.logits(tokens, valid=valid))
 
     __call__ = forward
 
+    def prefill(self, tokens, *, valid=None) -> tuple[Native, KVCache]:
+        """Run the prompt ``tokens (B,T)`` and keep its keys and values: ``(logits (B,T,V), cache)``."""
+        ids = self._ids(tokens)
+        valid = self._valid(ids, valid)
+        self._check_step(ids, None, "tokens")
+        cache = self.new_cache(ids.shape[0])
+        return self._zero_padding(self._step(ids, valid, cache), valid), cache
+
+    def decode_step(self, tokens, cache: KVCache) -> Native:
+        """Append one position per row, ``tokens (B,)``, to ``cache`` in place -> logits ``(B,V)``."""
+        ids = self._ids(tokens, ndim=1)[:, None]  # (B,) -> (B,1)
+        return self._last(self._step(ids, np.ones(ids.shape, dtype=bool), cache))
+
     def generate(self, prefix, max_new_tokens, *, use_cache=True):
-        """Greedy continuation of ``prefix (B,P)`` (all real tokens) -> ``(B, P + max_new_tokens)``."""
-        return greedy_decoder_only(
-            self,
-            prefix,
-            max_new_tokens,
-            use_cache=use_cache,
-            **self._generation_io(),
-        )
+        """Greedy continuation of ``prefix (B,P)`` -> ``(B, P + max_new_tokens)``."""
+        return generate_decoder_only(self, prefix, max_new_tokens, use_cache=use_cache)
 
 
 class Seq2SeqTransformer(_Model):
     """An encoder-decoder transformer (``nn.Transformer`` with ``norm_first=True``, plus RoPE).
 
     ``forward(src (B,S), tgt_in (B,T), *, src_valid=None, tgt_valid=None) -> (B,T,V)``,
-    ``prefill``, ``decode_step``, greedy ``generate``. Dropout is not applied.
+    ``encode``, ``prefill``, ``decode_step`` and ``generate``. Dropout is not applied.
     """
 
     kind = "seq2seq"
 
-    def __init__(self, config, params, *, device=None, dtype=None):
-        kw = self._start(config, params, device, dtype)
-        pieces = self.classes
+    def __init__(self, config, params, *, ops=None, device=None, dtype=None):
+        super().__init__(config, params, ops=ops, device=device, dtype=dtype)
+        kw = self._children()
+        n = range(config.n_layers)
         self.source_embedding = self._native(params["source_embedding.weight"])  # (V, D)
         self.target_embedding = self._native(params["target_embedding.weight"])  # (V, D)
         self.output_projection = self._native(params["output_projection.weight"])  # (V, D)
         self.encoder_layers = [
-            pieces.EncoderLayer(config, params, prefix=f"encoder.layers.{i}.", **kw)
-            for i in range(config.n_layers)
+            EncoderLayer(config, params, prefix=f"encoder.layers.{i}.", **kw) for i in n
         ]
-        self.encoder_norm = pieces.LayerNorm(config, params, prefix="encoder.norm.", **kw)
+        self.encoder_norm = LayerNorm(config, params, prefix="encoder.norm.", **kw)
         self.decoder_layers = [
-            pieces.DecoderLayer(config, params, prefix=f"decoder.layers.{i}.", **kw)
-            for i in range(config.n_layers)
+            DecoderLayer(config, params, prefix=f"decoder.layers.{i}.", **kw) for i in n
         ]
-        self.decoder_norm = pieces.LayerNorm(config, params, prefix="decoder.norm.", **kw)
-        # The decoder pass of _Model reads these names.
-        self._embedding, self._projection = self.target_embedding, self.output_projection
-        self._decoder_layers, self._final_norm = self.decoder_layers, self.decoder_norm
+        self.decoder_norm = LayerNorm(config, params, prefix="decoder.norm.", **kw)
 
-    def _layer_inputs(self, cache, i):
-        return {"cross_kv": cache.cross_kv[i], "memory_valid": cache.memory_valid}
+    def _inputs(self, src, tgt_in, src_valid, tgt_valid):
+        """Check both sequences (the target first) -> ``(src, src_valid, tgt, tgt_valid)`` in numpy."""
+        tgt = self._ids(tgt_in, "target tokens")
+        tgt_valid = self._valid(tgt, tgt_valid, "tgt_valid")
+        self._check_step(tgt, None, "target")
+        src, src_valid = self._source(src, src_valid)
+        checks.check_batch(tgt.shape[0], src.shape[0], what="target tokens for this source")
+        return src, src_valid, tgt, tgt_valid
 
-    def encode(self, src, *, src_valid=None):
-        """``src (B,S)`` ids, ``src_valid (B,S)`` (default ``src != pad_id``) -> memory ``(B,S,D)``."""
-        return self._encode(src, self._check_sequence(src, src_valid, "source"))
+    def _source(self, src, src_valid) -> tuple[np.ndarray, np.ndarray]:
+        ids = self._ids(src, "source tokens")
+        checks.check_length(ids.shape[1], self.config.max_seq_len, what="source length")
+        return ids, self._valid(ids, src_valid, "src_valid")
 
-    def _encode(self, src, src_valid):
-        """The encoder stack and its final norm, on checked inputs."""
-        x = self.ops.embed(self.source_embedding, src, math.sqrt(self.config.d_model))  # (B,S,D)
+    def _encode(self, src: np.ndarray, src_valid: np.ndarray) -> Native:
+        """The encoder stack and its final norm on checked inputs -> memory ``(B,S,D)``."""
+        scale = math.sqrt(self.config.d_model)
+        x = self.ops.embed(self.source_embedding, self.ops.asarray(src), scale)  # (B,S,D)
         for layer in self.encoder_layers:
-            x = layer(x, valid=src_valid)
+            x = layer(x, valid=src_valid)  # bidirectional over the real tokens
         return self.encoder_norm(x)
 
-    def prefill(self, src, tgt_in, *, src_valid=None, tgt_valid=None):
-        """Encode ``src`` once and run ``tgt_in (B,T)``; returns ``(logits (B,T,V), cache)``.
+    def encode(self, src, *, src_valid=None) -> Native:
+        """``src (B,S)`` ids, ``src_valid (B,S)`` (default ``src != pad_id``) -> memory ``(B,S,D)``."""
+        return self._encode(*self._source(src, src_valid))
 
-        The cache holds the cross-attention keys and values of the memory and
-        the decoder's self-attention keys and values.
-        """
-        src_valid = self._check_sequence(src, src_valid, "source")
-        tgt_valid = self._check_sequence(tgt_in, tgt_valid, "target")
-        B, B_tgt = self.ops.shape(src)[0], self.ops.shape(tgt_in)[0]
-        if B != B_tgt:
-            raise ValueError(f"source batch {B} != target batch {B_tgt}")
+    def _decode(self, tgt, tgt_valid, memory, cache: KVCache | None, memory_valid) -> Native:
+        """Raw logits ``(B,T,V)`` for checked ``tgt (B,T)`` following the cache's positions."""
+
+        def blocks(x, key_valid, offset):
+            for i, layer in enumerate(self.decoder_layers):
+                x = layer(
+                    x,
+                    memory,
+                    valid=key_valid,
+                    memory_valid=memory_valid,
+                    position_offset=offset,
+                    cache=cache,
+                    index=i,
+                )
+            return x  # (B,T,D)
+
+        def logits(x):
+            return self.ops.linear(self.decoder_norm(x), self.output_projection, None)  # (B,T,V)
+
+        return self._causal_step(
+            tgt, tgt_valid, cache, embedding=self.target_embedding, blocks=blocks, head=logits
+        )
+
+    def logits(self, src, tgt_in, *, src_valid=None, tgt_valid=None) -> tuple[Native, np.ndarray]:
+        """``(logits (B,T,V), tgt_valid (B,T))`` without zeroing the padded targets (for training)."""
+        src, src_valid, tgt, tgt_valid = self._inputs(src, tgt_in, src_valid, tgt_valid)
         memory = self._encode(src, src_valid)  # (B,S,D)
-        cross_kv = [layer.multihead_attn.keys_values(memory) for layer in self.decoder_layers]
-        cache = self._new_cache(B, cross_kv=cross_kv, memory_valid=src_valid)
-        return self._decode(tgt_in, tgt_valid, cache), cache
+        return self._decode(tgt, tgt_valid, memory, None, src_valid), tgt_valid
 
-    def forward(self, src, tgt_in, *, src_valid=None, tgt_valid=None):
+    def forward(self, src, tgt_in, *, src_valid=None, tgt_valid=None) -> Native:
         """Teacher-forced logits ``(B,T,V)``; zero at padded target positions."""
-        return self.prefill(src, tgt_in, src_valid=src_valid, tgt_valid=tgt_valid)[0]
+        return self._zero_padding(
+            *self.logits(src, tgt_in, src_valid=src_valid, tgt_valid=tgt_valid)
+        )
 
     __call__ = forward
+
+    def prefill(self, src, tgt_in, *, src_valid=None, tgt_valid=None) -> tuple[Native, KVCache]:
+        """Encode ``src`` once and run ``tgt_in (B,T)``: ``(logits (B,T,V), cache)``.
+
+        The cache keeps each decoder layer's cross-attention keys and values (of
+        the encoded source) and its self-attention keys and values.
+        """
+        src, src_valid, tgt, tgt_valid = self._inputs(src, tgt_in, src_valid, tgt_valid)
+        memory = self._encode(src, src_valid)  # (B,S,D)
+        cache = self.new_cache(src.shape[0])
+        cache.memory_valid = src_valid
+        logits = self._decode(tgt, tgt_valid, memory, cache, src_valid)
+        return self._zero_padding(logits, tgt_valid), cache
+
+    def decode_step(self, tokens, cache: KVCache) -> Native:
+        """Append one target position per row, ``tokens (B,)``, to ``cache`` -> logits ``(B,V)``."""
+        ids = self._ids(tokens, "target tokens", ndim=1)[:, None]  # (B,1)
+        self._check_step(ids, cache, "target tokens")
+        valid = np.ones(ids.shape, dtype=bool)
+        return self._last(self._decode(ids, valid, None, cache, cache.memory_valid))
 
     def generate(
         self, src, *, src_valid=None, bos_id=None, eos_id=None, max_new_tokens=None, use_cache=True
     ):
         """Greedy decoding from BOS -> ``(B, 1 + n)``; each row stops at its EOS, then pads.
 
-        ``max_new_tokens`` defaults to ``max_seq_len - 1`` (the longest target that fits).
+        ``max_new_tokens`` defaults to ``max_seq_len - 1``, the longest target that fits.
         """
-        config = self.config
-        return greedy_seq2seq(
+        return generate_seq2seq(
             self,
             src,
             src_valid=src_valid,
-            bos_id=config.bos_id if bos_id is None else bos_id,
-            eos_id=config.eos_id if eos_id is None else eos_id,
-            max_new_tokens=config.max_seq_len - 1 if max_new_tokens is None else max_new_tokens,
+            bos_id=bos_id,
+            eos_id=eos_id,
+            max_new_tokens=max_new_tokens,
             use_cache=use_cache,
-            **self._generation_io(),
         )

@@ -3,13 +3,14 @@
 Every function here is one step of the transformer written as plainly as
 possible, so it can serve as the exact float64 reference at small sizes.
 Level 1 (``levels/level1_numpy/ops.py``) provides the same functions with the
-same arguments in numpy; the architecture in ``pieces.py`` and ``models.py``
-calls only these, which is how the two levels share every line above the
-arithmetic.
+same arguments in numpy. The architecture (``layers.py``, ``models.py``)
+computes only through these, reached as ``self.ops``: that is how level 1
+reuses every line above the arithmetic.
 
 Arrays are nested lists: a ``(B, T, D)`` array is ``x[b][t][d]``. Floats are
-Python floats, i.e. IEEE float64. Nothing here imports anything but the
-standard library (and the shared checks, which look only at shapes).
+Python floats, i.e. IEEE float64. The arithmetic imports nothing but the
+standard library (and the shared checks, which look only at shapes);
+``asarray`` / ``to_numpy`` (``convert.py``) are the one door to numpy.
 """
 
 from __future__ import annotations
@@ -19,14 +20,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..common import checks
+from .convert import asarray, to_numpy  # noqa: F401  (the pieces load parameters with these)
 
 Nested = Any  # nested lists of float / int / bool
 
 
-# ---------------------------------------------------------------- inspection
-
-
-def shape(x: Nested) -> tuple[int, ...]:
+def _shape(x: Nested) -> tuple[int, ...]:
     """The shape of a (rectangular) nested list; a scalar has shape ``()``."""
     dims = []
     while isinstance(x, list):
@@ -43,46 +42,19 @@ def _leaves(x: Nested) -> Iterator[Any]:
         yield x
 
 
-def is_bool(x: Nested) -> bool:
+def _is_bool(x: Nested) -> bool:
     return all(isinstance(leaf, bool) for leaf in _leaves(x))
 
 
-def is_integer(x: Nested) -> bool:
-    return all(isinstance(leaf, int) and not isinstance(leaf, bool) for leaf in _leaves(x))
-
-
-def value_range(x: Nested) -> tuple[int, int]:
-    """``(min, max)`` over every element (used to check token ids)."""
-    values = list(_leaves(x))
-    return min(values), max(values)
-
-
-def every_row_has_true(valid: Nested) -> bool:
-    """``valid (B, T)``: does every sequence have at least one real token?"""
-    return all(any(row) for row in valid)
-
-
-def not_equal(tokens: Nested, value: int) -> Nested:
-    """``tokens (B, T)`` -> bool ``(B, T)``, True where ``tokens != value``."""
-    return [[t != value for t in row] for row in tokens]
-
-
-def all_valid(B: int, T: int) -> Nested:
-    """A ``(B, T)`` mask of True."""
-    return [[True] * T for _ in range(B)]
+def _element_type(x: Nested) -> str:
+    """``"float"`` if every leaf is a Python float, else the first other leaf type's name."""
+    for leaf in _leaves(x):
+        if not isinstance(leaf, float):
+            return type(leaf).__name__
+    return "float"
 
 
 # ------------------------------------------------------ reshaping and joining
-
-
-def as_column(tokens: Nested) -> Nested:
-    """``(B,)`` -> ``(B, 1)``."""
-    return [[t] for t in tokens]
-
-
-def take_position(x: Nested, t: int) -> Nested:
-    """``(B, T, N)`` -> ``(B, N)``, the vectors at time ``t``."""
-    return [row[t] for row in x]
 
 
 def concat(a: Nested, b: Nested, axis: int) -> Nested:
@@ -105,19 +77,6 @@ def merge_heads(x: Nested) -> Nested:
         T = len(heads[0])
         out.append([[value for head in heads for value in head[t]] for t in range(T)])
     return out
-
-
-def key_mask(valid: Nested) -> Nested:
-    """Key validity ``(B, S)`` -> an attention mask ``(B, 1, 1, S)`` (same for every head and query)."""
-    return [[[list(row)]] for row in valid]
-
-
-def zero_invalid(x: Nested, valid: Nested) -> Nested:
-    """``x (B, T, N)``: replace the vectors at padded positions by exact zeros."""
-    return [
-        [vec if ok else [0.0] * len(vec) for vec, ok in zip(seq, row, strict=True)]
-        for seq, row in zip(x, valid, strict=True)
-    ]
 
 
 # ---------------------------------------------------------------- arithmetic
@@ -223,7 +182,7 @@ def softmax(scores: list[float]) -> list[float]:
 
 def _mask_reader(mask: Nested, target: tuple[int, int, int, int]) -> Callable[..., bool]:
     """A function ``(b, h, i, j) -> bool`` reading ``mask`` with numpy-style broadcasting."""
-    mshape = shape(mask)
+    mshape = _shape(mask)
     lead = len(target) - len(mshape)  # missing leading axes broadcast
 
     def read(*index: int) -> bool:
@@ -255,10 +214,13 @@ def attention(
     what adding ``-inf`` to their scores means; a row left with no key at all
     is a ``ValueError``, since its softmax would be 0/0.
     """
-    B, H, T, S, Dh, Dv = checks.attention_dims(shape(q), shape(k), shape(v))
+    B, H, T, S, Dh, Dv = checks.attention_dims(_shape(q), _shape(k), _shape(v))
+    types = [_element_type(a) for a in (q, k, v)]
+    checks.check_float_inputs(["f" if t == "float" else "?" for t in types], types)
+    checks.check_scale(scale)
     read_mask = None
     if mask is not None:
-        checks.check_mask(shape(mask), is_bool(mask), (B, H, T, S))
+        checks.check_mask(_shape(mask), _is_bool(mask), (B, H, T, S))
         read_mask = _mask_reader(mask, (B, H, T, S))
     if scale is None:
         scale = 1.0 / math.sqrt(Dh)

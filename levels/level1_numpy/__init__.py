@@ -6,6 +6,9 @@ operation (``x @ W.T`` instead of a dot product per output, one batched
 Only the arithmetic changes, so only the arithmetic is new here:
 
 * ``ops.py``: level 0's primitives in numpy, with shape comments;
+* ``models.py``: ``LayerNorm``, ``FeedForward``, ``MultiHeadAttention``,
+  ``EncoderLayer``, ``DecoderLayer``, ``DecoderOnlyTransformer`` and
+  ``Seq2SeqTransformer``: level 0's classes with ``ops`` set to ``ops.py``;
 * ``convert.py``: ``asarray`` / ``to_numpy`` (float64 by default, ``dtype=np.float32`` accepted);
 * ``backward.py``: the gradient of every op, derived in comments, recorded on a
   ``Tape`` that is itself an ops namespace;
@@ -13,43 +16,61 @@ Only the arithmetic changes, so only the arithmetic is new here:
 * ``optim.py``: AdamW and global-norm clipping, as ``torch.optim.AdamW`` and
   ``torch.nn.utils.clip_grad_norm_`` compute them.
 
-The architecture (pieces, models, the KV cache, incremental decoding) is level
-0's, bound to these ops by ``levels.level0_loops.bind``; the models add
-``parameters()`` and ``loss_and_grads``. On float64 inputs this level is the
-reference at sizes level 0 is too slow for. ``config.dropout`` is not applied
-(and training refuses a config with dropout). The chapter is docs/level1_numpy.md.
+On float64 inputs this level is the reference at sizes level 0 is too slow
+for. ``config.dropout`` is not applied (and training refuses a config with
+dropout). The chapter is docs/level1_numpy.md.
 """
 
 from __future__ import annotations
 
-from ..level0_loops.bind import INTERFACE, bind
 from ..level0_loops.models import KVCache
-from . import convert, ops
+from . import optim
 from .backward import attention_grads
 from .convert import asarray, to_numpy
+from .models import (
+    DecoderLayer,
+    DecoderOnlyTransformer,
+    EncoderLayer,
+    FeedForward,
+    LayerNorm,
+    MultiHeadAttention,
+    Seq2SeqTransformer,
+)
 from .ops import attention
-from .training import DecoderOnlyTraining, Seq2SeqTraining
 
-# LayerNorm, FeedForward, MultiHeadAttention, EncoderLayer, DecoderLayer:
-# the architecture computing with this level's ops.
-_bound = bind(ops, convert, __name__)
-globals().update(_bound)
-
-
-class DecoderOnlyTransformer(DecoderOnlyTraining, _bound["DecoderOnlyTransformer"]):
-    __doc__ = _bound["DecoderOnlyTransformer"].__doc__ + (
-        "\n    Level 1 adds ``parameters()`` and ``loss_and_grads(inputs, targets)``.\n"
-    )
+# What the harness and the tests read about this level (docs/conventions.md, "Levels").
+ARRAY = "numpy"
+GRADIENTS = "hand-written"  # backward.py; models.loss_and_grads, attention_grads, optim
+INTERPRETED = False
+DEVICES = ("cpu",)  # numpy
+DTYPES = ("float64", "float32", "float16")  # numpy has no bfloat16
+DESCRIPTION = "numpy (vectorised), float64 by default; hand-written backward"
 
 
-class Seq2SeqTransformer(Seq2SeqTraining, _bound["Seq2SeqTransformer"]):
-    __doc__ = _bound["Seq2SeqTransformer"].__doc__ + (
-        "\n    Level 1 adds ``parameters()`` and ``loss_and_grads(src, tgt_in, tgt_out)``.\n"
-    )
+def describe(*, device=None, dtype=None) -> str:
+    """One line saying what computes at this level (the same signature at every level)."""
+    return DESCRIPTION
 
 
-def describe() -> str:
-    return "numpy (vectorised), float64 by default; hand-written backward"
-
-
-__all__ = [*INTERFACE, "KVCache", "asarray", "attention", "attention_grads", "describe", "to_numpy"]
+__all__ = [
+    "ARRAY",
+    "DESCRIPTION",
+    "DEVICES",
+    "DTYPES",
+    "GRADIENTS",
+    "INTERPRETED",
+    "DecoderLayer",
+    "DecoderOnlyTransformer",
+    "EncoderLayer",
+    "FeedForward",
+    "KVCache",
+    "LayerNorm",
+    "MultiHeadAttention",
+    "Seq2SeqTransformer",
+    "asarray",
+    "attention",
+    "attention_grads",
+    "describe",
+    "optim",
+    "to_numpy",
+]

@@ -1,8 +1,8 @@
 """Level 1's backward pass: every op's gradient, written by hand, recorded on a tape.
 
 A ``Tape`` is an ops namespace: it has every function of ``ops.py`` with the
-same arguments, so the architecture of ``level0_loops`` (pieces, models) can
-be bound to it exactly as it is bound to plain numpy. Each differentiable op
+same arguments, so the architecture of ``level0_loops`` (layers, models) can
+be built with ``ops=tape`` exactly as level 1 builds it with plain numpy. Each differentiable op
 computes its forward with ``ops``, then appends one entry to the tape:
 its output, its inputs, and a ``backward`` closure that maps the gradient of
 the output to the gradients of the inputs. ``Tape.backward`` replays the
@@ -50,17 +50,9 @@ class Tape:
     to the tape, then ``backward(output, grad)``. A tape serves one forward.
     """
 
-    # Ops with nothing to differentiate (inspection, token ids, boolean masks)
-    # are level 1's own functions, unchanged.
-    shape = staticmethod(ops.shape)
-    is_bool = staticmethod(ops.is_bool)
-    is_integer = staticmethod(ops.is_integer)
-    value_range = staticmethod(ops.value_range)
-    every_row_has_true = staticmethod(ops.every_row_has_true)
-    not_equal = staticmethod(ops.not_equal)
-    all_valid = staticmethod(ops.all_valid)
-    as_column = staticmethod(ops.as_column)
-    key_mask = staticmethod(ops.key_mask)
+    # The converters and the checks are level 1's own functions, unchanged.
+    asarray = staticmethod(ops.asarray)
+    to_numpy = staticmethod(ops.to_numpy)
 
     def __init__(self, params: Mapping[str, np.ndarray]):
         self._params = dict(params)
@@ -127,17 +119,8 @@ class Tape:
         return self._record(ops.merge_heads(x), (x,), lambda g: (ops.split_heads(g, H),))
 
     def concat(self, a: np.ndarray, b: np.ndarray, axis: int) -> np.ndarray:
-        # Training runs full sequences, so only boolean key masks are joined (no cache).
-        if a.dtype != np.bool_:
-            raise NotImplementedError("level 1's tape does not differentiate through a KV cache")
-        return ops.concat(a, b, axis)
-
-    def zero_invalid(self, x: np.ndarray, valid: np.ndarray) -> np.ndarray:
-        # y = x where valid, else 0: the gradient passes where valid and stops elsewhere.
-        def backward(g):
-            return ops.zero_invalid(g, valid), None
-
-        return self._record(ops.zero_invalid(x, valid), (x, valid), backward)
+        # Training runs whole sequences: nothing is appended to a KV cache.
+        raise NotImplementedError("level 1's tape does not differentiate through a KV cache")
 
     # ------------------------------------------------------------ arithmetic
 
@@ -227,6 +210,8 @@ class Tape:
         # A forbidden key has p = 0, hence ds = 0: no gradient flows through it,
         # exactly as if it had been left out of the softmax.
         B, H, T, S, Dh, Dv = checks.attention_dims(q.shape, k.shape, v.shape)
+        checks.check_float_inputs([a.dtype.kind for a in (q, k, v)], [a.dtype for a in (q, k, v)])
+        checks.check_scale(scale)
         scale = 1.0 / math.sqrt(Dh) if scale is None else scale
         p = ops.attention_weights(q, k, causal=causal, mask=mask, scale=scale)  # (B,H,T,S)
 

@@ -3,7 +3,8 @@
 Same names, same arguments, same results (to rounding); each loop nest of
 level 0 becomes one array expression. Shapes use B, H, T, S, D, Dh, F, V.
 The arithmetic runs in the dtype of the arrays it is given: float64 unless
-the model was built with ``dtype=np.float32``.
+the model was built with ``dtype=np.float32``. Level 1's classes
+(``models.py``) are level 0's with ``ops`` set to this module.
 """
 
 from __future__ import annotations
@@ -14,48 +15,9 @@ import numpy as np
 from scipy.special import erf
 
 from ..common import checks
-
-# ---------------------------------------------------------------- inspection
-
-
-def shape(x) -> tuple[int, ...]:
-    return tuple(np.shape(x))
-
-
-def is_bool(x) -> bool:
-    return np.asarray(x).dtype == np.bool_
-
-
-def is_integer(x) -> bool:
-    return np.asarray(x).dtype.kind in "iu"
-
-
-def value_range(x: np.ndarray) -> tuple[int, int]:
-    return int(x.min()), int(x.max())
-
-
-def every_row_has_true(valid: np.ndarray) -> bool:
-    """``valid (B, T)``: does every sequence have at least one real token?"""
-    return bool(valid.any(axis=-1).all())
-
-
-def not_equal(tokens: np.ndarray, value: int) -> np.ndarray:
-    return tokens != value  # (B, T) bool
-
-
-def all_valid(B: int, T: int) -> np.ndarray:
-    return np.ones((B, T), dtype=bool)
-
+from .convert import asarray, to_numpy  # noqa: F401  (the pieces load parameters with these)
 
 # ------------------------------------------------------ reshaping and joining
-
-
-def as_column(tokens: np.ndarray) -> np.ndarray:
-    return tokens[:, None]  # (B,) -> (B, 1)
-
-
-def take_position(x: np.ndarray, t: int) -> np.ndarray:
-    return x[:, t]  # (B, T, N) -> (B, N)
 
 
 def concat(a: np.ndarray, b: np.ndarray, axis: int) -> np.ndarray:
@@ -72,15 +34,6 @@ def merge_heads(x: np.ndarray) -> np.ndarray:
     B, H, T, Dh = x.shape
     # (B, H, T, Dh) -> (B, T, H, Dh) -> (B, T, D)
     return x.transpose(0, 2, 1, 3).reshape(B, T, H * Dh)
-
-
-def key_mask(valid: np.ndarray) -> np.ndarray:
-    return valid[:, None, None, :]  # (B, S) -> (B, 1, 1, S): same for every head and query
-
-
-def zero_invalid(x: np.ndarray, valid: np.ndarray) -> np.ndarray:
-    """``x (B, T, N)`` with the vectors at padded positions replaced by exact zeros."""
-    return np.where(valid[..., None], x, x.dtype.type(0))  # valid (B, T, 1) broadcasts over N
 
 
 # ---------------------------------------------------------------- arithmetic
@@ -174,7 +127,7 @@ def attention_weights(q, k, *, causal=False, mask=None, scale=None) -> np.ndarra
         # Lower triangle shifted right by S - T: True where j <= i + (S - T).
         allowed = np.tri(T, S, k=checks.causal_offset(T, S), dtype=bool)  # (T, S)
     if mask is not None:
-        checks.check_mask(np.shape(mask), is_bool(mask), (B, H, T, S))
+        checks.check_mask(np.shape(mask), np.asarray(mask).dtype == np.bool_, (B, H, T, S))
         allowed = allowed & mask  # broadcasts to at most (B, H, T, S)
     if not allowed.any(axis=-1).all():
         raise ValueError(checks.EMPTY_ROW_MESSAGE)
@@ -201,6 +154,9 @@ def attention(q, k, v, *, causal=False, mask=None, scale=None) -> np.ndarray:
     ``causal`` bottom-right (query ``i`` sees key ``j`` iff ``j <= i + S - T``);
     a key must pass both. A query row with no allowed key is a ``ValueError``.
     """
-    checks.attention_dims(q.shape, k.shape, v.shape)
+    checks.attention_dims(np.shape(q), np.shape(k), np.shape(v))
+    q, k, v = (np.asarray(a) for a in (q, k, v))
+    checks.check_float_inputs([a.dtype.kind for a in (q, k, v)], [a.dtype for a in (q, k, v)])
+    checks.check_scale(scale)
     weights = attention_weights(q, k, causal=causal, mask=mask, scale=scale)  # (B,H,T,S)
     return weights @ v  # (B,H,T,S) @ (B,H,S,Dv) -> (B,H,T,Dv)

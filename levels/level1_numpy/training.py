@@ -1,10 +1,10 @@
 """Training at level 1: the loss, and models that return their gradients.
 
-``loss_and_grads`` runs the model's own architecture once more, bound to a
-``backward.Tape`` instead of plain numpy (the same classes of ``level0_loops``
-over the same parameter arrays), so the forward that is differentiated is
-the forward that ``model.forward`` computes. The loss is the masked
-cross-entropy below; its gradient starts the tape's backward.
+``loss_and_grads`` builds the model's own architecture once more with
+``ops=`` a ``backward.Tape`` instead of plain numpy (the same classes of
+``level0_loops`` over the same parameter arrays), so the forward that is
+differentiated is the forward that ``model.forward`` computes. The loss is
+the masked cross-entropy below; its gradient starts the tape's backward.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 
 from ..common import checks
 from ..common.params import check_params, param_shapes
-from ..level0_loops.bind import bind
+from ..level0_loops import models as loop_models
 from . import convert
 from .backward import Tape
 
@@ -52,6 +52,12 @@ def cross_entropy(
     return float(loss), d_logits
 
 
+def _check_scored_is_real(scored: np.ndarray, valid: np.ndarray) -> None:
+    """A scored target must follow a real input: a padded position predicts nothing."""
+    if scored.shape == valid.shape and (scored & ~valid).any():
+        raise ValueError("scored marks a padded position; only real positions can be scored")
+
+
 class Trainable:
     """Mixed into level 1's two models: owned parameters and a recorded forward.
 
@@ -62,7 +68,7 @@ class Trainable:
     """
 
     kind: str
-    architecture: str  # the name of the architecture class in level 0's ``bind``
+    architecture: type  # level 0's model class, built on the tape
 
     def __init__(self, config, params, *, device=None, dtype=None):
         check_params(params, param_shapes(config, self.kind))  # before copying: names the problems
@@ -81,8 +87,7 @@ class Trainable:
                 "level 1 does not implement dropout; train it with config.dropout == 0"
             )
         tape = Tape(self._params)
-        recording = bind(tape, convert, type(self).__module__)[self.architecture]
-        return tape, recording(self.config, self._params, dtype=self.dtype)
+        return tape, self.architecture(self.config, self._params, ops=tape, dtype=self.dtype)
 
     def _scored(self, targets, scored):
         """``targets (B,T)`` as int64 and ``scored (B,T)``, default ``targets != pad_id``."""
@@ -98,7 +103,7 @@ class Trainable:
 
 class DecoderOnlyTraining(Trainable):
     kind = "decoder_only"
-    architecture = "DecoderOnlyTransformer"
+    architecture = loop_models.DecoderOnlyTransformer
 
     def loss_and_grads(
         self, inputs, targets, *, valid=None, scored=None
@@ -113,14 +118,15 @@ class DecoderOnlyTraining(Trainable):
         """
         targets, scored = self._scored(targets, scored)
         tape, model = self._on_tape()
-        logits = model.forward(inputs, valid=valid)  # (B,T,V)
+        logits, valid = model.logits(inputs, valid=valid)  # (B,T,V), padded rows not zeroed
+        _check_scored_is_real(scored, valid)
         loss, d_logits = cross_entropy(logits, targets, scored)
         return loss, tape.backward(logits, d_logits)
 
 
 class Seq2SeqTraining(Trainable):
     kind = "seq2seq"
-    architecture = "Seq2SeqTransformer"
+    architecture = loop_models.Seq2SeqTransformer
 
     def loss_and_grads(
         self, src, tgt_in, tgt_out, *, src_valid=None, tgt_valid=None, scored=None
@@ -133,6 +139,7 @@ class Seq2SeqTraining(Trainable):
         """
         targets, scored = self._scored(tgt_out, scored)
         tape, model = self._on_tape()
-        logits = model.forward(src, tgt_in, src_valid=src_valid, tgt_valid=tgt_valid)  # (B,T,V)
+        logits, valid = model.logits(src, tgt_in, src_valid=src_valid, tgt_valid=tgt_valid)
+        _check_scored_is_real(scored, valid)  # logits (B,T,V), padded rows not zeroed
         loss, d_logits = cross_entropy(logits, targets, scored)
         return loss, tape.backward(logits, d_logits)

@@ -12,12 +12,15 @@ def asarray(np_array, *, device=None, dtype=None) -> torch.Tensor:
     """A numpy array (or anything ``np.asarray`` accepts) as a torch tensor on ``device``.
 
     Integer and boolean arrays keep their kind, so token ids stay integers and
-    masks stay boolean; ``dtype`` (default float32) applies to floating arrays only.
-    The result never shares memory with the input.
+    masks stay boolean; ``dtype`` (default float32) applies to floating arrays
+    only. Complex and other dtypes are a ``TypeError`` (nothing is silently
+    dropped). The result never shares memory with the input.
     """
     array = np.asarray(np_array)
     if array.dtype.kind in "biu":
         return torch.as_tensor(array).to(device=device, copy=True)
+    if array.dtype.kind != "f":
+        raise TypeError(f"the torch levels hold real numbers; cannot convert dtype {array.dtype}")
     return torch.as_tensor(array).to(device=device, dtype=dtype or DEFAULT_DTYPE, copy=True)
 
 
@@ -29,3 +32,14 @@ def to_numpy(x) -> np.ndarray:
     if x.dtype == torch.bfloat16:
         x = x.float()
     return x.numpy()
+
+
+def dtype_kind(dtype: torch.dtype) -> str:
+    """numpy's one-letter kind of a torch dtype: ``b`` bool, ``i``/``u`` integer, ``f``, ``c``."""
+    if dtype == torch.bool:
+        return "b"
+    if dtype.is_complex:
+        return "c"
+    if dtype.is_floating_point:
+        return "f"
+    return "u" if dtype == torch.uint8 else "i"

@@ -12,7 +12,15 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..common.checks import EMPTY_ROW_MESSAGE, attention_dims, causal_offset, check_mask
+from ..common.checks import (
+    EMPTY_ROW_MESSAGE,
+    attention_dims,
+    causal_offset,
+    check_float_inputs,
+    check_mask,
+    check_scale,
+)
+from .arrays import dtype_kind
 
 
 def causal_mask(T: int, S: int, *, device=None) -> torch.Tensor:
@@ -23,6 +31,24 @@ def causal_mask(T: int, S: int, *, device=None) -> torch.Tensor:
     """
     ones = torch.ones(T, S, dtype=torch.bool, device=device)  # (T, S)
     return ones.tril(diagonal=causal_offset(T, S))  # (T, S), keeps j - i <= S - T
+
+
+def check_inputs(q, k, v, mask) -> tuple[int, int, int, int, int, int]:
+    """The shared shape, dtype and mask checks of every torch level; -> ``(B,H,T,S,Dh,Dv)``."""
+    dims = attention_dims(q.shape, k.shape, v.shape)
+    check_float_inputs([dtype_kind(a.dtype) for a in (q, k, v)], [a.dtype for a in (q, k, v)])
+    if mask is not None:
+        if not isinstance(mask, torch.Tensor):
+            raise TypeError(f"mask must be a boolean tensor, got {type(mask).__name__}")
+        B, H, T, S = dims[:4]
+        check_mask(mask.shape, mask.dtype == torch.bool, (B, H, T, S))
+    return dims
+
+
+def as_4d(mask: torch.Tensor) -> torch.Tensor:
+    """A mask broadcastable to ``(B,H,T,S)`` with its missing leading axes made explicit
+    (a view): ``(S,)`` -> ``(1,1,1,S)``, ``(T,S)`` -> ``(1,1,T,S)``."""
+    return mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
 
 
 def allowed_keys(
@@ -36,9 +62,9 @@ def allowed_keys(
     in ``attention`` safe. Shared with level 3, whose SDPA call would turn such
     a row into NaN.
     """
-    B, H, T, S, _, _ = attention_dims(q.shape, k.shape, v.shape)
+    B, H, T, S, _, _ = check_inputs(q, k, v, mask)
     if mask is not None:
-        check_mask(mask.shape, mask.dtype == torch.bool, (B, H, T, S))
+        mask = as_4d(mask.to(q.device))
     if causal and T > S:
         # Bottom-right alignment leaves the first T - S queries without a key.
         raise ValueError(EMPTY_ROW_MESSAGE)
@@ -71,6 +97,7 @@ def attention(
     ``dropout_p`` drops attention probabilities (the models pass it only in
     training mode). A query row with no allowed key is a ``ValueError``.
     """
+    check_scale(scale)
     allowed = allowed_keys(q, k, v, causal=causal, mask=mask)  # (.., T, S) bool or None
     Dh = q.shape[-1]
     scale = 1.0 / math.sqrt(Dh) if scale is None else scale

@@ -13,33 +13,59 @@ from functools import partial
 import torch
 from torch import nn
 
-from ..common.checks import NO_VALID_TOKEN_MESSAGE, check_length, check_tokens, check_valid_shape
+from ..common.checks import (
+    NO_VALID_TOKEN_MESSAGE,
+    check_batch,
+    check_length,
+    check_token_ids,
+    check_valid_shape,
+)
 from ..common.config import TransformerConfig
-from ..common.generation import greedy_decoder_only, greedy_seq2seq
+from ..common.generation import generate_decoder_only, generate_seq2seq
 from ..common.params import check_params, param_shapes
-from .arrays import asarray, to_numpy
+from .arrays import asarray, dtype_kind, to_numpy
 from .kernels import LEVEL2_KERNELS, Kernels
 from .layers import DecoderLayer, EncoderLayer
 from .parameters import fetch
 
 
-def _check_tokens(tokens: torch.Tensor, vocab_size: int, what: str = "token id") -> None:
-    """Ids must be integers in ``[0, V)``; checked before the embedding gather reads memory."""
-    if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
-        raise TypeError(f"{what}s must be integers, got {tokens.dtype}")
-    check_tokens(int(tokens.min()), int(tokens.max()), vocab_size, what=what)
+def _ids(tokens, vocab_size: int, device, what: str = "tokens", ndim: int = 2) -> torch.Tensor:
+    """``tokens`` as checked int64 ids on ``device``: ``ndim`` axes, none empty, all in ``[0, V)``.
+
+    Checked before the embedding gather reads memory; the range check waits for
+    the device once (one ``aminmax``). Any integer dtype is taken as ids (as
+    int64, so a uint8 tensor is never mistaken for a boolean index).
+    """
+    if not isinstance(tokens, torch.Tensor):
+        tokens = asarray(tokens, device=device)
+
+    def bounds() -> tuple[int, int]:
+        lo, hi = torch.aminmax(tokens)
+        return int(lo), int(hi)
+
+    check_token_ids(
+        tokens.shape,
+        dtype_kind(tokens.dtype),
+        tokens.dtype,
+        bounds,
+        vocab_size,
+        what=what,
+        ndim=ndim,
+    )
+    return tokens.to(device=device, dtype=torch.long)
 
 
-def _resolve_valid(
-    tokens: torch.Tensor, valid: torch.Tensor | None, pad_id: int, what: str = "valid"
-) -> torch.Tensor:
+def _resolve_valid(tokens: torch.Tensor, valid, pad_id: int, what: str = "valid") -> torch.Tensor:
     """``valid (B,T)`` bool, default ``tokens != pad_id``; every row needs a real token."""
     if valid is None:
         valid = tokens != pad_id
+    elif not isinstance(valid, torch.Tensor):
+        valid = asarray(valid)
     check_valid_shape(valid.shape, tokens.shape, valid.dtype == torch.bool, what=what)
+    valid = valid.to(tokens.device)
     if not bool(valid.any(dim=1).all()):
-        raise ValueError(NO_VALID_TOKEN_MESSAGE)
-    return valid.to(tokens.device)
+        raise ValueError(f"{what}: {NO_VALID_TOKEN_MESSAGE}")
+    return valid
 
 
 class _Embedding(nn.Module):
@@ -66,7 +92,7 @@ class _Stack(nn.Module):
 
 
 class _Model(nn.Module):
-    """What both models share: the parameter check, the kernels, the cache and the causal step."""
+    """What both models share: the parameter check, the kernels, the input checks, the causal step."""
 
     kernels: Kernels = LEVEL2_KERNELS
 
@@ -86,23 +112,27 @@ class _Model(nn.Module):
         """An empty KV cache of capacity ``max_seq_len`` for ``batch`` rows."""
         return self.kernels.kv_cache(self.config, batch, device=self.device, dtype=self.dtype)
 
+    def _ids(self, tokens, what: str = "tokens", ndim: int = 2) -> torch.Tensor:
+        return _ids(tokens, self.config.vocab_size, self.device, what, ndim)
+
     def _check_step(self, tokens: torch.Tensor, cache, what: str) -> None:
-        """Token ids in range and room for them (``max_seq_len``, or the cache's capacity)."""
-        _check_tokens(tokens, self.config.vocab_size, f"{what} token id".lstrip())
+        """Room for ``tokens (B,T)``: at most ``max_seq_len``, or what the cache has left.
+
+        Checked once per call, before anything is written (on a GPU each check
+        waits for the device), so a refused call leaves the cache bit-identical.
+        """
         if cache is None:
-            length = f"{what or 'sequence'} length"
-            check_length(tokens.shape[1], self.config.max_seq_len, what=length)
+            check_length(tokens.shape[1], self.config.max_seq_len, what=f"{what} length")
         else:
+            check_batch(tokens.shape[0], cache.batch, what=f"{what} for this cache")
             cache.check_room(tokens.shape[1])  # capacity max_seq_len; raises before any write
 
     def _causal_step(self, tokens, valid, cache, *, embedding, blocks, head) -> torch.Tensor:
         """Logits ``(B,T,V)`` for ``tokens (B,T)`` placed after the cache's filled positions.
 
         ``blocks(x (B,T,D), key_valid (B, length+T)) -> (B,T,D)`` runs the layers,
-        ``head`` maps ``(B,T,D) -> (B,T,V)``. Callers have run ``_check_step`` on
-        ``tokens`` already (once per call: on a GPU each check waits for the
-        device), so nothing is written to the cache for bad input; the cache's
-        length grows only after the last layer.
+        ``head`` maps ``(B,T,D) -> (B,T,V)``. Callers have checked ``tokens``
+        and run ``_check_step``; the cache's length grows only after the last layer.
         """
         key_valid = valid if cache is None else cache.key_valid(valid)  # (B, length + T)
         logits = head(blocks(embedding(tokens), key_valid))  # (B,T) -> (B,T,D) -> (B,T,V)
@@ -145,7 +175,7 @@ class DecoderOnlyTransformer(_Model):
         self.norm = self.kernels.layer_norm(config, params, prefix="norm.", **kw)
 
     def _step(self, tokens: torch.Tensor, valid: torch.Tensor, cache) -> torch.Tensor:
-        """Logits ``(B,T,V)`` for ``tokens (B,T)`` following the cache's filled positions."""
+        """Logits ``(B,T,V)`` for checked ``tokens (B,T)`` following the cache's filled positions."""
 
         def blocks(x: torch.Tensor, key_valid: torch.Tensor) -> torch.Tensor:
             for i, layer in enumerate(self.layers):
@@ -155,29 +185,33 @@ class DecoderOnlyTransformer(_Model):
         def tied_logits(x: torch.Tensor) -> torch.Tensor:
             return self.norm(x) @ self.token_embedding.weight.T  # (B,T,D) @ (D,V) -> (B,T,V)
 
-        self._check_step(tokens, cache, "")
+        self._check_step(tokens, cache, "tokens")
         return self._causal_step(
             tokens, valid, cache, embedding=self.token_embedding, blocks=blocks, head=tied_logits
         )
 
     def forward(self, tokens: torch.Tensor, *, valid: torch.Tensor | None = None) -> torch.Tensor:
         """``tokens (B,T)`` ints, ``valid (B,T)`` bool (default ``tokens != pad_id``) -> ``(B,T,V)``."""
+        tokens = self._ids(tokens)
         return self._step(tokens, _resolve_valid(tokens, valid, self.config.pad_id), None)
 
     def prefill(self, tokens: torch.Tensor, *, valid: torch.Tensor | None = None):
         """Run the prompt ``tokens (B,T)`` and keep its keys and values: ``(logits (B,T,V), cache)``."""
+        tokens = self._ids(tokens)
         valid = _resolve_valid(tokens, valid, self.config.pad_id)
+        self._check_step(tokens, None, "tokens")
         cache = self.new_cache(tokens.shape[0])
         return self._step(tokens, valid, cache), cache
 
     def decode_step(self, tokens: torch.Tensor, cache) -> torch.Tensor:
         """Append one position per row, ``tokens (B,)``, to ``cache`` in place -> logits ``(B,V)``."""
+        tokens = self._ids(tokens, ndim=1)
         return self._step(*_one_position(tokens), cache)[:, 0]  # (B,V)
 
     def generate(self, prefix, max_new_tokens: int, *, use_cache: bool = True) -> torch.Tensor:
         """Greedy continuation of ``prefix (B,P)`` -> ``(B, P + max_new_tokens)``."""
         with torch.no_grad():
-            return greedy_decoder_only(
+            return generate_decoder_only(
                 self,
                 prefix,
                 max_new_tokens,
@@ -226,18 +260,25 @@ class Seq2SeqTransformer(_Model):
             params, "output_projection.weight", (config.vocab_size, config.d_model), **emb
         )
 
-    def encode(self, src: torch.Tensor, src_valid: torch.Tensor) -> torch.Tensor:
-        """``src (B,S)`` -> ``memory (B,S,D)``; bidirectional self-attention over real tokens."""
-        _check_tokens(src, self.config.vocab_size, "source token id")
+    def _source(self, src, src_valid) -> tuple[torch.Tensor, torch.Tensor]:
+        """Checked source ids ``(B,S)`` and their validity."""
+        src = self._ids(src, "source tokens")
         check_length(src.shape[1], self.config.max_seq_len, what="source length")
+        return src, _resolve_valid(src, src_valid, self.config.pad_id, "src_valid")
+
+    def _encode(self, src: torch.Tensor, src_valid: torch.Tensor) -> torch.Tensor:
+        """The encoder stack on checked inputs: ``src (B,S)`` -> ``memory (B,S,D)``."""
         x = self.source_embedding(src)  # (B,S,D)
         for layer in self.encoder.layers:
-            x = layer(x, valid=src_valid)  # (B,S,D)
+            x = layer(x, valid=src_valid)  # (B,S,D), bidirectional over real tokens
         return self.encoder.norm(x)  # (B,S,D)
 
+    def encode(self, src, *, src_valid=None) -> torch.Tensor:
+        """``src (B,S)`` ids, ``src_valid (B,S)`` (default ``src != pad_id``) -> ``memory (B,S,D)``."""
+        return self._encode(*self._source(src, src_valid))
+
     def _decode(self, tgt, tgt_valid, memory, memory_valid, cache) -> torch.Tensor:
-        """Logits ``(B,T,V)`` for ``tgt (B,T)`` following the cache's filled positions
-        (``tgt`` already checked by the caller)."""
+        """Logits ``(B,T,V)`` for checked ``tgt (B,T)`` following the cache's filled positions."""
 
         def blocks(x: torch.Tensor, key_valid: torch.Tensor) -> torch.Tensor:
             for i, layer in enumerate(self.decoder.layers):
@@ -253,15 +294,15 @@ class Seq2SeqTransformer(_Model):
             tgt, tgt_valid, cache, embedding=self.target_embedding, blocks=blocks, head=logits
         )
 
-    def _valid_pair(self, src, tgt_in, src_valid, tgt_valid):
-        """Resolve both masks, and check the target before the source is encoded, so that
-        bad target input fails before any work (or any kernel launch) is done."""
-        self._check_step(tgt_in, None, "target")
-        pad = self.config.pad_id
-        return (
-            _resolve_valid(src, src_valid, pad, "src_valid"),
-            _resolve_valid(tgt_in, tgt_valid, pad, "tgt_valid"),
-        )
+    def _inputs(self, src, tgt_in, src_valid, tgt_valid):
+        """Check both sequences, the target first, so that bad target input fails before
+        the source is encoded (before any kernel launch) -> ``(src, src_valid, tgt, tgt_valid)``."""
+        tgt = self._ids(tgt_in, "target tokens")
+        tgt_valid = _resolve_valid(tgt, tgt_valid, self.config.pad_id, "tgt_valid")
+        self._check_step(tgt, None, "target")
+        src, src_valid = self._source(src, src_valid)
+        check_batch(tgt.shape[0], src.shape[0], what="target tokens for this source")
+        return src, src_valid, tgt, tgt_valid
 
     def forward(
         self,
@@ -272,9 +313,9 @@ class Seq2SeqTransformer(_Model):
         tgt_valid: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``src (B,S)``, ``tgt_in (B,T)`` -> logits ``(B,T,V)`` (zero at padded targets)."""
-        src_valid, tgt_valid = self._valid_pair(src, tgt_in, src_valid, tgt_valid)
-        memory = self.encode(src, src_valid)  # (B,S,D)
-        return self._decode(tgt_in, tgt_valid, memory, src_valid, None)
+        src, src_valid, tgt, tgt_valid = self._inputs(src, tgt_in, src_valid, tgt_valid)
+        memory = self._encode(src, src_valid)  # (B,S,D)
+        return self._decode(tgt, tgt_valid, memory, src_valid, None)
 
     def prefill(self, src, tgt_in, *, src_valid=None, tgt_valid=None):
         """Encode ``src`` once and run ``tgt_in (B,T)``: ``(logits (B,T,V), cache)``.
@@ -282,16 +323,16 @@ class Seq2SeqTransformer(_Model):
         The cache keeps each decoder layer's cross-attention keys and values
         (of the encoded source) and its self-attention keys and values.
         """
-        src_valid, tgt_valid = self._valid_pair(src, tgt_in, src_valid, tgt_valid)
-        memory = self.encode(src, src_valid)  # (B,S,D)
+        src, src_valid, tgt, tgt_valid = self._inputs(src, tgt_in, src_valid, tgt_valid)
+        memory = self._encode(src, src_valid)  # (B,S,D)
         cache = self.new_cache(src.shape[0])
         cache.memory_valid = src_valid
-        return self._decode(tgt_in, tgt_valid, memory, src_valid, cache), cache
+        return self._decode(tgt, tgt_valid, memory, src_valid, cache), cache
 
     def decode_step(self, tokens: torch.Tensor, cache) -> torch.Tensor:
         """Append one target position per row, ``tokens (B,)``, to ``cache`` -> logits ``(B,V)``."""
-        tokens, valid = _one_position(tokens)  # (B,1) each
-        self._check_step(tokens, cache, "target")
+        tokens, valid = _one_position(self._ids(tokens, "target tokens", ndim=1))  # (B,1) each
+        self._check_step(tokens, cache, "target tokens")
         return self._decode(tokens, valid, None, cache.memory_valid, cache)[:, 0]  # (B,V)
 
     def generate(
@@ -301,23 +342,22 @@ class Seq2SeqTransformer(_Model):
         src_valid=None,
         bos_id: int | None = None,
         eos_id: int | None = None,
-        max_new_tokens: int = 32,
+        max_new_tokens: int | None = None,
         use_cache: bool = True,
     ) -> torch.Tensor:
-        """Greedy decoding from BOS -> ``(B, 1 + n)``; each row stops at EOS, then ``pad_id``."""
-        native = partial(asarray, device=self.device)
-        src = src if isinstance(src, torch.Tensor) else native(src)
-        if src_valid is not None and not isinstance(src_valid, torch.Tensor):
-            src_valid = native(src_valid)
+        """Greedy decoding from BOS -> ``(B, 1 + n)``; each row stops at EOS, then ``pad_id``.
+
+        ``max_new_tokens`` defaults to ``max_seq_len - 1``, the longest target that fits.
+        """
         with torch.no_grad():
-            return greedy_seq2seq(
+            return generate_seq2seq(
                 self,
                 src,
                 src_valid=src_valid,
-                bos_id=self.config.bos_id if bos_id is None else bos_id,
-                eos_id=self.config.eos_id if eos_id is None else eos_id,
+                bos_id=bos_id,
+                eos_id=eos_id,
                 max_new_tokens=max_new_tokens,
                 use_cache=use_cache,
-                to_native=native,
+                to_native=partial(asarray, device=self.device),
                 to_numpy=to_numpy,
             )

@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import CausalBias, causal_lower_right
 
-from ..common.checks import EMPTY_ROW_MESSAGE, attention_dims, check_mask
-from ..level2_torch_manual.attention import allowed_keys
+from ..common.checks import EMPTY_ROW_MESSAGE, check_scale
+from ..level2_torch_manual.attention import allowed_keys, as_4d, check_inputs
 
 # The names accepted by ``backend=``. On a CPU build only "flash" (a fused,
 # tiled CPU kernel) and "math" (the unfused reference) exist; "efficient"
@@ -73,9 +73,9 @@ def sdpa_mask(
     ``(B,H,T,S)``; a lower-right ``CausalBias``; or ``None``) and whether to
     set SDPA's (top-left) ``is_causal``.
     """
-    B, H, T, S, _, _ = attention_dims(q.shape, k.shape, v.shape)
+    B, H, T, S, _, _ = check_inputs(q, k, v, mask)
     if mask is not None:
-        check_mask(mask.shape, mask.dtype == torch.bool, (B, H, T, S))
+        mask = as_4d(mask.to(q.device))  # SDPA wants the leading axes spelled out
         if bool(mask.all()):
             # A mask that hides nothing is dropped: fused kernels that take no
             # mask at all (flash on CUDA) stay eligible, e.g. for unpadded decoding.
@@ -127,6 +127,7 @@ def attention(
     chooses) or one of ``BACKENDS``; a forced backend that cannot run these
     inputs raises ``RuntimeError`` saying so. ``scale`` defaults to ``1/sqrt(Dh)``.
     """
+    check_scale(scale)
     attn_mask, is_causal = sdpa_mask(q, k, v, causal=causal, mask=mask)
     with _backend_context(backend):
         try:

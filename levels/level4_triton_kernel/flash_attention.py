@@ -15,8 +15,8 @@ import math
 
 import torch
 
-from levels.common.checks import EMPTY_ROW_MESSAGE, attention_dims, causal_offset, check_mask
-
+from ..common.checks import EMPTY_ROW_MESSAGE, causal_offset, check_scale
+from ..level2_torch_manual.attention import as_4d, check_inputs
 from .flash_backward import flash_backward
 from .flash_forward import flash_forward
 from .tiles import Tiles, interpreting
@@ -91,7 +91,8 @@ def attention(
     in q, k and v. ``tiles`` pins the tile sizes (tests; default: autotuned on
     a GPU, fixed under the interpreter).
     """
-    B, H, T, S, Dh, Dv = attention_dims(q.shape, k.shape, v.shape)
+    B, H, T, S, Dh, Dv = check_inputs(q, k, v, mask)
+    check_scale(scale)
     if not (q.dtype == k.dtype == v.dtype) or q.dtype not in SUPPORTED_DTYPES:
         raise TypeError(
             f"level 4 kernels take q, k, v of one dtype among float32, float16, bfloat16; "
@@ -104,9 +105,13 @@ def attention(
     if (q.device.type == "cuda") == interpreting():
         where = "CPU tensors (TRITON_INTERPRET=1)" if interpreting() else "CUDA tensors"
         raise ValueError(f"the Triton kernels here run on {where}; got tensors on {q.device}")
+    if interpreting() and q.dtype == torch.bfloat16:
+        raise TypeError(
+            "bfloat16 is not emulated correctly by Triton's interpreter (its numpy "
+            "arithmetic has no bfloat16), so level 4 refuses it on the CPU; use float32 or float16"
+        )
     if mask is not None:
-        check_mask(mask.shape, mask.dtype == torch.bool, (B, H, T, S))
-        mask = mask.to(q.device)
+        mask = as_4d(mask.to(q.device))
     check_rows_nonempty(mask, causal, T, S)
     if mask is not None:
         mask = mask.expand(B, H, T, S)  # a view: stride 0 on every broadcast dimension
