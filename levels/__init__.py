@@ -4,11 +4,19 @@
 why when it cannot (for instance triton missing for level 4). Every level
 exposes the same interface (docs/conventions.md):
 
-    asarray, to_numpy, attention,
+    asarray, to_numpy, attention, describe,
     LayerNorm, FeedForward, MultiHeadAttention, EncoderLayer, DecoderLayer,
     DecoderOnlyTransformer, Seq2SeqTransformer
 
-and builds from the canonical parameters made by ``init_params``.
+builds from the canonical parameters made by ``init_params``, and states what
+it is in plain attributes that the harness and the tests read:
+
+    ARRAY        "python", "numpy" or "torch": the native array type
+    GRADIENTS    None, "hand-written" or "autograd"
+    INTERPRETED  True when the kernels run in an emulator (Triton's interpreter)
+    DTYPES       the float dtypes it computes in, most precise first
+    DEVICES      where it runs ("cpu", "cuda")
+    DESCRIPTION  one line on what computes
 """
 
 from __future__ import annotations
@@ -27,9 +35,12 @@ def _choose_triton_interpreter() -> None:
     Triton decides between compiling and interpreting when it is first
     imported, and torch imports it as a side effect of some of its own modules
     (``torch.nn.attention.bias``, which level 3 uses). So the choice cannot wait
-    until level 4 is loaded: it is made here, when the package is imported. On a
-    machine with no GPU driver (neither NVIDIA's nor AMD's device nodes),
+    until level 4 is loaded: it is made here, when the package is imported,
+    and this is the one place in the project that makes it. On a machine with
+    no GPU driver (neither NVIDIA's nor AMD's device nodes),
     ``TRITON_INTERPRET=1`` unless the user already set the variable either way.
+    (Importing torch to ask it would make ``import levels`` pay for torch even
+    for level 0; the driver's device nodes answer without it.)
     """
     if not any(os.path.exists(node) for node in ("/dev/nvidiactl", "/dev/kfd")):
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -71,13 +82,12 @@ def level_names(specs: str | None) -> list[str]:
 
 
 def load(name: str) -> ModuleType:
-    """Import level ``name`` (one of ``LEVELS``).
+    """Import a level: a name of ``LEVELS``, its short form (``"level2"``) or its number (``"2"``).
 
     Raises ``ValueError`` for an unknown name and ``LevelUnavailable`` (an
     ``ImportError``) naming the missing piece when the level cannot run here.
     """
-    if name not in LEVELS:
-        raise ValueError(f"unknown level {name!r}; choose one of {', '.join(LEVELS)}")
+    name = level_name(str(name))
     try:
         return importlib.import_module(f"{__name__}.{name}")
     except ImportError as exc:

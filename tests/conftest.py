@@ -15,7 +15,6 @@ PyTorch's own error in the same dtype, both against the float64 reference).
 from __future__ import annotations
 
 import inspect
-import os
 
 import pytest
 import torch
@@ -103,10 +102,6 @@ def pytest_configure(config):
     torch.set_num_threads(1)
     if config.getoption("--device") == "cuda" and not torch.cuda.is_available():
         raise pytest.UsageError("--device cuda was asked for, but torch sees no CUDA device")
-    if config.getoption("--device") == "cpu":
-        # Triton kernels can only run on CPU in the interpreter, which must be
-        # switched on before any module defining @triton.jit kernels is imported.
-        os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def _dtypes_for(name: str, device: str, *, best_only: bool, lowp: bool) -> tuple[str, ...]:
@@ -181,7 +176,7 @@ def level(case) -> Case:
 
 @pytest.fixture
 def reference_level(device):
-    """Load a lower level to compare against: ``reference_level("level0_loops")``."""
+    """A level in float64 on the CPU, to compare another against: ``reference_level("level2_torch_manual")``."""
 
     def get(name: str) -> Case:
         module = load_or_skip(name)

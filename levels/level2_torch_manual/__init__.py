@@ -51,16 +51,30 @@ from .layers import DecoderLayer, EncoderLayer, FeedForward, MultiHeadAttention,
 from .models import DecoderOnlyTransformer, Seq2SeqTransformer
 from .norm import LayerNorm
 
+# What the harness and the tests read about this level (docs/conventions.md, "Levels").
+ARRAY = "torch"
+GRADIENTS = "autograd"
+INTERPRETED = False
+DTYPES = ("float64", "float32", "float16", "bfloat16")
+DEVICES = ("cpu", "cuda")
+DESCRIPTION = (
+    f"torch {torch.__version__} modules, attention written out "
+    "(matmul, mask, softmax, matmul; float32 by default), KV cache grown by concatenation"
+)
 
-def describe() -> str:
-    """One line saying what computes at this level."""
-    return (
-        f"torch {torch.__version__} modules, attention written out "
-        "(matmul, mask, softmax, matmul; float32 by default), KV cache grown by concatenation"
-    )
+
+def describe(*, device=None, dtype=None) -> str:
+    """One line saying what computes at this level (the same signature at every level)."""
+    return DESCRIPTION
 
 
 __all__ = [
+    "ARRAY",
+    "DESCRIPTION",
+    "DEVICES",
+    "DTYPES",
+    "GRADIENTS",
+    "INTERPRETED",
     "LEVEL2_KERNELS",
     "DecoderLayer",
     "DecoderOnlyTransformer",

@@ -14,7 +14,7 @@ re-parameterised through its ``Kernels`` hook; no code is copied):
 - the KV cache (``cache.py``) is allocated once to ``max_seq_len`` and
   written in place, instead of growing by concatenation;
 - ``levels.common.bucketing`` batches sequences of similar length, so less
-  of that attention is spent on padding (see ``scripts/measure_level3.py``).
+  of that attention is spent on padding (``ladder bench --scenario varlen``).
 
 ``LayerNorm`` and ``FeedForward`` are level 2's unchanged.
 
@@ -76,12 +76,24 @@ class Seq2SeqTransformer(_ChoosesBackend, level2.Seq2SeqTransformer):
     kernels = KERNELS
 
 
-def describe(backend: str = "auto", *, device=None, dtype=torch.float32) -> str:
+# What the harness and the tests read about this level (docs/conventions.md, "Levels").
+ARRAY = "torch"
+GRADIENTS = "autograd"
+INTERPRETED = False
+DTYPES = ("float64", "float32", "float16", "bfloat16")
+DEVICES = ("cpu", "cuda")
+DESCRIPTION = (
+    f"torch {torch.__version__} F.scaled_dot_product_attention (fused attention), static KV cache"
+)
+
+
+def describe(*, device=None, dtype=None, backend: str = "auto") -> str:
     """One line: the SDPA backend that runs causal self-attention here, and the cache.
 
     The backend is measured with ``which_backend`` on a small probe
-    ``(1, 2, 16, 16)`` of ``dtype`` on ``device`` (default CPU).
+    ``(1, 2, 16, 16)`` of ``dtype`` (default float32) on ``device`` (default CPU).
     """
+    dtype = dtype or torch.float32
     probe = torch.randn(1, 2, 16, 16, device=device, dtype=dtype)  # (B,H,T,Dh)
     ran = which_backend(probe, probe, probe, causal=True, backend=backend)
     where = probe.device.type
@@ -93,6 +105,12 @@ def describe(backend: str = "auto", *, device=None, dtype=torch.float32) -> str:
 
 
 __all__ = [
+    "ARRAY",
+    "DESCRIPTION",
+    "DEVICES",
+    "DTYPES",
+    "GRADIENTS",
+    "INTERPRETED",
     "BACKENDS",
     "BACKEND_CHOICES",
     "KERNELS",

@@ -23,7 +23,6 @@ the fused kernels themselves, written out so they can be read.
 - ``models.py``: level 2's modules with only the attention core and the
   LayerNorm swapped, and level 3's static KV cache (level 2's ``Kernels``
   hook); no model code is repeated.
-- ``gpu_bench.py``: the GPU checks and benchmarks run by ``benchmarks/gpu_check.sh``.
 
 Without CUDA the kernels run in Triton's interpreter (numpy on the CPU, one
 program instance at a time): correct for float32 and float16, wrong for
@@ -36,31 +35,28 @@ The tutorial chapter for this level is docs/level4_triton_kernel.md.
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 
 import torch
 
 if importlib.util.find_spec("triton") is None:  # levels.load turns this into a skip with the reason
     raise ImportError("level 4 needs the 'triton' package (pip install 'attention-ladder[triton]')")
-if not torch.cuda.is_available():
-    # Triton reads TRITON_INTERPRET when a @triton.jit function is defined, and
-    # triton.language defines some (tl.sum, tl.max, ...) on import: so the
-    # interpreter is chosen here, before triton itself is imported.
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 _TRITON_WAS_IMPORTED = "triton" in sys.modules
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-if (
-    os.environ.get("TRITON_INTERPRET") == "1"
-    and _TRITON_WAS_IMPORTED
-    and type(tl.sum).__name__ != "InterpretedFunction"
-):
+from .tiles import interpreting  # noqa: E402
+
+if interpreting() and _TRITON_WAS_IMPORTED and type(tl.sum).__name__ != "InterpretedFunction":
     raise ImportError(
         "triton was imported before TRITON_INTERPRET=1 was set, so its built-in kernels "
-        "cannot run in the interpreter; set TRITON_INTERPRET=1 before importing triton"
+        "cannot run in the interpreter; import levels (which chooses) before triton"
+    )
+if not interpreting() and not torch.cuda.is_available():
+    raise ImportError(
+        "level 4's compiled kernels need a CUDA device, which torch does not see here, and "
+        "Triton's interpreter was not chosen: set TRITON_INTERPRET=1 before importing levels"
     )
 
 from ..level2_torch_manual import FeedForward, asarray, to_numpy  # noqa: E402
@@ -76,18 +72,36 @@ from .models import (  # noqa: E402
     Seq2SeqTransformer,
     kernel_attention,
 )
-from .tiles import Tiles, interpreting  # noqa: E402
+from .tiles import Tiles  # noqa: E402
+
+# What the harness and the tests read about this level (docs/conventions.md, "Levels").
+ARRAY = "torch"
+GRADIENTS = "autograd"  # through the kernels' own backward (autograd.Function)
+INTERPRETED = interpreting()  # kernels emulated by numpy on the CPU: correct, very slow
+# float64 has no tensor-core path and is not compiled; the interpreter gets bfloat16 wrong.
+DTYPES = ("float32", "float16") if INTERPRETED else ("float32", "float16", "bfloat16")
+DEVICES = ("cpu",) if INTERPRETED else ("cuda",)
+if INTERPRETED:
+    why = "no CUDA" if not torch.cuda.is_available() else "TRITON_INTERPRET=1, CUDA unused"
+    DESCRIPTION = (
+        f"Triton interpreter ({why}): triton {triton.__version__} kernels run by numpy on the CPU"
+    )
+else:
+    DESCRIPTION = f"Triton {triton.__version__} kernels on CUDA ({torch.cuda.get_device_name()})"
 
 
-def describe() -> str:
-    """One line saying what computes at this level."""
-    if interpreting():
-        why = "no CUDA" if not torch.cuda.is_available() else "TRITON_INTERPRET=1, CUDA unused"
-        return f"Triton interpreter ({why}): triton {triton.__version__} kernels run by numpy on the CPU"
-    return f"Triton {triton.__version__} kernels on CUDA ({torch.cuda.get_device_name()})"
+def describe(*, device=None, dtype=None) -> str:
+    """One line saying what computes at this level (the same signature at every level)."""
+    return DESCRIPTION
 
 
 __all__ = [
+    "ARRAY",
+    "DESCRIPTION",
+    "DEVICES",
+    "DTYPES",
+    "GRADIENTS",
+    "INTERPRETED",
     "KERNELS",
     "DecoderLayer",
     "DecoderOnlyTransformer",
