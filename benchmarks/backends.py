@@ -1,17 +1,16 @@
 """A level, or one of PyTorch's SDPA backends, seen through one small adapter.
 
-The harness never asks which level it is running. It asks a ``Backend`` for
-the few things that differ: how to turn numpy inputs into the native array
-type and back, how to wait for the device, which dtypes make sense, whether
-gradients exist, and how to measure memory. Everything else (warm-up, timing,
-statistics, FLOPs) is the same code for every level.
+The harness never guesses what a level is: every level states it in plain
+attributes (``ARRAY``, ``GRADIENTS``, ``INTERPRETED``, ``DTYPES``,
+``DEVICES``, ``DESCRIPTION``; see ``levels/__init__.py``), and a ``Backend``
+is those facts plus the callables the workloads use. Everything else (warm-up,
+timing, statistics, FLOPs, the error check) is the same code for every level.
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -20,40 +19,35 @@ import numpy as np
 
 import levels
 
-NUMPY_DTYPES = ("float64", "float32", "float16")  # numpy has no bfloat16
-TORCH_DTYPES = ("float64", "float32", "float16", "bfloat16")
-SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
+SDPA_LEVEL = "level3_sdpa_flash"  # whose attention, pinned to one SDPA backend, is the peer
 
 
 @dataclass
 class Backend:
-    """One column of the ladder: the callables and facts the harness needs.
+    """One column of the ladder: a level's declared facts and its callables.
 
-    ``kind`` is the native array type: ``"python"`` (nested lists),
-    ``"numpy"`` or ``"torch"``. ``interpreted`` marks the Triton interpreter,
-    whose timings are an emulation on the CPU, never a GPU figure.
+    ``kind`` is the level's ``ARRAY``: ``"python"`` (nested lists), ``"numpy"``
+    or ``"torch"``. ``interpreted`` marks the Triton interpreter, whose timings
+    are an emulation on the CPU, never a GPU figure.
     """
 
     name: str
     description: str
     kind: str
     device: str
-    module: ModuleType | None = None  # the level module (None for an SDPA peer)
-    interpreted: bool = False
-    attention: Callable[..., Any] | None = None  # (q, k, v, *, causal) -> out
+    dtypes: tuple[str, ...]
+    gradients: str | None
+    interpreted: bool
+    module: ModuleType
+    attention: Callable[..., Any]  # (q, k, v, *, causal, ...) -> out
+    models: bool = True  # False for an SDPA peer: attention only
     context: Callable[[], contextlib.AbstractContextManager] = field(
         default=contextlib.nullcontext
-    )  # entered around every call (an SDPA backend choice)
-
-    @property
-    def has_models(self) -> bool:
-        return self.module is not None
+    )  # entered around every call
 
     @property
     def has_grad(self) -> bool:
-        """Torch levels are differentiable by autograd (level 4 through its own backward
-        kernel); level 1 has a hand-written attention backward, ``attention_grads``."""
-        return self.kind == "torch" or callable(getattr(self.module, "attention_grads", None))
+        return self.gradients is not None
 
     @property
     def memory_method(self) -> str:
@@ -63,24 +57,19 @@ class Backend:
             return "tracemalloc"
         return "cuda" if self.device.startswith("cuda") else "torch.profiler"
 
+    def effective_dtype(self, dtype: str) -> str:
+        """The dtype the level really computes in: a level with a single dtype (level 0's
+        float64) always computes in it, whatever the run asks for."""
+        return self.dtypes[0] if len(self.dtypes) == 1 else dtype
+
     def unsupported(self, dtype: str) -> str | None:
         """Why this backend cannot run ``dtype``, or None if it can."""
-        if self.kind == "python":
-            return None  # level 0 always computes in float64; the record says so
-        if self.kind == "numpy" and dtype not in NUMPY_DTYPES:
-            return f"numpy has no {dtype}"
-        if self.kind == "torch" and dtype not in TORCH_DTYPES:
-            return f"unknown dtype {dtype}"
-        if self.interpreted and dtype == "bfloat16":
-            return "bfloat16 is not emulated correctly by the Triton interpreter"
+        if self.effective_dtype(dtype) not in self.dtypes:
+            return f"{self.name} computes in {', '.join(self.dtypes)}, not {dtype}"
         return None
 
-    def effective_dtype(self, dtype: str) -> str:
-        """The dtype the backend really computes in (level 0: always float64)."""
-        return "float64" if self.kind == "python" else dtype
-
     def native_dtype(self, dtype: str) -> Any:
-        """``dtype`` as the level's ``asarray`` / constructors expect it."""
+        """``dtype`` as the level's ``asarray`` and constructors expect it."""
         if self.kind == "python":
             return None  # level 0 accepts only dtype=None
         if self.kind == "numpy":
@@ -92,16 +81,10 @@ class Backend:
     def asarray(self, a: np.ndarray, dtype: str | None = None) -> Any:
         """numpy -> native. Floating arrays take ``dtype``; ints and bools keep their kind."""
         native = self.native_dtype(dtype) if dtype and a.dtype.kind == "f" else None
-        if self.module is not None:
-            return self.module.asarray(a, device=self.device, dtype=native)
-        import torch
-
-        return torch.as_tensor(a, device=self.device, dtype=native)
+        return self.module.asarray(a, device=self.device, dtype=native)
 
     def to_numpy(self, x: Any) -> np.ndarray:
-        if self.module is not None:
-            return np.asarray(self.module.to_numpy(x))
-        return x.detach().to("cpu", dtype=_float64_of(x)).numpy()
+        return np.asarray(self.module.to_numpy(x))
 
     def sync(self) -> None:
         """Wait for queued device work (CUDA launches are asynchronous)."""
@@ -111,53 +94,32 @@ class Backend:
             torch.cuda.synchronize(self.device)
 
 
-def _float64_of(x: Any) -> Any:
-    import torch
-
-    return torch.float64 if x.is_floating_point() else x.dtype
-
-
-def _kind_of(module: ModuleType) -> str:
-    """Classify a level by the array type its ``asarray`` returns."""
-    probe = module.asarray(np.zeros((1,), dtype=np.float64))
-    if isinstance(probe, list):
-        return "python"
-    if isinstance(probe, np.ndarray):
-        return "numpy"
-    if type(probe).__module__.startswith("torch"):
-        return "torch"
-    raise TypeError(f"{module.__name__}.asarray returned an unknown array type {type(probe)}")
-
-
-def _describe(module: ModuleType, device: str, native_dtype: Any) -> str:
-    """``module.describe()``, told the device and dtype when it takes them (level 3 does:
-    which SDPA backend runs depends on both)."""
-    describe = getattr(module, "describe", None)
-    if describe is None:
-        return module.__name__
-    accepts = inspect.signature(describe).parameters
-    kwargs = {"device": device, "dtype": native_dtype}
-    return describe(**{k: v for k, v in kwargs.items() if k in accepts and v is not None})
-
-
 def level_backend(name: str, module: ModuleType, device: str, dtype: str = "float32") -> Backend:
-    """Wrap a loaded level module. Python and numpy levels always run on the CPU."""
-    kind = _kind_of(module)
-    device = device if kind == "torch" else "cpu"
+    """A loaded level as a ``Backend``, from the facts it declares.
+
+    Python and numpy levels run on the CPU whatever ``device`` the run asks for.
+    A torch level that does not run on ``device`` (level 4 compiled for CUDA, on
+    a CPU run) is ``ValueError``, reported as unavailable with the reason.
+    """
+    kind = module.ARRAY
+    if kind != "torch":
+        device = "cpu"
+    elif device.split(":")[0] not in module.DEVICES:
+        raise ValueError(f"{name} runs on {', '.join(module.DEVICES)} here, not {device}")
     native = None
-    if kind == "torch":
+    if kind == "torch" and dtype in module.DTYPES:
         import torch
 
-        native = getattr(torch, dtype, None)
-    description = _describe(module, device, native)
+        native = getattr(torch, dtype)
     return Backend(
         name=name,
-        description=description,
+        description=module.describe(device=device, dtype=native),
         kind=kind,
         device=device,
+        dtypes=tuple(module.DTYPES),
+        gradients=module.GRADIENTS,
+        interpreted=module.INTERPRETED,
         module=module,
-        # describe() is the level's own word for what computes (docs/conventions.md).
-        interpreted="interpret" in description.lower(),
         attention=module.attention,
     )
 
@@ -171,48 +133,59 @@ def load_backends(
     unavailable: dict[str, str] = {}
     for name in wanted:
         try:
-            module = levels.load(name)
-            backends.append(level_backend(name, module, device, dtype))
-        except (ImportError, AttributeError, TypeError) as exc:
+            backends.append(level_backend(name, levels.load(name), device, dtype))
+        except (ImportError, ValueError) as exc:
             unavailable[name] = str(exc)
     return backends, unavailable
 
 
 def sdpa_backend(which: str, device: str) -> Backend:
-    """PyTorch's ``scaled_dot_product_attention`` pinned to one backend, as a peer of level 4.
+    """PyTorch's ``scaled_dot_product_attention`` pinned to one backend, as a peer.
 
-    Attention only (no models). The benchmark's attention is self-attention
-    with ``T == S``, where SDPA's top-left causal alignment equals the
-    ladder's bottom-right one; ``T != S`` with causal is refused.
+    This is level 3's ``attention(..., backend=which)``, so the backend names and
+    their map to PyTorch's ``SDPBackend`` are level 3's (``BACKENDS``), and the
+    ladder's semantics hold (bottom-right causal, empty rows refused). Attention only.
     """
-    if which not in SDPA_BACKENDS:
-        raise ValueError(f"unknown SDPA backend {which!r}; choose one of {SDPA_BACKENDS}")
-    import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    level3 = levels.load(SDPA_LEVEL)
+    if which not in level3.BACKENDS:
+        raise ValueError(f"unknown SDPA backend {which!r}; choose one of {tuple(level3.BACKENDS)}")
 
-    choice = {
-        "flash": SDPBackend.FLASH_ATTENTION,
-        "efficient": SDPBackend.EFFICIENT_ATTENTION,
-        "cudnn": SDPBackend.CUDNN_ATTENTION,
-        "math": SDPBackend.MATH,
-    }[which]
-
-    def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False):
-        if causal and q.shape[-2] != k.shape[-2]:
-            raise ValueError("the SDPA peer is causal only for T == S (top-left = bottom-right)")
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # (B,H,T,Dh)
-
-    @contextlib.contextmanager
-    def pinned() -> Iterator[None]:
-        with sdpa_kernel([choice]):
-            yield
+    def attention(q, k, v, **kwargs):
+        return level3.attention(q, k, v, backend=which, **kwargs)  # (B,H,T,Dv)
 
     return Backend(
         name=f"sdpa:{which}",
         description=f"torch SDPA, {which} backend only",
         kind="torch",
         device=device,
+        dtypes=tuple(level3.DTYPES),
+        gradients="autograd",
+        interpreted=False,
+        module=level3,
         attention=attention,
-        context=pinned,
+        models=False,
     )
+
+
+def sdpa_peers(device: str, dtype: str = "float32") -> list[Backend]:
+    """The SDPA backends of level 3's map that this PyTorch build can run on ``device`` in
+    ``dtype``, as peers (on CUDA: flash, efficient, cudnn and math; on a CPU: flash and math).
+
+    Which ones can run is asked of PyTorch with one tiny call each (``which_backend``
+    with the backend forced), not assumed. None when level 3 itself cannot load.
+    """
+    import torch
+
+    try:
+        level3 = levels.load(SDPA_LEVEL)
+    except levels.LevelUnavailable:
+        return []  # the peers are level 3's attention; without it there are none
+    probe = torch.zeros(1, 1, 16, 16, device=device, dtype=getattr(torch, dtype))
+    peers = []
+    for which in level3.BACKENDS:
+        try:
+            level3.which_backend(probe, probe, probe, causal=True, backend=which)
+        except RuntimeError:  # this backend does not run here (a CUDA kernel on a CPU, say)
+            continue
+        peers.append(sdpa_backend(which, device))
+    return peers

@@ -1,12 +1,18 @@
-"""The ``ladder`` command: ``ladder bench`` here; other subcommands plug in lazily.
+"""The ``ladder`` command: plain argparse, one subparser per command.
 
-A subcommand provider is a module with ``add_parser(subparsers)`` that adds
-its sub-parsers and gives each a handler with ``set_defaults(func=handler)``,
-where ``handler(args)`` returns an exit code (or None for 0). Providers other
-than this module are listed in ``PROVIDERS`` with the command names they add,
-and imported only when one of their commands is asked for; a provider that is
-not installed still shows in ``ladder --help`` and says so when called.
-Adding a subcommand is one line in ``PROVIDERS``.
+    ladder bench       benchmark the levels           (benchmarks/bench.py)
+    ladder show        one piece of code at each rung (levels/show.py)
+    ladder train       train a model on a task        (lab/commands.py)
+    ladder preflight   check a model before training  (lab/commands.py)
+    ladder generate    generate from a trained checkpoint or a Hugging Face model
+
+Every argument is declared here, so ``--help`` and parse errors need none of
+the implementations; a command's implementation is imported only when it runs.
+
+Every misuse answers with one line on stderr and a non-zero exit status: 2
+for a usage error (what argparse does), 1 for anything that failed while
+running (a corrupted checkpoint, a level that cannot load here), 130 for
+Ctrl-C. ``--debug`` (or ``LADDER_DEBUG=1``) shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -15,265 +21,332 @@ import argparse
 import importlib
 import os
 import sys
-import time
+import traceback
 from collections.abc import Sequence
+from pathlib import Path
 
-PROVIDERS: tuple[tuple[str, tuple[str, ...], str], ...] = (
-    # (module, the commands it adds, one-line help shown before it is imported)
-    ("lab.cli", ("train", "preflight"), "the training lab"),
-    ("levels.show", ("show",), "show a level's code and docs"),
-)
+KINDS = ("seq2seq", "decoder-only")
+DTYPES = ("float64", "float32", "float16", "bfloat16")
 
 
-def _level_names(text: str) -> list[str]:
-    """``--levels`` for argparse: ``levels.level_names``, its error as a usage message."""
+class UsageError(Exception):
+    """A command line that cannot be run as asked (exit status 2)."""
+
+
+class Interrupted(Exception):
+    """The user pressed Ctrl-C; the message says where the run stopped (exit status 130)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line naming the (sub)command, not the usage block,
+    and every command also takes ``--debug``."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # SUPPRESS: a command's --debug adds to the top level's instead of resetting it.
+        self.add_argument(
+            "--debug",
+            action="store_true",
+            default=argparse.SUPPRESS,
+            help="show the traceback of an error (or LADDER_DEBUG=1)",
+        )
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+# ----------------------------------------------------------------------------- argument types
+
+
+def _level(text: str) -> str:
+    import levels
+
+    try:
+        return levels.level_name(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _levels(text: str) -> list[str]:
     import levels
 
     try:
         return levels.level_names(text)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(p) for p in text.split(",") if p.strip()]
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from exc
-    if not values or min(values) <= 0:
-        raise argparse.ArgumentTypeError("sequence lengths must be positive integers")
+def _count(minimum: int):
+    """An integer >= ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+def _lengths(text: str) -> list[int]:
+    values = [_count(1)(part) for part in text.split(",") if part.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError("expected comma-separated sequence lengths")
     return sorted(values)
 
 
-def free_cores(default: int) -> int:
-    """Threads for torch on the CPU: the cores the other processes leave free (the 1-minute
-    load average), at least 1, at most ``default``.
-
-    On a busy machine every parallel region of a multi-threaded op waits until all of
-    its threads get a core, which can make a small op a hundred times slower; one
-    thread per free core avoids that.
-    """
-    cores = os.cpu_count() or 1
-    return max(1, min(default, cores - round(os.getloadavg()[0])))
+def _device(text: str) -> str:
+    """``cpu``, ``cuda`` or ``cuda:N``; whether this machine has it is checked when the command runs."""
+    kind, _, index = text.partition(":")
+    if kind == "cpu" and not index or kind == "cuda" and (not index or index.isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"device must be cpu, cuda or cuda:N, got {text!r}")
 
 
-def add_bench_parser(subparsers) -> None:
-    from .plan import SCENARIOS
+# ----------------------------------------------------------------------------- the parser
 
-    p = subparsers.add_parser(
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="ladder", description="The attention ladder.")
+    commands = parser.add_subparsers(
+        dest="command", metavar="COMMAND", parser_class=_Parser, required=True
+    )
+    _bench(commands)
+    _show(commands)
+    _train(commands)
+    _preflight(commands)
+    _generate(commands)
+    return parser
+
+
+def _bench(commands) -> None:
+    p = commands.add_parser(
         "bench",
-        help="benchmark every available level (attention, decoder, generation, bucketing)",
+        help="benchmark every available level (attention, decoder, generation, bucketing, training)",
         description=(
-            "Sweep the levels over sequence length and print one table per scenario. "
-            "Compare ratios within one run: absolute times drift on a shared machine."
+            "Sweep the levels over sequence length and print one table per scenario. Every "
+            "case is checked against its float64 reference before it is timed. Compare ratios "
+            "within one run: absolute times drift on a shared machine."
         ),
     )
-    p.add_argument("--quick", action="store_true", help="a few sizes only (under 90 s on 2 cores)")
     p.add_argument(
-        "--levels", type=_level_names, default=None, help="comma-separated levels, e.g. 1,2,3"
+        "--quick", action="store_true", help="a few sizes only (under 2 minutes on 2 cores)"
+    )
+    p.add_argument(
+        "--levels", type=_levels, default=None, help="comma-separated levels, e.g. 1,2,3"
     )
     p.add_argument(
         "--scenario",
         action="append",
-        choices=SCENARIOS,
+        choices=("attention", "attention-bwd", "decoder", "generate", "varlen", "train"),
         help="scenario group to run (repeatable; default: all)",
     )
-    p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
+    p.add_argument("--device", type=_device, default="cpu", help="cpu (default), cuda or cuda:N")
     p.add_argument(
         "--dtype",
         default=None,
-        choices=("float64", "float32", "float16", "bfloat16"),
+        choices=DTYPES,
         help="float32 on cpu, bfloat16 on cuda by default (level 0 always computes in float64)",
     )
+    p.add_argument("--seq-lens", type=_lengths, default=None, help="the T sweep, e.g. 64,256")
+    p.add_argument("--no-causal", dest="causal", action="store_false", help="full attention")
     p.add_argument(
-        "--seq-lens", type=_int_list, default=None, help="override the T sweep, e.g. 64,256"
+        "--threads",
+        type=_count(1),
+        default=None,
+        help="CPU threads for torch and BLAS (default: the cores other processes leave free)",
+    )
+    p.add_argument("--json", metavar="PATH", type=Path, help="write the records as a JSON list")
+    p.add_argument("--plot", metavar="PATH", type=Path, help="write time and GFLOP/s against T")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-peers", action="store_true", help="leave out the SDPA backends as peers")
+    p.set_defaults(run="benchmarks.bench:run")
+
+
+def _show(commands) -> None:
+    p = commands.add_parser(
+        "show",
+        help="print one piece of the model as each level writes it",
+        description=(
+            "Print a piece of the transformer (its source) as each level writes it, "
+            "lowest level first. Without a piece: the levels and their chapters."
+        ),
     )
     p.add_argument(
-        "--no-causal", dest="causal", action="store_false", help="full (non-causal) attention"
+        "piece",
+        nargs="?",
+        choices=("attention", "layer_norm", "rope", "kv_cache"),
+        help="what to show",
+    )
+    p.add_argument(
+        "--levels", type=_levels, default=None, help="comma-separated levels (default: all)"
+    )
+    p.add_argument("--plain", action="store_true", help="no highlighting, even on a terminal")
+    p.set_defaults(run="levels.show:run")
+
+
+def _model_arguments(p: argparse.ArgumentParser) -> None:
+    """What ``train`` and ``preflight`` share: which model, on which task, where."""
+    p.add_argument("kind", choices=KINDS, help="model kind")
+    p.add_argument("--level", type=_level, default="level2_torch_manual", help="level (default 2)")
+    p.add_argument(
+        "--task",
+        default=None,
+        help="seq2seq: copy or reverse (default reverse); decoder-only: cycle",
+    )
+    p.add_argument(
+        "--seed", type=_count(0), default=None, help="seeds parameters, data and batch order (0)"
     )
     p.add_argument(
         "--threads",
-        type=int,
-        default=None,
-        help="torch CPU threads (default: the cores other processes leave free, at least 1)",
+        type=_count(1),
+        default=1,
+        help="torch CPU threads (default 1: these matrices are too small to split across "
+        "cores, and threads that spin-wait for each other stall badly on a shared machine)",
     )
-    p.add_argument("--json", metavar="PATH", help="write the records as a JSON list")
-    p.add_argument("--plot", metavar="PATH", help="write time and GFLOP/s against T as a PNG")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--device", type=_device, default="cpu", help="cpu (default), cuda or cuda:N")
+
+
+def _train(commands) -> None:
+    p = commands.add_parser(
+        "train",
+        help="train a model on a generated task, then evaluate it",
+        description=(
+            "Train an encoder-decoder (copy, reverse) or a decoder-only model (cycle) on a "
+            "generated task at any level with gradients, after the preflight checks pass."
+        ),
+    )
+    _model_arguments(p)
     p.add_argument(
-        "--no-peers", action="store_true", help="on CUDA, leave out the SDPA backends as peers"
+        "--steps", type=_count(1), default=None, help="optimisation steps (default per task)"
     )
-    p.set_defaults(func=bench)
+    p.add_argument("--quick", action="store_true", help="a small smoke run")
+    p.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=None,
+        help="save the state here (atomically, with a checksum) every 200 steps and at the end",
+    )
+    p.add_argument("--resume", action="store_true", help="continue the run saved in --checkpoint")
+    p.add_argument("--json", type=Path, default=None, help="write the metrics here")
+    p.add_argument("--plot", type=Path, default=None, help="write the loss curve (PNG) here")
+    p.set_defaults(run="lab.commands:train")
 
 
-def bench(args: argparse.Namespace) -> int:
-    """``ladder bench``: load levels, run the plan, print, and write JSON / PNG if asked."""
-    if not args.device.startswith("cuda"):
-        # Level 4's kernels can run on the CPU only under the Triton interpreter, which
-        # must be switched on before the module defining them is imported.
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-    import torch
+def _preflight(commands) -> None:
+    p = commands.add_parser(
+        "preflight",
+        help="check a model's four properties without training it",
+        description=(
+            "Build the model a `ladder train` run would start from and check the four "
+            "properties training depends on: future-token independence, padding invariance, "
+            "finite gradients, cached decoding."
+        ),
+    )
+    _model_arguments(p)
+    p.set_defaults(run="lab.commands:preflight")
 
-    threads = torch.get_num_threads()
+
+def _generate(commands) -> None:
+    p = commands.add_parser(
+        "generate",
+        help="generate from a trained checkpoint",
+        description=(
+            "Load a checkpoint written by `ladder train` and continue an input with the model, "
+            "at any level."
+        ),
+    )
+    p.add_argument("--checkpoint", type=Path, required=True, help="a checkpoint of `ladder train`")
+    p.add_argument("--input", required=True, help='content symbols, e.g. "5 9 4 7" (ids >= 3)')
+    p.add_argument("--level", type=_level, default="level2_torch_manual", help="level (default 2)")
+    p.add_argument(
+        "--max-new-tokens", type=_count(0), default=None, help="at most this many new tokens"
+    )
+    p.add_argument("--device", type=_device, default="cpu", help="cpu (default), cuda or cuda:N")
+    p.set_defaults(run="lab.commands:generate")
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def check_output_path(path: Path | None, what: str) -> None:
+    """Before any work: ``path`` can be written (its folder is created when missing)."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise UsageError(f"{what} {path} is a directory; give a file name")
+    parent = path.parent
     try:
-        return _bench(args)
-    finally:
-        torch.set_num_threads(threads)  # main() may be called in a longer-lived process
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"{what} {path}: cannot create its folder ({exc.strerror})") from None
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UsageError(f"{what} {path} is not writable")
 
 
-def _bench(args: argparse.Namespace) -> int:
-    import torch
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from . import backends as B
-    from .machine import describe_machine
-    from .plan import default_plan
-    from .records import write_json
-    from .report import make_console, print_report
-    from .runner import case_count, run
-
-    console = make_console()
-    device = args.device
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        console.print("[red]--device cuda: torch sees no CUDA device here[/red]")
-        return 2
+def check_device(device: str) -> None:
+    """The device exists here (torch sees it)."""
     if not device.startswith("cuda"):
-        torch.set_num_threads(args.threads or free_cores(torch.get_num_threads()))
-    dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
-    plan = default_plan(device, quick=args.quick, seq_lens=args.seq_lens, causal=args.causal)
-    if args.scenario:
-        plan = plan.only(args.scenario)
-    backends, unavailable = B.load_backends(args.levels, device, dtype)
-    if device.startswith("cuda") and not args.no_peers:
-        backends += [B.sdpa_backend(which, device) for which in B.SDPA_BACKENDS]
-    machine = describe_machine(device)
-    load, cores = os.getloadavg()[0], os.cpu_count() or 1
-    if not device.startswith("cuda") and load >= 1.0:
-        console.print(
-            f"[yellow]load average {load:.1f} on {cores} cores before the run: other processes "
-            f"compete for the CPU, so torch runs {torch.get_num_threads()} thread(s) (--threads "
-            "to override). Compare ratios within this run, not absolute times.[/yellow]"
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UsageError(f"--device {device}: torch sees no CUDA device here")
+    index = int(device.partition(":")[2] or 0)
+    if index >= torch.cuda.device_count():
+        raise UsageError(
+            f"--device {device}: torch sees {torch.cuda.device_count()} CUDA device(s)"
         )
 
-    start = time.perf_counter()
-    if args.no_progress:
-        records = run(backends, plan, device=device, dtype=dtype, unavailable=unavailable)
-    else:
-        columns = (
-            TextColumn("{task.description:<60}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-        )
-        with Progress(*columns, console=console, transient=True) as bar:
-            task = bar.add_task("benchmarking", total=case_count(backends, plan) + 1)
-            steps = iter(range(10**9))
 
-            def progress(label: str) -> None:
-                if next(steps):  # the first call starts the bar; later ones finish a case
-                    bar.advance(task)
-                bar.update(task, description=label)
-
-            records = run(
-                backends,
-                plan,
-                device=device,
-                dtype=dtype,
-                unavailable=unavailable,
-                progress=progress,
-            )
-    elapsed = time.perf_counter() - start
-    print_report(records, machine, console)
-    console.print(f"wall time {elapsed:.1f} s")
-    if args.json:
-        write_json(records, args.json)
-        console.print(f"records written to {args.json}")
-    if args.plot:
-        from .plot import plot
-
-        plot(records, args.plot, title=f"{machine}; {records[0].date}")
-        console.print(f"plot written to {args.plot}")
-    return 0
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    for action in parser._subparsers._group_actions:  # the one subparsers action
+        return action.choices[command]
+    raise LookupError(command)
 
 
-def _missing(module: str, what: str, error: ImportError):
-    def handler(args: argparse.Namespace) -> int:
-        print(f"{what} is not installed ({module}: {error})", file=sys.stderr)
-        return 1
-
-    handler.takes_any_arguments = True  # whatever was meant for the missing command
-    return handler
+def _handler(spec: str):
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
-def _placeholder(subparsers, command: str, help: str) -> argparse.ArgumentParser:
-    """A command listed in --help whose provider is not imported (or not installed)."""
-    return subparsers.add_parser(command, help=help, add_help=False)
-
-
-def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
-    """The top-level parser. Only the provider of the requested command is imported."""
-    parser = argparse.ArgumentParser(prog="ladder", description="The attention ladder.")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    add_bench_parser(subparsers)
-    requested = next((a for a in argv if not a.startswith("-")), None)
-    for module, commands, help in PROVIDERS:
-        if requested not in commands:
-            for command in commands:
-                _placeholder(subparsers, command, help)
-            continue
-        try:
-            provider = importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name is None or not module.startswith(exc.name):
-                raise  # the provider exists but something it imports is broken: say so
-            for command in commands:
-                _placeholder(subparsers, command, help).set_defaults(
-                    func=_missing(module, help, exc)
-                )
-            continue
-        provider.add_parser(subparsers)
-    return parser
-
-
-BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
-
-
-def limit_blas_threads(argv: Sequence[str]) -> None:
-    """Size numpy's BLAS thread pool for ``ladder bench`` on the CPU, before numpy loads.
-
-    A BLAS library reads its thread count once, when it is loaded, and a
-    multi-threaded BLAS call on a busy CPU waits for all its threads just as
-    torch does (``free_cores``). So the count (``--threads``, else the free cores)
-    goes into the environment before anything imports numpy. A variable the user
-    set is left alone; in a process where numpy is already loaded this does nothing.
-    """
-    if "numpy" in sys.modules or "bench" not in argv:
-        return
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--threads", type=int, default=None)
-    pre.add_argument("--device", default="cpu")
-    known, _ = pre.parse_known_args(argv)
-    if known.device.startswith("cuda"):
-        return
-    threads = known.threads or free_cores(os.cpu_count() or 1)
-    for name in BLAS_THREAD_VARIABLES:
-        os.environ.setdefault(name, str(threads))
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if isinstance(exc, UsageError | Interrupted) else f"{type(exc).__name__}: {text}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    limit_blas_threads(argv)
-    parser = build_parser(argv)
+    parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    func = getattr(args, "func", None)
-    if extra and not getattr(func, "takes_any_arguments", False):
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    if func is None:
-        parser.print_help()
-        return 0 if args.command is None else 2
-    return int(func(args) or 0)
+    if extra:  # a typo in a command's flags: that command's usage error, not the top level's
+        _subparser(parser, args.command).error(f"unrecognized arguments: {' '.join(extra)}")
+    debug = getattr(args, "debug", False) or os.environ.get("LADDER_DEBUG") == "1"
+    prog = f"ladder {args.command}"
+    try:
+        return int(_handler(args.run)(args) or 0)
+    except UsageError as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except (Interrupted, KeyboardInterrupt) as exc:
+        if debug:
+            traceback.print_exc()
+        print(
+            f"{prog}: {_one_line(exc) if isinstance(exc, Interrupted) else 'interrupted'}",
+            file=sys.stderr,
+        )
+        return 130
+    except Exception as exc:  # everything else is one line too; --debug for the traceback
+        if debug:
+            traceback.print_exc()
+        print(f"{prog}: error: {_one_line(exc)} (--debug for the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

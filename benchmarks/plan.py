@@ -20,6 +20,7 @@ hangs the sweep.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -27,10 +28,12 @@ import numpy as np
 from levels.common.config import TransformerConfig
 
 from .backends import Backend
-from .scenarios import Attention, DecoderForward, Generate, VarlenBatch, Workload
+from .figures import padding_figures
+from .records import Record
+from .scenarios import Attention, DecoderForward, Generate, TrainStep, VarlenBatch, Workload
 from .timing import TimingPolicy
 
-SCENARIOS = ("attention", "attention-bwd", "decoder", "generate", "varlen")
+SCENARIOS = ("attention", "attention-bwd", "decoder", "generate", "varlen", "train")
 """Scenario groups selectable with ``--scenario``; each expands to one or two record scenarios."""
 
 
@@ -50,6 +53,8 @@ class Plan:
     budgets: dict[str, Budget] = field(default_factory=dict)  # by budget_key(backend)
     timing: TimingPolicy = TimingPolicy()
     peak_n: int = 2048  # matmul size for the peak
+    # Computed figures (no timing) by scenario group: functions returning records.
+    figures: dict[str, list[Callable[[], list[Record]]]] = field(default_factory=dict)
 
     def budget_for(self, backend: Backend) -> Budget:
         return self.budgets.get(budget_key(backend), Budget())
@@ -59,7 +64,11 @@ class Plan:
         unknown = set(groups) - set(SCENARIOS)
         if unknown:
             raise ValueError(f"unknown scenario {sorted(unknown)}; choose from {SCENARIOS}")
-        return replace(self, workloads={g: w for g, w in self.workloads.items() if g in groups})
+        return replace(
+            self,
+            workloads={g: w for g, w in self.workloads.items() if g in groups},
+            figures={g: f for g, f in self.figures.items() if g in groups},
+        )
 
 
 def budget_key(backend: Backend) -> str:
@@ -93,6 +102,7 @@ class Sizes:
     model_T: tuple[int, ...]  # decoder forward sweep
     gen: tuple[int, int]  # (prompt, new tokens)
     varlen: tuple[int, int, int, int]  # (sequences, shortest, longest, batch size)
+    train: tuple[int, int]  # (batch, tokens per row) of the training step
     B: int
     H: int
     Dh: int
@@ -107,6 +117,7 @@ CPU = Sizes(
     model_T=(8, 32, 128, 512, 1024, 2048),
     gen=(32, 96),
     varlen=(32, 8, 128, 8),
+    train=(8, 128),
     B=1,
     H=8,
     Dh=64,
@@ -127,6 +138,7 @@ CPU_QUICK = replace(
     model_T=(8, 128, 512),
     gen=(8, 16),
     varlen=(12, 8, 64, 4),
+    train=(4, 32),
     timing=TimingPolicy(warmup=1, min_repeat=3, max_repeat=10, min_time_s=0.08),
     budgets={
         "python": Budget(max_gflop=0.01, max_call_s=0.5),
@@ -145,6 +157,7 @@ CUDA = Sizes(
     model_T=(128, 512, 1024, 2048, 4096),
     gen=(128, 128),
     varlen=(128, 16, 1024, 16),
+    train=(16, 512),
     B=4,
     H=16,
     Dh=64,
@@ -177,8 +190,10 @@ def plan_from(sizes: Sizes, *, seq_lens: list[int] | None = None, causal: bool =
         # budget estimate; the cached run's per-step overhead would overstate it.
         "generate": [Generate(config, 1, prompt, new, use_cache=c) for c in (False, True)],
         "varlen": [VarlenBatch(config, lengths, batch, bucketed=b) for b in (False, True)],
+        "train": [TrainStep(config, *sizes.train)],
     }
-    return Plan(workloads, sizes.budgets, sizes.timing, peak_n=sizes.peak_n)
+    figures = {"varlen": [padding_figures]}
+    return Plan(workloads, sizes.budgets, sizes.timing, peak_n=sizes.peak_n, figures=figures)
 
 
 def default_plan(

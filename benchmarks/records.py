@@ -8,15 +8,19 @@ from pathlib import Path
 
 OK = "ok"
 SKIPPED_BUDGET = "skipped (budget)"
+WRONG = "wrong"  # over its error bound: checked, never timed
+FIGURE = "figure"  # a computed figure (no timing), e.g. padding waste
 
 
 @dataclass
 class Record:
     """One (level, scenario, size) measurement, or why there is none.
 
-    Times are seconds per call. ``status`` is ``"ok"``, ``"skipped (budget)"``,
-    ``"skipped: <why>"``, ``"unavailable: <why>"`` or ``"error: <what>"``;
-    only ``"ok"`` rows carry numbers.
+    Times are seconds per call. ``status`` is ``"ok"``, ``"wrong"`` (over its
+    error bound, so not timed; the note says by how much), ``"skipped (budget)"``,
+    ``"skipped: <why>"``, ``"unavailable: <why>"``, ``"error: <what>"``, or
+    ``"figure"`` for a computed figure that involves no timing; only ``"ok"``
+    rows carry times.
     """
 
     level: str  # a level's name, "sdpa:<backend>", or "torch.matmul" for the peak
@@ -38,8 +42,9 @@ class Record:
     tokens_per_s: float | None = None
     peak_memory_bytes: int | None = None
     memory_method: str = "n/a"
-    max_error: float | None = None  # against the float64 reference
+    max_error: float | None = None  # against the float64 reference (scenarios.scaled_error)
     error_of: str = ""  # what was compared ("output", "logits", "tokens != ref", ...)
+    error_bound: float | None = None  # the largest error that counts as right (bounds.py)
     padding_waste: float | None = None  # padded positions / real tokens (varlen only)
     description: str = ""  # the level's describe()
     note: str = ""  # e.g. the SDPA backend that ran, or why a size was skipped
@@ -60,4 +65,5 @@ def write_json(records: list[Record], path: str | Path) -> None:
 
 
 def read_json(path: str | Path) -> list[Record]:
+    """Records from a JSON list written by ``write_json`` (fields it lacks take their defaults)."""
     return [Record(**d) for d in json.loads(Path(path).read_text())]

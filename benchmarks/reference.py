@@ -124,6 +124,25 @@ class Reference:
 
         return self._cached(("grads", _digest(q, k, v, dout), causal), compute)
 
+    def train_grads(self, config: TransformerConfig, params: dict, batch: Any) -> dict:
+        """Every parameter's gradient of the masked cross-entropy of ``batch`` (a
+        ``lab.data.Batch``), by level 2 autograd in float64 on ``params``."""
+        level2 = self._level(GRAD_LEVEL)
+
+        def compute() -> dict:
+            import torch
+
+            from lab.loss import masked_cross_entropy
+
+            model = level2.DecoderOnlyTransformer(config, params, dtype=torch.float64)
+            t = {k: torch.as_tensor(getattr(batch, k)) for k in ("inputs", "valid", "targets")}
+            logits = model(t["inputs"], valid=t["valid"])  # (B,T,V)
+            masked_cross_entropy(logits, t["targets"], torch.as_tensor(batch.scored)).backward()
+            return {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
+
+        key = ("train grads", config, _digest(*params.values(), batch.inputs, batch.targets))
+        return self._cached(key, compute)
+
     def _model(self, config: TransformerConfig, params: dict, dtype: str) -> Any:
         """Level 1's decoder in float64 on the parameters rounded to ``dtype``."""
         level1 = self._level(VALUE_LEVEL)

@@ -12,8 +12,14 @@ from dataclasses import dataclass
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from .records import Record
+from .records import FIGURE, Record
+
+# Below this console width a table drops its spread, memory and note columns
+# (the compact layout) so that no number is broken across lines.
+COMPACT_BELOW = 140
+COMPACT_DROPS = ("IQR", "peak mem", "note")
 
 
 def fmt_time(seconds: float | None) -> str:
@@ -46,6 +52,11 @@ def fmt_error(r: Record) -> str:
     return f"{r.max_error:.2g}"
 
 
+def _text(cell: str) -> Text:
+    """A cell as plain text: rich never reads markup in it (``[triton]`` stays as written)."""
+    return Text(cell)
+
+
 SHORT_DTYPES = {"float64": "f64", "float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 
 
@@ -63,32 +74,35 @@ def _split_shape(records: list[Record]) -> tuple[list[str], list[str]]:
     return varying, [k for k in keys if k not in varying]
 
 
-def make_console() -> Console:
+def make_console(stderr: bool = False) -> Console:
     """A console at least 150 columns wide when writing to a file or pipe (rich's default
     there is 80, which folds every table), the terminal's width otherwise."""
-    console = Console()
-    return console if console.is_terminal else Console(width=150)
+    console = Console(stderr=stderr)
+    return console if console.is_terminal else Console(width=150, stderr=stderr)
 
 
 def machine_table(records: list[Record], machine: str) -> Table:
     """The machine, the peak, and what every level is (its describe() or why it is missing)."""
     date = records[0].date if records else ""
     table = Table(title=f"Machine: {machine}   run started {date}", title_justify="left")
-    table.add_column("backend")
+    table.add_column("backend", no_wrap=True)
     table.add_column("what computes")
     for r in records:
         if r.scenario == "matmul peak":
             table.add_row(
-                r.level,
-                f"{r.description}, {r.dtype}: {r.gflops:.3g} GFLOP/s (median {fmt_time(r.median_s)})"
-                " = the 100% of '% peak'",
+                _text(r.level),
+                _text(
+                    f"{r.description}, {r.dtype}: {r.gflops:.3g} GFLOP/s (median "
+                    f"{fmt_time(r.median_s)}) = the 100% of '% peak'"
+                ),
             )
     seen: set[str] = set()
     for r in records:
-        if r.scenario == "matmul peak" or r.level in seen:
+        if r.scenario == "matmul peak" or r.status == FIGURE or r.level in seen:
             continue
         seen.add(r.level)
-        table.add_row(r.level, r.status if r.status.startswith("unavailable") else r.description)
+        what = r.status if r.status.startswith("unavailable") else r.description
+        table.add_row(_text(r.level), _text(what))
     return table
 
 
@@ -111,10 +125,16 @@ COLUMNS = (
 
 def _cells(r: Record, varying: list[str]) -> list[str]:
     size, dtype = size_label(r.shape, varying), SHORT_DTYPES.get(r.dtype, r.dtype)
+    waste = "" if r.padding_waste is None else f"{r.padding_waste:.2f}"
+    if r.status == FIGURE:
+        return [size, r.level, "", "", "", "", "", "", waste, "", "", r.note]
     if not r.ok:
-        # "skipped: no gradients at this level" -> "skipped" here, the reason in the note.
+        # "skipped: no gradients at this level" -> "skipped" here, the reason in the note;
+        # a wrong case shows its error, which is why it was not timed.
         short, _, why = r.status.partition(": ")
-        return [size, r.level, dtype, short, *[""] * 7, "; ".join(filter(None, (why, r.note)))]
+        error = fmt_error(r) if r.max_error is not None else ""
+        cells = [size, r.level, dtype, short, *[""] * 6, error]
+        return [*cells, "; ".join(filter(None, (why, r.note)))]
     return [
         size,
         r.level,
@@ -124,33 +144,43 @@ def _cells(r: Record, varying: list[str]) -> list[str]:
         fmt_rate(r.gflops),
         "" if r.peak_fraction is None else f"{100 * r.peak_fraction:.2g}%",
         "" if r.tokens_per_s is None else fmt_rate(r.tokens_per_s),
-        "" if r.padding_waste is None else f"{r.padding_waste:.2f}",
+        waste,
         fmt_bytes(r.peak_memory_bytes),
         fmt_error(r),
         r.note,
     ]
 
 
-def scenario_table(scenario: str, records: list[Record]) -> Table:
-    """One scenario: every level at every size, with the harness's columns."""
+def scenario_table(scenario: str, records: list[Record], *, compact: bool = False) -> Table:
+    """One scenario: every level at every size, with the harness's columns.
+
+    Every column but the note is ``no_wrap``: a number is never broken across
+    lines; the note column takes what width is left. ``compact`` leaves out
+    the IQR, memory and note columns, for narrow terminals.
+    """
     varying, fixed = _split_shape(records)
     self_attention = "S" in varying and all(r.shape["S"] == r.shape["T"] for r in records)
     if self_attention:
         varying.remove("S")  # S = T: said once, in the title
     title = f"{scenario}  [{size_label(records[0].shape, fixed)}{' S=T' if self_attention else ''}]"
     rows = [_cells(r, varying) for r in records]
-    keep = [i for i in range(len(COLUMNS)) if i < 4 or any(row[i] for row in rows)]
+    keep = [
+        i
+        for i, (header, _) in enumerate(COLUMNS)
+        if (i < 4 and records[0].status != FIGURE or any(row[i] for row in rows))
+        and not (compact and header in COMPACT_DROPS)
+    ]
     table = Table(title=f"{title}  on {records[0].device}", title_justify="left")
     for i in keep:
         header, right = COLUMNS[i]
         table.add_column(
             header,
             justify="right" if right else "left",
-            no_wrap=header in ("level", "median"),
+            no_wrap=header != "note",
             overflow="fold",
         )
     for row in rows:
-        table.add_row(*(row[i] for i in keep))
+        table.add_row(*(_text(row[i]) for i in keep))
     return table
 
 
@@ -168,12 +198,20 @@ def _ok(records: Iterable[Record], scenario: str) -> list[Record]:
 
 
 def level_ratios(records: list[Record], scenario: str = "attention fwd") -> list[Ratio]:
-    """Time of each level over the next one up, at the longest T both measured."""
+    """Time of each level over the next one up, at the longest T both measured; then
+    level 4's time over each SDPA peer's (``sdpa:<backend>``)."""
     ok = _ok(records, scenario)
     names = list(dict.fromkeys(r.level for r in ok))
+    rungs = [n for n in names if not n.startswith("sdpa:")]
+    pairs = list(zip(rungs, rungs[1:], strict=False))
+    pairs += [(rungs[-1], n) for n in names if n.startswith("sdpa:") and rungs]
+    return _time_ratios(ok, pairs, scenario)
+
+
+def _time_ratios(ok: list[Record], pairs: list[tuple[str, str]], scenario: str) -> list[Ratio]:
     by = {(r.level, r.shape.get("T")): r for r in ok}
     out = []
-    for slow, fast in zip(names, names[1:], strict=False):
+    for slow, fast in pairs:
         common = [t for (n, t) in by if n == slow and (fast, t) in by]
         if not common:
             continue
@@ -186,6 +224,25 @@ def level_ratios(records: list[Record], scenario: str = "attention fwd") -> list
                 f"T={T}: {fmt_time(a.median_s)} / {fmt_time(b.median_s)}",
             )
         )
+    return out
+
+
+def figure_ratios(records: list[Record]) -> list[Ratio]:
+    """Padding waste, arrival order over bucketed, for each batching rule of the figures."""
+    figures = [r for r in records if r.status == FIGURE and r.scenario == "padding waste"]
+    out = []
+    for plain in (r for r in figures if r.note.endswith("arrival order")):
+        rule = plain.note.rsplit(",", 1)[0]
+        bucketed = next((r for r in figures if r.note == f"{rule}, bucketed"), None)
+        if bucketed is not None and bucketed.padding_waste:
+            out.append(
+                Ratio(
+                    f"padding waste, {rule}: arrival order / bucketed",
+                    plain.padding_waste / bucketed.padding_waste,
+                    f"{plain.padding_waste:.3g} -> {bucketed.padding_waste:.3g} padded per real "
+                    f"token, {size_label(plain.shape)}",
+                )
+            )
     return out
 
 
@@ -232,10 +289,13 @@ def summary(records: list[Record]) -> list[Ratio]:
     return [
         *level_ratios(records, "attention fwd"),
         *level_ratios(records, "attention fwd+bwd"),
+        *level_ratios(records, "generate cached"),
+        *level_ratios(records, "train step"),
         *pair_ratios(records, "generate uncached", "generate cached", "KV-cache speed-up"),
         *pair_ratios(
             records, "varlen padded", "varlen bucketed", "bucketing tokens/s gain", throughput=True
         ),
+        *figure_ratios(records),
         *best_peak_fractions(records),
     ]
 
@@ -243,7 +303,7 @@ def summary(records: list[Record]) -> list[Ratio]:
 def summary_table(records: list[Record]) -> Table:
     table = Table(title="Ratios within this run", title_justify="left")
     table.add_column("what")
-    table.add_column("ratio", justify="right")
+    table.add_column("ratio", justify="right", no_wrap=True)
     table.add_column("from")
     for ratio in summary(records):
         shown = (
@@ -251,20 +311,26 @@ def summary_table(records: list[Record]) -> Table:
             if ratio.label.startswith("best fraction")
             else f"{ratio.value:.3g}x"
         )
-        table.add_row(ratio.label, shown, ratio.detail)
+        table.add_row(_text(ratio.label), _text(shown), _text(ratio.detail))
     return table
 
 
 def print_report(records: list[Record], machine: str, console: Console | None = None) -> None:
     console = console or make_console()
+    compact = console.width < COMPACT_BELOW
     console.print(machine_table(records, machine))
     scenarios = list(
         dict.fromkeys(r.scenario for r in records if r.scenario not in ("matmul peak", "-"))
     )
     for scenario in scenarios:
         rows = [r for r in records if r.scenario == scenario]
-        console.print(scenario_table(scenario, rows))
+        console.print(scenario_table(scenario, rows, compact=compact))
     console.print(summary_table(records))
+    if compact:
+        console.print(
+            f"(a console under {COMPACT_BELOW} columns: the IQR, memory and note columns are "
+            "left out; widen it, or read every field with --json)"
+        )
     console.print(
         "Timings on a shared machine are noisy: compare ratios within one run, not numbers "
         "across runs. Interpreter rows are a CPU emulation of a GPU kernel, not GPU timings."

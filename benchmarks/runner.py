@@ -1,16 +1,21 @@
 """The sweep: every workload of the plan on every backend, one ``Record`` each.
 
-For each case the runner, in this order:
+For each case the runner, in this order (llm.c's: check, then time):
 
 1. skips it if the backend cannot run it, or if it is over the size budget;
 2. builds it (inputs converted to the native type, outside any timing);
-3. warms up: ``policy.warmup`` untimed calls, the last one under the memory probe;
-4. times it (``timing.measure``): CUDA events on a GPU, the wall clock around a
-   synchronised call elsewhere;
-5. computes the error against the float64 reference (untimed);
-6. derives GFLOP/s, the fraction of the matmul peak and tokens/s.
+3. checks it against the float64 reference. This first call is also the
+   first warm-up and the budget's last guard (a call far over the time cap is
+   not sampled). A case whose error is over its dtype's bound
+   (``bounds.py``) is reported as wrong and is not timed;
+4. warms up (``policy.warmup`` untimed calls in all, the last one under the
+   memory probe) and times it (``timing.measure``): CUDA events on a GPU, the
+   wall clock around a synchronised call elsewhere;
+5. derives GFLOP/s, the fraction of the matmul peak and tokens/s.
 
 A level that raises does not stop the sweep: its row says ``error: ...``.
+Computed figures that involve no timing (padding waste) come from
+``plan.figures`` and are recorded as they are.
 """
 
 from __future__ import annotations
@@ -24,11 +29,11 @@ from .backends import Backend
 from .flops import matmul_flops
 from .machine import Peak, describe_machine, measure_matmul_peak
 from .memory import peak_memory
-from .plan import Budget, Plan
-from .records import OK, SKIPPED_BUDGET, Record
+from .plan import Plan
+from .records import OK, SKIPPED_BUDGET, WRONG, Record
 from .reference import Reference
 from .scenarios import Workload
-from .timing import Stats, TimingPolicy, cpu_timer, cuda_timer, measure
+from .timing import Stats, cpu_timer, cuda_timer, measure
 
 Progress = Callable[[str], None]  # called before each case with a label, once per case
 PROBE_SLACK = 2.0  # a call measured over this many times the time cap is not sampled
@@ -133,7 +138,7 @@ def run_case(
     peak: Peak | None,
     pace: Pace | None = None,
 ) -> Record:
-    """Measure one workload on one backend (see the module docstring for the steps)."""
+    """Check, then measure, one workload on one backend (see the module docstring)."""
     pace = pace if pace is not None else Pace()
     flops = workload.flops()
     record = Record(
@@ -155,15 +160,7 @@ def run_case(
         record.status, record.note = SKIPPED_BUDGET, over
         return record
     try:
-        _measure_into(
-            record,
-            backend,
-            workload,
-            dtype,
-            plan.timing,
-            reference,
-            budget=plan.budget_for(backend),
-        )
+        _check_then_measure(record, backend, workload, plan, reference)
     except Exception as exc:  # a failing level must not stop the sweep
         record.status = f"error: {type(exc).__name__}: {exc}"[:300]
         return record
@@ -179,47 +176,41 @@ def run_case(
     return record
 
 
-def _measure_into(
-    record: Record,
-    backend: Backend,
-    workload: Workload,
-    dtype: str,
-    policy: TimingPolicy,
-    reference: Reference,
-    *,
-    budget: Budget,
+def _check_then_measure(
+    record: Record, backend: Backend, workload: Workload, plan: Plan, reference: Reference
 ) -> None:
+    policy, budget = plan.timing, plan.budget_for(backend)
     # Level 0 computes in float64 whatever was asked; its reference must know that.
-    case = workload.build(backend, backend.effective_dtype(dtype), reference)
-    # The warm-up calls are untimed, so the last of them doubles as the memory probe,
-    # after first-call effects (autotuning buffers, lazy initialisation) are over.
-    for _ in range(policy.warmup - 1):
-        case.fn()
+    case = workload.build(backend, record.dtype, reference)
+    # 1. The check: one call against the float64 reference (untimed; the first warm-up).
     start = time.perf_counter()
-    record.peak_memory_bytes = peak_memory(case.fn, backend.memory_method)
-    probe_s = time.perf_counter() - start
+    record.max_error = case.error()
+    record.error_of, record.error_bound = case.error_of, case.bound
+    check_s = time.perf_counter() - start
+    if not record.max_error <= case.bound:  # also catches NaN
+        record.status = WRONG
+        record.note = f"{case.error_of} error {record.max_error:.3g} > bound {case.bound:g}"
+        return
     # A prediction can be wrong (a scenario far slower than the rate it was predicted
-    # from); the probe call says so before the samples are taken. The factor 2 leaves
-    # room for the probe's own overhead (tracemalloc slows pure Python down).
-    if probe_s > PROBE_SLACK * budget.max_call_s:
+    # from); the checked call says so before any sample is taken. The factor leaves
+    # room for the check's own work (the reference, the comparison).
+    if check_s > PROBE_SLACK * budget.max_call_s:
         record.status = SKIPPED_BUDGET
         record.note = (
-            f"one call took {probe_s:.2g} s > {PROBE_SLACK:g} x cap {budget.max_call_s:g} s"
+            f"one call took {check_s:.2g} s > {PROBE_SLACK:g} x cap {budget.max_call_s:g} s"
         )
         return
+    # 2. Warm-up: the check was the first call; the last warm-up call is the memory
+    # probe, after first-call effects (autotuning, lazy initialisation) are over.
+    for _ in range(policy.warmup - 2):
+        case.fn()
+    record.peak_memory_bytes = peak_memory(case.fn, backend.memory_method)
+    # 3. The samples.
     stats = measure(case.fn, _timer(backend), policy, warmed=policy.warmup)
     for key, value in _times(stats).items():
         setattr(record, key, value)
     record.status = OK
-    if case.error is not None:
-        record.error_of = case.error_of
-        try:
-            record.max_error = case.error()
-        except LookupError as exc:  # the reference level is unavailable
-            record.error_of = f"n/a ({exc})"
     record.padding_waste = case.extras.get("padding_waste")
-    if case.note is not None:
-        record.note = case.note()
 
 
 def case_count(backends: list[Backend], plan: Plan) -> int:
@@ -279,13 +270,14 @@ def run(
                 backend, workload, dtype=dtype, plan=plan, reference=reference, peak=None, pace=pace
             )
         )
+    figures = [record for group in plan.figures.values() for make in group for record in make()]
     # The peak again at the end: a machine busy at the start must not set a low ceiling.
     again = measure_matmul_peak(device, pdtype, plan.peak_n, plan.timing)
     peak = max(peak, again, key=lambda p: p.gflops)
     for record in measured:
         if record.gflops is not None:
             record.peak_fraction = record.gflops / peak.gflops
-    everything = [peak_record(peak), *records, *measured]
+    everything = [peak_record(peak), *records, *measured, *figures]
     for record in everything:
         record.machine, record.date = stamp["machine"], stamp["date"]
     return everything

@@ -4,18 +4,26 @@ A workload's ``flops()`` and ``shape()`` need no arrays, so the runner can
 apply the size budget before anything is allocated. ``build(backend, dtype,
 reference)`` makes a ``Case``: the callable to time (inputs already converted
 to the level's native type, outside the timed region) and, separately, the
-error check against the float64 reference.
+check against the float64 reference with the bound it must meet. The runner
+checks a case before it times it, and does not time a wrong one.
 
 Scenario names (the ``scenario`` field of every record):
 
 * ``attention fwd`` / ``attention fwd+bwd``: the attention core on random
-  ``q, k, v (B,H,T,Dh)``, ``S = T``, causal; the backward pass only where a
-  level has gradients (the torch levels);
+  ``q, k, v (B,H,T,Dh)``, ``S = T``, causal; the backward pass where a level
+  has gradients (autograd at the torch levels, level 1's hand-written one);
 * ``decoder fwd``: one forward of the decoder-only model over ``(B, T)`` tokens;
 * ``generate cached`` / ``generate uncached``: greedy generation from a prompt,
   with and without the KV cache (tokens/s counts new tokens);
 * ``varlen padded`` / ``varlen bucketed``: a batch of sequences of mixed
-  lengths, batched in arrival order or by length (tokens/s counts real tokens).
+  lengths, batched in arrival order or by length (tokens/s counts real tokens);
+* ``train step``: one optimisation step of the decoder-only model (loss,
+  gradients, clipping, AdamW) through the training lab's backend (tokens/s
+  counts the batch's tokens).
+
+Errors are ``max |x - ref| / max(1, max |ref|)`` (the absolute error for values
+of order one, a relative one for large values), or, for generated tokens,
+the number of tokens that differ from the reference's.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from levels.common.params import init_params
 
 from . import flops as F
 from .backends import Backend
+from .bounds import error_bound, token_bound
 from .reference import Reference, round_to
 
 FIRST_TOKEN = 3  # random tokens avoid pad 0, BOS 1 and EOS 2
@@ -43,9 +52,9 @@ class Case:
     """One workload built for one backend: a callable to time and how to judge it."""
 
     fn: Callable[[], object]  # the timed call; inputs are already native
-    error: Callable[[], float] | None = None  # max error vs the float64 reference (untimed)
-    error_of: str = ""  # what the error compares, e.g. "output", "grads", "logits"
-    note: Callable[[], str] | None = None  # read after the run (e.g. the SDPA backend used)
+    error: Callable[[], float] | None = None  # the error against the float64 reference
+    error_of: str = ""  # what the error compares, e.g. "output", "dq,dk,dv", "logits"
+    bound: float = 0.0  # the largest error that counts as right (``bounds.py``)
     extras: dict[str, float] = field(default_factory=dict)
 
 
@@ -67,17 +76,14 @@ def _no_grad(backend: Backend, grad: bool) -> contextlib.AbstractContextManager:
     return torch.no_grad()
 
 
-def _max_abs(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
-
-
-def _attention_note(backend: Backend, q: Any, k: Any, v: Any, causal: bool) -> Callable[[], str]:
-    """Which kernel ran, where the level can say: level 3's ``which_backend`` names the
-    SDPA backend that runs these very inputs (read after timing, never inside it)."""
-    which = getattr(backend.module, "which_backend", None)
-    if not callable(which):
-        return lambda: ""
-    return lambda: f"SDPA backend: {which(q, k, v, causal=causal)}"
+def scaled_error(got: np.ndarray, want: np.ndarray) -> float:
+    """``max |got - want| / max(1, max |want|)``, in float64 (inf for a non-finite value)."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if got.shape != want.shape:
+        raise ValueError(f"shape {got.shape} != reference shape {want.shape}")
+    if not np.isfinite(got).all():
+        return float("inf")
+    return float(np.max(np.abs(got - want)) / max(1.0, float(np.max(np.abs(want)))))
 
 
 # --------------------------------------------------------------------------- attention
@@ -131,10 +137,9 @@ class Attention:
             fn = _calls(backend, lambda: attention(q, k, v, causal=causal), grad=False)
 
             def error() -> float:
-                return _max_abs(backend.to_numpy(fn()), reference.attention(qr, kr, vr, causal))
+                return scaled_error(backend.to_numpy(fn()), reference.attention(qr, kr, vr, causal))
 
-            note = _attention_note(backend, q, k, v, causal)
-            return Case(fn=fn, error=error, error_of="output", note=note)
+            return Case(fn=fn, error=error, error_of="output", bound=error_bound(dtype))
 
         dout = backend.asarray(dout64, dtype)
         if backend.kind == "torch":
@@ -146,7 +151,7 @@ class Attention:
                 attention(q, k, v, causal=causal).backward(dout)
                 return [q.grad, k.grad, v.grad]
 
-        else:  # a level with a hand-written backward (level 1)
+        else:  # GRADIENTS == "hand-written": the level's own attention_grads (level 1)
 
             def step() -> list:
                 return list(backend.module.attention_grads(q, k, v, dout, causal=causal))
@@ -156,10 +161,9 @@ class Attention:
         def grad_error() -> float:
             got = [backend.to_numpy(g) for g in fn()]
             want = reference.attention_grads(qr, kr, vr, dr, causal)
-            return max(_max_abs(g, w) for g, w in zip(got, want, strict=True))
+            return max(scaled_error(g, w) for g, w in zip(got, want, strict=True))
 
-        note = _attention_note(backend, q, k, v, causal)
-        return Case(fn=fn, error=grad_error, error_of="dq,dk,dv", note=note)
+        return Case(fn=fn, error=grad_error, error_of="dq,dk,dv", bound=error_bound(dtype))
 
 
 # --------------------------------------------------------------------------- models
@@ -181,7 +185,7 @@ def _random_tokens(rng: np.random.Generator, config: TransformerConfig, shape) -
 
 
 def _needs_models(backend: Backend) -> str | None:
-    return None if backend.has_models else "attention only"
+    return None if backend.models else "attention only"
 
 
 @dataclass(frozen=True)
@@ -218,9 +222,9 @@ class DecoderForward:
 
         def error() -> float:
             want = reference.decoder_logits(self.config, params, dtype, [tokens64])[0]
-            return _max_abs(backend.to_numpy(fn()), want)
+            return scaled_error(backend.to_numpy(fn()), want)
 
-        return Case(fn=fn, error=error, error_of="logits")
+        return Case(fn=fn, error=error, error_of="logits", bound=error_bound(dtype))
 
 
 @dataclass(frozen=True)
@@ -273,7 +277,9 @@ class Generate:
             got = backend.to_numpy(fn()).astype(np.int64)
             return float(np.count_nonzero(got != want))
 
-        return Case(fn=fn, error=error, error_of="tokens != ref")
+        return Case(
+            fn=fn, error=error, error_of="tokens != ref", bound=token_bound(dtype, self.B * n)
+        )
 
 
 @dataclass(frozen=True)
@@ -343,15 +349,94 @@ class VarlenBatch:
                 self.config, params, dtype, [t for t, _ in padded], [m for _, m in padded]
             )
             got = [backend.to_numpy(x) for x in fn()]
-            return max(_max_abs(g, w) for g, w in zip(got, want, strict=True))
+            return max(scaled_error(g, w) for g, w in zip(got, want, strict=True))
 
         waste = padding_waste(self.batches(), self.lengths)
         return Case(
             fn=fn,
             error=error,
             error_of="logits",
+            bound=error_bound(dtype),
             extras={"padding_waste": waste},
         )
 
 
-Workload = Attention | DecoderForward | Generate | VarlenBatch
+# --------------------------------------------------------------------------- training
+
+
+@dataclass(frozen=True)
+class TrainStep:
+    """One optimisation step of the decoder-only model on a ``(B, T)`` batch of random tokens.
+
+    Loss, gradients, global-norm clipping and AdamW, through the training lab's
+    trainer backend for the level (``lab.backend``): torch autograd at levels
+    2-4, level 1's hand-written backward and numpy AdamW. The check compares
+    the first step's gradients with float64 autograd (level 2) on the same
+    parameters and batch.
+    """
+
+    config: TransformerConfig
+    B: int
+    T: int
+    seed: int = 0
+
+    @property
+    def scenario(self) -> str:
+        return "train step"
+
+    def shape(self) -> dict[str, int]:
+        c = self.config
+        return {"B": self.B, "T": self.T, "D": c.d_model, "L": c.n_layers, "V": c.vocab_size}
+
+    def flops(self) -> float:
+        # The backward costs about twice the forward (per weight matrix, one product
+        # for its input's gradient and one for its own): the usual 3x-forward rule.
+        return 3.0 * F.decoder_forward_flops(self.config, self.B, self.T)
+
+    def tokens(self) -> int:
+        return self.B * self.T
+
+    def unsupported(self, backend: Backend) -> str | None:
+        if not backend.models:
+            return "attention only"
+        return None if backend.has_grad else "no gradients at this level"
+
+    def batch(self):
+        from lab.data import Batch
+
+        rng = np.random.default_rng(self.seed)
+        seq = _random_tokens(rng, self.config, (self.B, self.T + 1))
+        every = np.ones((self.B, self.T), dtype=bool)
+        return Batch(inputs=seq[:, :-1], valid=every, targets=seq[:, 1:], scored=every)
+
+    def build(self, backend: Backend, dtype: str, reference: Reference) -> Case:
+        from lab.backend import OptimizerSettings, make_backend
+
+        params = init_params(self.config, "decoder_only", self.seed)
+        batch = self.batch()
+        trainer = make_backend(
+            backend.module,
+            self.config,
+            "decoder_only",
+            params,
+            OptimizerSettings(),
+            device=backend.device,
+            dtype=backend.native_dtype(dtype),
+        )
+
+        def step() -> float:
+            loss = trainer.loss_and_grads(batch)
+            trainer.step(1e-4)
+            return loss
+
+        def error() -> float:  # the first step, from the initial parameters
+            trainer.loss_and_grads(batch)
+            got = trainer.gradients()
+            trainer.step(1e-4)
+            want = reference.train_grads(self.config, params, batch)
+            return max(scaled_error(got[name], want[name]) for name in want)
+
+        return Case(fn=step, error=error, error_of="grads", bound=error_bound(dtype))
+
+
+Workload = Attention | DecoderForward | Generate | VarlenBatch | TrainStep

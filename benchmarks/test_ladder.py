@@ -4,13 +4,16 @@
     pytest benchmarks/ --benchmark-disable -q            # smoke test: every call once
     pytest benchmarks/ --benchmark-only --benchmark-group-by=group --benchmark-columns=median,iqr
 
-The workloads, the size budget and the float64 error check are those of
-``ladder bench`` (``benchmarks/plan.py``, ``benchmarks/scenarios.py``); here
-pytest-benchmark does the timing, with one untimed warm-up round, and each
-row's ``extra_info`` carries its FLOPs, GFLOP/s and what computes. A level
-that cannot be imported, a scenario a level lacks (gradients for levels 0-1)
-and a size over a level's budget are reported as skipped with the reason.
-``ladder bench`` remains the place for the full sweep, memory and ratios.
+The workloads, the size budget and the float64 check are those of
+``ladder bench`` (``benchmarks/plan.py``, ``benchmarks/scenarios.py``,
+``benchmarks/bounds.py``), in ``ladder bench``'s order: each case is first
+checked against its float64 reference and must be within its dtype's bound
+(the test fails otherwise, and nothing is timed); then pytest-benchmark times
+it, with one untimed warm-up round, and each row's ``extra_info`` carries its
+FLOPs, GFLOP/s, its error and what computes. A level that cannot be imported,
+a scenario a level lacks (gradients at level 0) and a size over a level's
+budget are reported as skipped with the reason. ``ladder bench`` remains the
+place for the full sweep, memory and ratios.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import levels
 from benchmarks.backends import load_backends
 from benchmarks.plan import Budget, bench_model, budget_key, varlen_lengths
 from benchmarks.reference import Reference
-from benchmarks.scenarios import Attention, DecoderForward, Generate, VarlenBatch
+from benchmarks.scenarios import Attention, DecoderForward, Generate, TrainStep, VarlenBatch
 from benchmarks.timing import summarize
 
 DTYPE = "float32"
@@ -42,6 +45,7 @@ WORKLOADS = [
     *(DecoderForward(_MODEL, 1, T) for T in (8, 128)),
     *(Generate(_MODEL, 1, 8, 4, use_cache=c) for c in (True, False)),
     *(VarlenBatch(_MODEL, varlen_lengths(6, 8, 40), 3, bucketed=b) for b in (False, True)),
+    TrainStep(_MODEL, 2, 16),
 ]
 
 
@@ -64,7 +68,12 @@ def test_ladder(benchmark, workload, level):
     if gflop > budget.max_gflop:
         pytest.skip(f"skipped (budget): {gflop:.3g} GFLOP per call > cap {budget.max_gflop:g}")
 
-    case = workload.build(backend, backend.effective_dtype(DTYPE), REFERENCE)
+    dtype = backend.effective_dtype(DTYPE)
+    case = workload.build(backend, dtype, REFERENCE)
+    error = case.error()  # checked before it is timed; also the first warm-up call
+    assert error <= case.bound, (
+        f"{level} {_label(workload)}: {case.error_of} error {error:.3g} > bound {case.bound:g} ({dtype})"
+    )
 
     def call():
         result = case.fn()
@@ -72,9 +81,7 @@ def test_ladder(benchmark, workload, level):
         return result
 
     benchmark.group = _label(workload)
-    benchmark.extra_info.update(
-        level=level, flops=workload.flops(), dtype=backend.effective_dtype(DTYPE)
-    )
+    benchmark.extra_info.update(level=level, flops=workload.flops(), dtype=dtype, error=error)
     benchmark.extra_info["describe"] = backend.description
     slow = budget_key(backend) in ("python", "interpreted")
     benchmark.pedantic(call, rounds=3 if slow else 10, iterations=1, warmup_rounds=1)

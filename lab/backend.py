@@ -33,7 +33,6 @@ matrices and are decayed, as in nanoGPT.
 from __future__ import annotations
 
 import contextlib
-import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -150,10 +149,13 @@ class TorchAutogradBackend(TrainerBackend):
         settings: OptimizerSettings,
         *,
         device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
     ):
         self.level, self.config, self.kind, self.settings = level, config, kind, settings
         self.device = torch.device(device) if device is not None else torch.device("cpu")
-        self.model = _model_class(level, kind)(config, dict(params), device=self.device)
+        self.model = _model_class(level, kind)(
+            config, dict(params), device=self.device, dtype=dtype
+        )
         self.named = dict(self.model.named_parameters())
         expected = param_shapes(config, kind)
         if set(self.named) != set(expected):
@@ -282,10 +284,12 @@ class NumpyBackend(TrainerBackend):
         kind: str,
         params: Mapping[str, np.ndarray],
         settings: OptimizerSettings,
+        *,
+        dtype: np.dtype | None = None,
     ):
         self.level, self.config, self.kind, self.settings = level, config, kind, settings
-        self.model = _model_class(level, kind)(config, dict(params))
-        self.optim = importlib.import_module(f"{level.__name__}.optim")
+        self.model = _model_class(level, kind)(config, dict(params), dtype=dtype)
+        self.optim = level.optim  # AdamW and clip_grad_norm in numpy
         live = self.model.parameters()  # the arrays the model computes with
         self.optimizer = self.optim.AdamW(
             live,
@@ -368,15 +372,16 @@ class NumpyBackend(TrainerBackend):
 
 def is_torch_level(level: ModuleType) -> bool:
     """Whether the level's arrays are torch tensors (and so autograd can train it)."""
-    return isinstance(level.asarray(np.zeros(1)), torch.Tensor)
+    return level.ARRAY == "torch"
 
 
 def check_trainable(level: ModuleType, kind: str) -> None:
-    """Raise ``ValueError`` if ``level`` has no way to compute gradients for ``kind``."""
-    if not is_torch_level(level) and not hasattr(_model_class(level, kind), "loss_and_grads"):
+    """Raise ``ValueError`` if ``level`` has no way to compute gradients (its ``GRADIENTS``)."""
+    _model_class(level, kind)  # an unknown kind is refused first
+    if level.GRADIENTS is None:
         raise ValueError(
-            f"{level.__name__} computes no gradients: its models have no loss_and_grads "
-            f"(see lab/backend.py for what a trainer backend needs)"
+            f"{level.__name__.rsplit('.', 1)[-1]} computes no gradients (inference only); "
+            "train at level 1 or above"
         )
 
 
@@ -388,12 +393,17 @@ def make_backend(
     settings: OptimizerSettings,
     *,
     device: str | None = None,
+    dtype=None,
 ) -> TrainerBackend:
-    """The backend that trains ``level``: autograd for torch levels; the level's own
-    ``loss_and_grads`` and numpy optimiser for a level that has them."""
+    """The backend that trains ``level``: autograd for torch levels (``GRADIENTS ==
+    "autograd"``); the level's own ``loss_and_grads`` and numpy optimiser for a level
+    with a hand-written backward. ``dtype`` is the level's native float dtype (default:
+    the level's default)."""
     check_trainable(level, kind)
-    if is_torch_level(level):
-        return TorchAutogradBackend(level, config, kind, params, settings, device=device)
+    if level.GRADIENTS == "autograd":
+        return TorchAutogradBackend(
+            level, config, kind, params, settings, device=device, dtype=dtype
+        )
     if device not in (None, "cpu"):
         raise ValueError(f"{level.__name__} runs on the CPU only, not {device!r}")
-    return NumpyBackend(level, config, kind, params, settings)
+    return NumpyBackend(level, config, kind, params, settings, dtype=dtype)

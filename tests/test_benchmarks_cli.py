@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import sys
 import time
 
 import numpy as np
@@ -21,7 +19,7 @@ from benchmarks import cli, flops
 from benchmarks.backends import level_backend, sdpa_backend
 from benchmarks.memory import peak_memory
 from benchmarks.plan import Budget, Plan
-from benchmarks.records import SKIPPED_BUDGET, Record
+from benchmarks.records import SKIPPED_BUDGET, WRONG, Record
 from benchmarks.reference import Reference
 from benchmarks.report import level_ratios, pair_ratios
 from benchmarks.runner import run_case
@@ -311,34 +309,6 @@ def test_unavailable_level_is_reported(monkeypatch, tmp_path):
     assert row["status"].startswith("unavailable: ") and "pretend" in row["status"]
 
 
-def test_missing_subcommand_provider_says_not_installed(monkeypatch, capsys):
-    monkeypatch.setattr(
-        cli, "PROVIDERS", (("no_such_package.cli", ("frobnicate",), "the frobnicator"),)
-    )
-    assert cli.main(["frobnicate", "--anything"]) == 1
-    assert "the frobnicator is not installed" in capsys.readouterr().err
-
-
-def test_help_lists_plugged_in_commands_without_importing_them(monkeypatch, capsys):
-    monkeypatch.setattr(
-        cli, "PROVIDERS", (("no_such_package.cli", ("frobnicate",), "the frobnicator"),)
-    )
-    with pytest.raises(SystemExit):
-        cli.main(["--help"])
-    text = capsys.readouterr().out
-    assert "bench" in text and "frobnicate" in text
-
-
-def test_blas_threads_are_set_before_numpy_loads(monkeypatch):
-    monkeypatch.delitem(sys.modules, "numpy")  # as in a fresh `ladder` process
-    for name in cli.BLAS_THREAD_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("MKL_NUM_THREADS", "7")  # set by the user: left alone
-    cli.limit_blas_threads(["bench", "--quick", "--threads", "3"])
-    assert os.environ["OPENBLAS_NUM_THREADS"] == "3" and os.environ["OMP_NUM_THREADS"] == "3"
-    assert os.environ["MKL_NUM_THREADS"] == "7"
-
-
 def test_gpu_reference_path_agrees_with_level1_in_float64():
     for name in ("level1_numpy", "level2_torch_manual"):
         _load(name)
@@ -355,7 +325,8 @@ def test_gpu_reference_path_agrees_with_level1_in_float64():
 )
 def test_device_cuda_without_cuda_says_so(capsys):
     assert cli.main(["bench", "--device", "cuda", "--no-progress"]) == 2
-    assert "no CUDA device" in capsys.readouterr().out
+    (line,) = capsys.readouterr().err.splitlines()  # one line, no traceback
+    assert line == "ladder bench: error: --device cuda: torch sees no CUDA device here"
 
 
 def test_measure_makes_the_warm_up_calls_itself():
@@ -410,10 +381,21 @@ class _Sleeper:
     def unsupported(self, backend):
         return None
 
+    def __init__(self, error=0.0):
+        self.error, self.calls = error, 0
+
     def build(self, backend, dtype, reference):
         from benchmarks.scenarios import Case
 
-        return Case(fn=lambda: time.sleep(0.05))
+        def fn():
+            self.calls += 1
+            time.sleep(0.05)
+
+        def check():  # the check runs the case once, as every workload's does
+            fn()
+            return self.error
+
+        return Case(fn=fn, error=check, error_of="output", bound=1e-3)
 
 
 def test_budget_stops_a_case_whose_first_call_is_far_over_the_cap():
@@ -428,3 +410,46 @@ def test_budget_stops_a_case_whose_first_call_is_far_over_the_cap():
     )
     assert record.status == SKIPPED_BUDGET and record.note.startswith("one call took")
     assert record.median_s is None  # no samples were taken
+
+
+def test_a_case_over_its_error_bound_is_reported_wrong_and_never_timed():
+    backend = level_backend("level1_numpy", _load("level1_numpy"), "cpu")
+    wrong = _Sleeper(error=0.5)  # bound 1e-3
+    record = run_case(
+        backend, wrong, dtype="float32", plan=_plan(Budget()), reference=Reference(), peak=None
+    )
+    assert record.status == WRONG and record.note == "output error 0.5 > bound 0.001"
+    assert wrong.calls == 1  # the check only: no warm-up, no sample
+    assert record.median_s is None and record.max_error == 0.5
+    right = _Sleeper(error=1e-4)
+    record = run_case(
+        backend, right, dtype="float32", plan=_plan(Budget()), reference=Reference(), peak=None
+    )
+    assert record.ok and record.error_bound == 1e-3 and right.calls > 2
+
+
+def test_a_nan_result_is_wrong():
+    backend = level_backend("level1_numpy", _load("level1_numpy"), "cpu")
+    record = run_case(
+        backend,
+        _Sleeper(error=float("nan")),
+        dtype="float32",
+        plan=_plan(Budget()),
+        reference=Reference(),
+        peak=None,
+    )
+    assert record.status == WRONG
+
+
+def test_cpu_threads_are_set_for_the_run_and_restored():
+    from threadpoolctl import threadpool_info
+
+    from benchmarks.bench import cpu_threads
+
+    before = torch.get_num_threads()
+    with cpu_threads(1):
+        assert torch.get_num_threads() == 1
+        assert all(
+            pool["num_threads"] == 1 for pool in threadpool_info() if pool["user_api"] == "blas"
+        )
+    assert torch.get_num_threads() == before

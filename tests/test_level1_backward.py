@@ -17,8 +17,7 @@ an infinite relative error. Scaling by the largest entry of the same
 parameter measures the error on the scale at which the optimiser sees that
 gradient, and it does not depend on how large the loss happens to be.
 
-``OPENBLAS_NUM_THREADS=1 python tests/test_level1_backward.py`` prints the
-training throughput of level 1 and level 2 (not a test).
+Training throughput is measured by the benchmark: ``ladder bench --scenario train``.
 """
 
 from __future__ import annotations
@@ -443,65 +442,3 @@ def test_level1_and_level2_follow_the_same_loss_curve(kind):
             ours, ref = np.delete(ours, key), np.delete(ref, key)
         err = global_rel_error(ours, ref)
         assert err < 1e-10, f"{name} after {STEPS} steps: {err:.2e}"
-
-
-# ---------------------------------------------------------------- throughput
-
-
-def _throughput() -> None:
-    """Training tokens/s (forward, backward, clip, AdamW) of level 1 and level 2, one model and batch."""
-    import time
-
-    from benchmarks.timing import TimingPolicy, cpu_timer, measure
-
-    cfg = levels.TransformerConfig(
-        vocab_size=64, d_model=128, n_heads=4, d_ff=512, n_layers=2, max_seq_len=256
-    )
-    B, T = 8, 128
-    params = init_params(cfg, "decoder_only", 0)
-    rng = np.random.default_rng(0)
-    seq = rng.integers(1, cfg.vocab_size, size=(B, T + 1))
-    inputs, targets = seq[:, :-1], seq[:, 1:]
-    tokens = B * T
-    # One thread each (torch's pool here; numpy's BLAS through OPENBLAS_NUM_THREADS=1
-    # in the command): a like-for-like comparison that a busy shared machine
-    # disturbs least.
-    torch.set_num_threads(1)
-    policy = TimingPolicy(warmup=2, min_repeat=5, max_repeat=20, min_time_s=2.0)
-    print(f"decoder-only {cfg}, B={B}, T={T}, torch threads={torch.get_num_threads()}")
-
-    runs = []
-    for dtype in (np.float64, np.float32):
-        model1 = L1.DecoderOnlyTransformer(cfg, params, dtype=dtype)
-        opt1 = optim.AdamW(model1.parameters(), lr=1e-4)
-
-        def step1(model1=model1, opt1=opt1):
-            _, grads = model1.loss_and_grads(inputs, targets)
-            optim.clip_grad_norm(grads, 1.0)
-            opt1.step(grads)
-
-        runs.append((f"level1_numpy {np.dtype(dtype).name}", step1))
-    for dtype in (torch.float64, torch.float32):
-        model2 = L2.DecoderOnlyTransformer(cfg, params, dtype=dtype)
-        opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-4)
-        x, y = torch.as_tensor(inputs), torch.as_tensor(targets)
-
-        def step2(model2=model2, opt2=opt2, x=x, y=y):
-            opt2.zero_grad()
-            torch_loss(model2(x), y).backward()
-            torch.nn.utils.clip_grad_norm_(model2.parameters(), 1.0)
-            opt2.step()
-
-        runs.append((f"level2_torch_manual {str(dtype).split('.')[-1]}", step2))
-    start = time.perf_counter()
-    for name, fn in runs:
-        stats = measure(fn, cpu_timer(), policy)
-        print(
-            f"{name:28s} {stats.median * 1e3:8.1f} ms/step (IQR {stats.iqr * 1e3:.1f})"
-            f"  {tokens / stats.median:10.0f} tokens/s"
-        )
-    print(f"({time.perf_counter() - start:.0f} s)")
-
-
-if __name__ == "__main__":
-    _throughput()

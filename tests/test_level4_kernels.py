@@ -51,7 +51,8 @@ def tiles_for(device: str) -> Tiles | None:
 
     Autotuning each of these small test shapes on a GPU would compile every
     candidate configuration of three kernels per shape (minutes); the tests pin
-    one tile instead, and gpu_bench checks the autotuned path at large sizes.
+    one tile instead, and ``test_autotuned_kernels_at_scale`` checks the
+    autotuned path at large sizes.
     """
     return None if device == "cpu" else Tiles(block_m=32, block_n=16)
 
@@ -220,6 +221,41 @@ def test_attention_low_precision(device, T, S, Dh, causal, mask_kind):
         base = with_grads(sdpa, q, k, v, d_out, **kw)
         for name, g, b, w in zip(GRAD_NAMES, got, base, want, strict=True):
             check_lowp(g.cpu(), w, b.cpu(), dtype, f"{dtype} {name}")
+
+
+# On a GPU: odd lengths far from any tile multiple and a head width (80) padded to
+# 128, with the autotuned tiles; under the interpreter, the same checks at sizes
+# it can run (a few seconds). Low precision under the flash-attention rule.
+AT_SCALE = {
+    "cuda": [(1000, 1537, 80, True), (1000, 1537, 80, False), (2048, 2048, 64, True)],
+    "cpu": [(45, 70, 24, True), (45, 70, 24, False)],
+}
+
+
+def pytest_generate_tests(metafunc):
+    """The sizes of ``test_autotuned_kernels_at_scale`` are the device's (``--device``)."""
+    if "scale_shape" in metafunc.fixturenames:
+        shapes = AT_SCALE[metafunc.config.getoption("--device")]
+        ids = [f"T{T}-S{S}-Dh{Dh}-{'causal' if c else 'full'}" for T, S, Dh, c in shapes]
+        metafunc.parametrize("scale_shape", shapes, ids=ids)
+
+
+@pytest.mark.slow
+def test_autotuned_kernels_at_scale(device, scale_shape):
+    """Forward and backward with the tiles the kernels choose themselves (autotuned on a
+    GPU), float16 and (GPU) bfloat16 within twice SDPA's own error, padding mask."""
+    T, S, Dh, causal = scale_shape
+    B, H = (2, 4) if device == "cuda" else (1, 2)
+    q, k, v, d_out = random_qkv(T + S + Dh, B, H, T, S, Dh)
+    mask = make_mask("padding", B, H, T, S, torch.Generator().manual_seed(T))
+    want = with_grads(reference(causal=causal, mask=mask), q, k, v, d_out)
+    for dtype in dtypes_here(device)[1:]:
+        sdpa = functools.partial(sdpa_same_dtype, causal=causal, mask=mask.to(device))
+        kw = {"dtype": dtype, "device": device}
+        got = with_grads(ours(device, causal=causal, mask=mask, tiles=None), q, k, v, d_out, **kw)
+        base = with_grads(sdpa, q, k, v, d_out, **kw)
+        for name, g, b, w in zip(GRAD_NAMES, got, base, want, strict=True):
+            check_lowp(g.cpu(), w, b.cpu(), dtype, f"{dtype} {name} T={T} S={S} Dh={Dh}")
 
 
 def test_attention_strided_inputs_and_scale(device):
@@ -392,30 +428,3 @@ def test_describe_names_the_interpreter_without_cuda():
         assert text.startswith("Triton interpreter")
     else:
         assert "CUDA" in text and "interpreter" not in text
-
-
-# ---------------------------------------------------------------------------
-# the GPU bench's host-side logic (the bench itself needs CUDA: benchmarks/gpu_check.sh)
-# ---------------------------------------------------------------------------
-
-
-def test_gpu_bench_flop_formula_and_plan():
-    from levels.level4_triton_kernel import gpu_bench
-
-    fwd = gpu_bench.SpeedCase("level4", "fwd", T=1024, Dh=64, causal=False)
-    assert fwd.flops() == 4 * fwd.B * fwd.H * 1024 * 1024 * 64  # QK^T and PV, 2 FLOPs per MAC
-    causal = gpu_bench.SpeedCase("level4", "fwd", T=1024, Dh=64, causal=True)
-    assert causal.flops() == fwd.flops() / 2
-    both = gpu_bench.SpeedCase("level4", "fwd+bwd", T=1024, Dh=64, causal=False)
-    assert both.flops() == 3.5 * fwd.flops()  # backward counted as 2.5x the forward
-    assert gpu_bench.main(["--dry-run"]) == 0
-
-
-def test_gpu_bench_accuracy_check_runs_here(device):
-    """The flash-rule comparison of the bench, on a tiny fp16 case (interpreter on CPU)."""
-    from levels.level4_triton_kernel import gpu_bench
-
-    case = gpu_bench.run_accuracy(gpu_bench.AccuracyCase("float16", 1, 2, 13, 29, 24, True), device)
-    assert set(case.errors) == {"out", "dq", "dk", "dv"}
-    assert case.passed, case.errors
-    assert "ok" in gpu_bench.accuracy_table([case])
