@@ -1,6 +1,6 @@
 """The training lab: train the ladder's models on generated tasks, after checking them.
 
-``ladder train`` / ``ladder preflight`` (``lab.cli``) are the way in;
+``ladder train`` / ``preflight`` / ``generate`` (``lab.commands``) are the way in;
 docs/training.md is the chapter. The modules, in the order a run uses them:
 
 * ``levels.common.tasks``: the generated tasks (copy, reverse, cycle);
@@ -11,5 +11,6 @@ docs/training.md is the chapter. The modules, in the order a run uses them:
 * ``preflight``: four properties checked before any training;
 * ``train``: the defaults, the schedule and the loop;
 * ``evaluate``: held-out loss, teacher-forced and free-running accuracy;
-* ``checkpoint``: atomic, ``weights_only``-loadable checkpoints.
+* ``checkpoint``: atomic, checksummed, ``weights_only``-loadable checkpoints;
+* ``inference``: a trained checkpoint loaded at any level, continuing an input.
 """

@@ -148,6 +148,41 @@ def build_backend(spec: RunSpec, level: ModuleType, *, device: str | None = None
 Progress = Callable[[int, float, float], None]  # (step, loss, tokens per second)
 
 
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during training: where the run stopped and what is saved.
+
+    ``step`` is the number of steps done; ``saved_step`` the step of the last
+    checkpoint written (None if none was), at ``checkpoint``.
+    """
+
+    def __init__(self, step: int, checkpoint: str | Path | None, saved_step: int | None):
+        self.step, self.checkpoint, self.saved_step = step, checkpoint, saved_step
+        if checkpoint is None:
+            where = "no checkpoint (run with --checkpoint PATH to keep the state)"
+        elif saved_step is None:
+            where = f"no checkpoint written yet to {checkpoint}"
+        else:
+            where = f"last checkpoint: {checkpoint} (step {saved_step})"
+        super().__init__(f"interrupted at step {step}; {where}")
+
+
+def check_resumable(saved_spec: dict, spec: RunSpec, checkpoint: str | Path) -> None:
+    """Refuse to resume ``checkpoint`` as a run it is not: kind, task, model, settings."""
+    saved = spec_to_dict(spec_from_dict(saved_spec))
+    wanted = spec_to_dict(spec)
+    for key in ("kind", "task", "config", "settings"):
+        if saved[key] != wanted[key]:
+            raise ValueError(
+                f"{checkpoint} was written for another run: {key} {_short(saved[key])} there, "
+                f"{_short(wanted[key])} asked for"
+            )
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
 def train(
     spec: RunSpec,
     level: ModuleType,
@@ -184,43 +219,49 @@ def train(
 
     start, losses, grad_norms = 0, [], []
     backend.seed(settings.seed)
+    saved_step = None
     if resume:
         if checkpoint is None:
             raise ValueError("resume needs a checkpoint path")
         saved = load_checkpoint(checkpoint)
-        if spec_to_dict(spec_from_dict(saved["spec"])) != spec_to_dict(spec):
-            raise ValueError(f"{checkpoint} was written for a different run spec")
+        check_resumable(saved["spec"], spec, checkpoint)
         backend.load_state(saved)
         start, losses = int(saved["step"]), [float(x) for x in saved["losses"]]
+        saved_step = start
 
     stop = settings.steps if stop_after is None else min(stop_after, settings.steps)
     train_started = time.perf_counter()
     real_tokens = 0
-    for step in range(start, stop):
-        batch = stream.batch_at(step)
-        loss = backend.loss_and_grads(batch)
-        if not math.isfinite(loss):
-            raise FloatingPointError(f"the training loss became {loss} at step {step}")
-        grad_norms.append(backend.step(learning_rate(step, settings)))
-        losses.append(loss)
-        real_tokens += batch.n_real
-        if progress is not None:
-            progress(step + 1, loss, real_tokens / (time.perf_counter() - train_started))
-        done = step + 1
-        if checkpoint is not None and (
-            done == stop or (checkpoint_every and done % checkpoint_every == 0)
-        ):
-            save_checkpoint(
-                checkpoint,
-                {**backend.state(), "spec": spec_to_dict(spec), "step": done, "losses": losses},
-            )
+    done = start
+    try:
+        for step in range(start, stop):
+            batch = stream.batch_at(step)
+            loss = backend.loss_and_grads(batch)
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"the training loss became {loss} at step {step}")
+            grad_norms.append(backend.step(learning_rate(step, settings)))
+            losses.append(loss)
+            real_tokens += batch.n_real
+            done = step + 1
+            if progress is not None:
+                progress(done, loss, real_tokens / (time.perf_counter() - train_started))
+            if checkpoint is not None and (
+                done == stop or (checkpoint_every and done % checkpoint_every == 0)
+            ):
+                save_checkpoint(
+                    checkpoint,
+                    {**backend.state(), "spec": spec_to_dict(spec), "step": done, "losses": losses},
+                )
+                saved_step = done
+    except KeyboardInterrupt:
+        raise TrainingInterrupted(done, checkpoint, saved_step) from None
     train_seconds = time.perf_counter() - train_started
 
     token, baseline = majority_baseline(train_set, heldout)
     seen = set(train_set)  # examples are frozen dataclasses, so hashable
     result: dict[str, Any] = {
         "level": level.__name__.rsplit(".", 1)[-1],
-        "describe": level.describe() if hasattr(level, "describe") else "",
+        "describe": level.DESCRIPTION,
         "kind": spec.kind,
         "task": spec.task.name,
         "steps": stop,

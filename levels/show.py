@@ -15,14 +15,14 @@ from __future__ import annotations
 import argparse
 import ast
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import LEVELS, level_names
+from . import LEVELS
 
 ROOT = Path(__file__).resolve().parent  # the levels/ package
-DOCS = ROOT.parent / "docs"
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ PIECES: dict[str, dict[str, tuple[Source, ...] | Reuse]] = {
     },
     "kv_cache": {
         "level0_loops": (Source("level0_loops/models.py", "KVCache"),),
-        "level1_numpy": Reuse("level0_loops", "level 1 binds level 0's architecture to numpy"),
+        "level1_numpy": Reuse("level0_loops", "level 1's classes are level 0's with numpy ops"),
         "level2_torch_manual": (Source("level2_torch_manual/cache.py", "KVCache"),),
         "level3_sdpa_flash": (Source("level3_sdpa_flash/cache.py", "StaticKVCache"),),
         "level4_triton_kernel": Reuse("level3_sdpa_flash", "its KERNELS use level 3's cache"),
@@ -82,9 +82,11 @@ PIECES: dict[str, dict[str, tuple[Source, ...] | Reuse]] = {
 }
 
 
-def chapter(level: str) -> Path:
-    """The tutorial chapter of ``level``: ``docs/<level>.md``."""
-    return DOCS / f"{level}.md"
+def chapter(level: str) -> str:
+    """The tutorial chapter of ``level``, as its package docstring names it (``docs/<level>.md``)."""
+    doc = ast.get_docstring(ast.parse((ROOT / level / "__init__.py").read_text())) or ""
+    found = re.search(r"docs/[\w.-]+\.md", doc)
+    return found.group(0) if found else "(no chapter named)"
 
 
 def _find(tree: ast.Module, qualname: str) -> ast.AST | None:
@@ -125,14 +127,6 @@ def summary(level: str) -> str:
     first = doc.split("\n\n")[0].replace("\n", " ").strip()
     first = first.replace("``", "`")  # reST literals -> Markdown code
     return first.split(": ", 1)[1] if first.startswith("Level ") and ": " in first else first
-
-
-def _level_names(text: str | None) -> list[str]:
-    """``--levels`` for argparse: ``levels.level_names``, its error as a usage message."""
-    try:
-        return level_names(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 class _Printer:
@@ -188,12 +182,13 @@ def show_overview(printer: _Printer) -> None:
     printer.heading("the ladder")
     for level in LEVELS:
         printer.line(f"{level:<22} {summary(level)}")
-        printer.line(f"{'':<22} chapter: docs/{chapter(level).name}")
+        printer.line(f"{'':<22} chapter: {chapter(level)}")
     print()
     printer.line("pieces: " + ", ".join(PIECES) + "   (e.g. `ladder show attention --levels 1,2`)")
 
 
 def run(args: argparse.Namespace) -> int:
+    """``ladder show``: the overview, or one piece at the chosen levels."""
     printer = _Printer(plain=args.plain)
     try:
         if args.piece is None:
@@ -207,33 +202,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(subparsers) -> None:
-    """Register ``show`` on the ``ladder`` command (see benchmarks/cli.py)."""
-    p = subparsers.add_parser(
-        "show",
-        help="print one piece of the model as each level writes it",
-        description=(
-            "Print a piece of the transformer (its source) as each level writes it, "
-            "lowest level first. Without a piece: the levels and their chapters."
-        ),
-    )
-    p.add_argument("piece", nargs="?", choices=tuple(PIECES), help="what to show")
-    p.add_argument(
-        "--levels",
-        type=_level_names,
-        default=None,
-        help="comma-separated levels, e.g. 1,2 (default: all)",
-    )
-    p.add_argument("--plain", action="store_true", help="no highlighting, even on a terminal")
-    p.set_defaults(func=run)
-
-
 def main(argv: list[str] | None = None) -> int:
     """``python -m levels.show [piece] [--levels ...]``, the same as ``ladder show``."""
-    parser = argparse.ArgumentParser(prog="python -m levels")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["show", *(sys.argv[1:] if argv is None else argv)])
-    return run(args)
+    from benchmarks.cli import main as ladder
+
+    return ladder(["show", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

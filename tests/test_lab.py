@@ -7,7 +7,6 @@ with one thread here (see ``one_thread``).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import types
@@ -17,8 +16,8 @@ import pytest
 import torch
 
 import levels
-from lab import cli
-from lab.checkpoint import load_checkpoint, save_checkpoint
+from benchmarks.cli import main as ladder
+from lab.checkpoint import load_checkpoint
 from lab.data import BatchStream, collate
 from lab.loss import masked_cross_entropy
 from lab.preflight import PreflightError, run_preflight
@@ -140,29 +139,6 @@ def test_learning_rate_schedule():
 # -- checkpoints -------------------------------------------------------------------
 
 
-def test_checkpoint_round_trip_and_atomic_write(tmp_path):
-    path = tmp_path / "run.pt"
-    payload = {
-        "params": {"w": np.arange(6, dtype=np.float32).reshape(2, 3)},
-        "optimizer": {"step": 3, "exp_avg": {}},
-        "betas": (0.9, 0.98),
-        "note": "x",
-    }
-    save_checkpoint(path, payload)
-    # Loadable by plain torch with weights_only=True: nothing but tensors and containers.
-    raw = torch.load(path, weights_only=True)
-    assert raw["params"]["w"].dtype == torch.float32
-    back = load_checkpoint(path)
-    assert np.array_equal(back["params"]["w"], payload["params"]["w"])
-    assert back["betas"] == [0.9, 0.98] and back["optimizer"]["step"] == 3
-
-    # A save that fails half-way leaves the previous file intact and no temporary file.
-    with pytest.raises(Exception):  # noqa: B017 (torch raises a pickling error)
-        save_checkpoint(path, {"bad": lambda: None})
-    assert np.array_equal(load_checkpoint(path)["params"]["w"], payload["params"]["w"])
-    assert [p.name for p in tmp_path.iterdir()] == ["run.pt"]
-
-
 def test_resume_continues_the_same_loss_curve(tmp_path):
     level = load_level(LEVEL2)
     spec = tiny_spec("seq2seq", "reverse", steps=6, max_len=5)
@@ -202,6 +178,9 @@ def _broken_level(model_class: type) -> types.ModuleType:
     base = levels.load(LEVEL2)
     level = types.ModuleType(f"broken_{model_class.__name__}")
     level.asarray, level.to_numpy = base.asarray, base.to_numpy
+    level.ARRAY, level.GRADIENTS, level.INTERPRETED = base.ARRAY, base.GRADIENTS, False
+    level.DESCRIPTION = f"level 2 with a broken {model_class.__name__}"
+    level.describe = lambda **kw: level.DESCRIPTION
     level.DecoderOnlyTransformer = model_class
     return level
 
@@ -325,27 +304,13 @@ def test_a_short_run_beats_the_majority_baseline():
 # -- command line ------------------------------------------------------------------
 
 
-def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    cli.add_parser(parser.add_subparsers(dest="command", required=True))
-    return parser.parse_args(argv)
-
-
-def test_cli_train_writes_metrics_plot_and_checkpoint(tmp_path):
+def test_cli_train_writes_metrics_plot_and_checkpoint(tmp_path, capsys):
     load_level(LEVEL2)
     out = tmp_path / "m.json"
-    args = _parse(
-        ["train", "decoder-only", "--level", "2", "--quick", "--steps", "8"]
-        + [
-            "--json",
-            str(out),
-            "--plot",
-            str(tmp_path / "c.png"),
-            "--checkpoint",
-            str(tmp_path / "c.pt"),
-        ]
-    )
-    assert args.func(args) == 0
+    argv = ["train", "decoder-only", "--level", "2", "--quick", "--steps", "8"]
+    argv += ["--json", str(out), "--plot", str(tmp_path / "c.png")]
+    argv += ["--checkpoint", str(tmp_path / "c.pt")]
+    assert ladder(argv) == 0
     metrics = json.loads(out.read_text())
     for key in (
         "heldout_loss",
@@ -359,17 +324,19 @@ def test_cli_train_writes_metrics_plot_and_checkpoint(tmp_path):
     assert metrics["steps"] == 8 and len(metrics["losses"]) == 8
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert load_checkpoint(tmp_path / "c.pt")["step"] == 8
+    capsys.readouterr()
 
-    # Resuming a finished run only evaluates it again.
-    args = _parse(
-        ["train", "decoder-only", "--resume", "--checkpoint", str(tmp_path / "c.pt")]
-        + ["--json", str(out)]
+    # Resuming a finished run says so, and changes nothing.
+    before = (tmp_path / "c.pt").read_bytes()
+    assert (
+        ladder(["train", "decoder-only", "--resume", "--checkpoint", str(tmp_path / "c.pt")]) == 0
     )
-    assert args.func(args) == 0
-    assert json.loads(out.read_text())["losses"] == metrics["losses"]
+    assert "the run is finished (8 of 8 steps)" in capsys.readouterr().out
+    assert (tmp_path / "c.pt").read_bytes() == before
 
-    args = _parse(["preflight", "seq2seq", "--level", LEVEL2, "--task", "copy"])
-    assert args.func(args) == 0
-    with pytest.raises(SystemExit, match="decoder-only task"):
-        args = _parse(["train", "decoder-only", "--task", "reverse"])
-        args.func(args)
+    assert ladder(["preflight", "seq2seq", "--level", LEVEL2, "--task", "copy"]) == 0
+    out = capsys.readouterr().out
+    assert "at level2_torch_manual, task copy" in out and out.count("pass ") == 4
+    assert ladder(["train", "decoder-only", "--task", "reverse"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("ladder train: error:") and "decoder-only" in line
