@@ -322,9 +322,12 @@ def _one_line(exc: BaseException) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra:  # a typo in a command's flags: that command's usage error, not the top level's
-        _subparser(parser, args.command).error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # a typo in a command's flags: that command's usage error, not the top level's
+            _subparser(parser, args.command).error(f"unrecognized arguments: {' '.join(extra)}")
+    except SystemExit as exc:  # --help (0) or a usage error (2), already printed by argparse
+        return int(exc.code or 0)
     debug = getattr(args, "debug", False) or os.environ.get("LADDER_DEBUG") == "1"
     prog = f"ladder {args.command}"
     try:
@@ -350,4 +353,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run as ``python -m benchmarks.cli``: call the imported module's main, so the commands
+    # (which import benchmarks.cli) raise the very UsageError and Interrupted caught there.
+    sys.exit(importlib.import_module("benchmarks.cli").main())

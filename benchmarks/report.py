@@ -16,10 +16,10 @@ from rich.text import Text
 
 from .records import FIGURE, Record
 
-# Below this console width a table drops its spread, memory and note columns
-# (the compact layout) so that no number is broken across lines.
-COMPACT_BELOW = 140
-COMPACT_DROPS = ("IQR", "peak mem", "note")
+# A table wider than the console drops columns in this order until it fits, and
+# then shortens level names ("level2_torch_manual" -> "level2"): no number is ever
+# broken across lines or cropped. --json keeps every field.
+DROP_ORDER = ("note", "IQR", "peak mem", "% peak", "waste", "dtype", "GFLOP/s")
 
 
 def fmt_time(seconds: float | None) -> str:
@@ -132,6 +132,7 @@ def _cells(r: Record, varying: list[str]) -> list[str]:
         # "skipped: no gradients at this level" -> "skipped" here, the reason in the note;
         # a wrong case shows its error, which is why it was not timed.
         short, _, why = r.status.partition(": ")
+        short = "budget" if short == "skipped (budget)" else short
         error = fmt_error(r) if r.max_error is not None else ""
         cells = [size, r.level, dtype, short, *[""] * 6, error]
         return [*cells, "; ".join(filter(None, (why, r.note)))]
@@ -151,37 +152,69 @@ def _cells(r: Record, varying: list[str]) -> list[str]:
     ]
 
 
-def scenario_table(scenario: str, records: list[Record], *, compact: bool = False) -> Table:
+def _table(title: str, headers: list[str], rows: list[list[str]]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for header in headers:
+        right = dict(COLUMNS)[header]
+        # Every column but the note is no_wrap: a number is never broken across lines.
+        table.add_column(header, justify="right" if right else "left", no_wrap=header != "note")
+    for row in rows:
+        table.add_row(*(_text(cell) for cell in row))
+    return table
+
+
+def _needed_width(headers: list[str], rows: list[list[str]]) -> int:
+    """Columns a table of these cells needs with every number whole: each column is its
+    widest cell (the note only its longest word, since it may wrap), plus rich's padding
+    of one space each side and one border character per column, plus the last border."""
+    width = 1
+    for i, header in enumerate(headers):
+        cells = [header, *(row[i] for row in rows)]
+        if header == "note":
+            cells = [word for cell in cells for word in cell.split()] or [""]
+        width += max(len(cell) for cell in cells) + 3
+    return width
+
+
+def scenario_table(scenario: str, records: list[Record], *, width: int | None = None) -> Table:
     """One scenario: every level at every size, with the harness's columns.
 
-    Every column but the note is ``no_wrap``: a number is never broken across
-    lines; the note column takes what width is left. ``compact`` leaves out
-    the IQR, memory and note columns, for narrow terminals.
+    Columns empty in every row are left out. With a ``width``, columns go in
+    ``DROP_ORDER`` (then level names shorten) until the table fits.
     """
     varying, fixed = _split_shape(records)
     self_attention = "S" in varying and all(r.shape["S"] == r.shape["T"] for r in records)
     if self_attention:
         varying.remove("S")  # S = T: said once, in the title
     title = f"{scenario}  [{size_label(records[0].shape, fixed)}{' S=T' if self_attention else ''}]"
+    title = f"{title}  on {records[0].device}"
     rows = [_cells(r, varying) for r in records]
+    headers = [h for h, _ in COLUMNS]
     keep = [
-        i
-        for i, (header, _) in enumerate(COLUMNS)
-        if (i < 4 and records[0].status != FIGURE or any(row[i] for row in rows))
-        and not (compact and header in COMPACT_DROPS)
+        h
+        for i, h in enumerate(headers)
+        if (i < 4 and records[0].status != FIGURE) or any(row[i] for row in rows)
     ]
-    table = Table(title=f"{title}  on {records[0].device}", title_justify="left")
-    for i in keep:
-        header, right = COLUMNS[i]
-        table.add_column(
-            header,
-            justify="right" if right else "left",
-            no_wrap=header != "note",
-            overflow="fold",
-        )
-    for row in rows:
-        table.add_row(*(_text(row[i]) for i in keep))
-    return table
+    short = False
+    while True:
+        shown = [
+            [
+                (
+                    row[headers.index(h)].split("_")[0]
+                    if short and h == "level"
+                    else row[headers.index(h)]
+                )
+                for h in keep
+            ]
+            for row in rows
+        ]
+        droppable = [h for h in DROP_ORDER if h in keep]
+        if width is None or _needed_width(keep, shown) <= width or (short and not droppable):
+            return _table(title, keep, shown)
+        if droppable:
+            keep.remove(droppable[0])
+        else:
+            short = True
 
 
 @dataclass(frozen=True)
@@ -317,21 +350,25 @@ def summary_table(records: list[Record]) -> Table:
 
 def print_report(records: list[Record], machine: str, console: Console | None = None) -> None:
     console = console or make_console()
-    compact = console.width < COMPACT_BELOW
     console.print(machine_table(records, machine))
     scenarios = list(
         dict.fromkeys(r.scenario for r in records if r.scenario not in ("matmul peak", "-"))
     )
+    narrowed = False
     for scenario in scenarios:
         rows = [r for r in records if r.scenario == scenario]
-        console.print(scenario_table(scenario, rows, compact=compact))
+        table = scenario_table(scenario, rows, width=console.width)
+        narrowed |= len(table.columns) < len(scenario_table(scenario, rows).columns)
+        console.print(table)
     console.print(summary_table(records))
-    if compact:
+    if narrowed:
         console.print(
-            f"(a console under {COMPACT_BELOW} columns: the IQR, memory and note columns are "
-            "left out; widen it, or read every field with --json)"
+            f"(a console of {console.width} columns: some columns are left out to keep every "
+            "number whole; widen it, or read every field with --json)",
+            markup=False,
         )
     console.print(
         "Timings on a shared machine are noisy: compare ratios within one run, not numbers "
-        "across runs. Interpreter rows are a CPU emulation of a GPU kernel, not GPU timings."
+        "across runs. Interpreter rows are a CPU emulation of a GPU kernel, not GPU timings.",
+        markup=False,
     )

@@ -172,6 +172,11 @@ def train(args: argparse.Namespace) -> int:
         console=console,
         transient=False,
     )
+    resuming = f", resuming at step {start_step}" if start_step else ""
+    print(
+        f"training {name} {spec.kind} {spec.task.name}: {spec.settings.steps} steps{resuming}",
+        flush=True,
+    )
     started = time.perf_counter()
     with bar:
         job = bar.add_task(

@@ -13,6 +13,10 @@ with ``python`` is one of:
 
 A ```` ```output ```` block right after a running block is what that block
 must print (compared exactly, trailing whitespace aside).
+
+A page whose blocks need a level that may be missing on a machine (level 4
+without triton) says so once, in a comment: ``<!-- needs: level4_triton_kernel -->``.
+Where that level cannot load, the page's blocks are skipped with the reason.
 """
 
 from __future__ import annotations
@@ -183,3 +187,16 @@ def find_chunk(chunk: list[str], source: list[str], start: int = 0) -> int | Non
         ):
             return i
     return None
+
+
+NEEDS = re.compile(r"<!-- needs: (?P<levels>[\w, ]+) -->")
+
+
+def needed_levels(path: Path) -> list[str]:
+    """The levels a page's blocks need (its ``<!-- needs: ... -->`` comments)."""
+    return [
+        name.strip()
+        for found in NEEDS.finditer(path.read_text())
+        for name in found["levels"].split(",")
+        if name.strip()
+    ]

@@ -94,6 +94,7 @@ def test_explicit_scale(case):
 
 
 MASK_SHAPES = {
+    "S": lambda B, H, T, S: (S,),  # one row of keys for every query, head and batch row
     "TS": lambda B, H, T, S: (T, S),
     "B1TS": lambda B, H, T, S: (B, 1, T, S),
     "1H1S": lambda B, H, T, S: (1, H, 1, S),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 
 import numpy as np
@@ -453,3 +454,42 @@ def test_cpu_threads_are_set_for_the_run_and_restored():
             pool["num_threads"] == 1 for pool in threadpool_info() if pool["user_api"] == "blas"
         )
     assert torch.get_num_threads() == before
+
+
+def _rendered(records, width: int) -> str:
+    from rich.console import Console
+
+    from benchmarks.report import print_report
+
+    console = Console(width=width, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+    print_report(records, "a machine", console)
+    return console.export_text()
+
+
+@pytest.mark.parametrize("width", [80, 120, 200])
+def test_tables_never_break_or_crop_a_number(width):
+    """Below the full width columns go (note first, then IQR, memory, ...), never digits."""
+    from benchmarks.doc_tables import BENCH_JSON
+    from benchmarks.records import read_json
+    from benchmarks.report import fmt_time
+
+    records = read_json(BENCH_JSON)
+    text = _rendered(records, width)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= width
+    assert "…" not in text  # rich's mark for a cropped cell
+    medians = [fmt_time(r.median_s) for r in records if r.ok and r.scenario != "matmul peak"]
+    rows = [line for line in lines if line.startswith("│")]
+    for median in medians:  # every median appears whole on some table row
+        assert any(median in row for row in rows), median
+
+
+def test_user_text_is_not_read_as_markup():
+    record = Record(
+        level="level4_triton_kernel",
+        scenario="-",
+        device="cpu",
+        dtype="float32",
+        status="unavailable: pip install 'attention-ladder[triton]'",
+    )
+    assert "attention-ladder[triton]" in _rendered([record], 150)

@@ -48,12 +48,21 @@ BAD_CONFIGS = {
     "dropout-one": dict(dropout=1.0),
     "negative-eps": dict(norm_eps=-1e-5),
     "pad-outside-vocab": dict(pad_id=11),
+    "fractional-pad": dict(pad_id=0.5),
+    "bool-eos": dict(eos_id=True),
+    "infinite-eps": dict(norm_eps=float("inf")),
+    "nan-rope-base": dict(rope_base=float("nan")),
+    "bias-as-text": dict(bias="no"),
+    "dropout-as-text": dict(dropout="0.1"),
 }
 
 
 @pytest.mark.parametrize("bad", list(BAD_CONFIGS))
 def test_bad_config_raises(bad):
-    with pytest.raises(ValueError):
+    name = {"heads-do-not-divide": "n_heads", "odd-head-width-with-rope": "head width"}.get(
+        bad, next(iter(BAD_CONFIGS[bad]))
+    )
+    with pytest.raises(ValueError, match=name):  # the message names what is wrong
         TransformerConfig(**(GOOD | BAD_CONFIGS[bad]))
 
 

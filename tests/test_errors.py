@@ -315,3 +315,133 @@ def test_bad_parameters_are_listed(level, kind):
     message = str(info.value)
     for name in (missing, "layers.9.surprise", misshaped):
         assert name in message, f"{name!r} not named in: {message}"
+
+
+@pytest.mark.parametrize("kind", ["decoder_only", "seq2seq"])
+def test_complex_parameters_are_refused(level, kind):
+    """A complex parameter would lose its imaginary part in a real dtype: refused, named."""
+    config = tiny_config()
+    params = init_params(config, kind, seed=0)
+    params["token_embedding.weight" if kind == "decoder_only" else "output_projection.weight"] = (
+        params["token_embedding.weight" if kind == "decoder_only" else "output_projection.weight"]
+        * (1 + 1j)
+    )
+    cls = "DecoderOnlyTransformer" if kind == "decoder_only" else "Seq2SeqTransformer"
+    with raises_before_launch(TypeError, match="not real numbers: .*weight"):
+        level.build(cls, config, params)
+
+
+# ---------------------------------------------------------------------------
+# Token arrays: shape and dtype, at the model boundary
+# ---------------------------------------------------------------------------
+
+BAD_TOKEN_SHAPES = {
+    "1-D": np.array([3, 4]),
+    "0-d": np.array(3),
+    "(B,T,1)": np.array([[[3], [4]]]),
+    "empty batch (0,T)": np.zeros((0, 3), dtype=np.int64),
+    "empty row (B,0)": np.zeros((2, 0), dtype=np.int64),
+}
+
+
+@pytest.mark.parametrize("shape", list(BAD_TOKEN_SHAPES))
+def test_token_arrays_of_the_wrong_shape(level, shape):
+    dec, s2s = _models(level, tiny_config())
+    bad = level.arr(BAD_TOKEN_SHAPES[shape])
+    good = level.arr(np.array([[3, 4, 5]]))
+    # The shape as the level holds it (level 0's nested lists hold (0, T) as [], shape (0,)).
+    got = re.escape(str(np.asarray(level.module.to_numpy(bad)).shape))
+    for call in (
+        lambda: dec.forward(bad),
+        lambda: dec.prefill(bad),
+        lambda: dec.generate(bad, 2),
+        lambda: s2s.forward(bad, good),
+        lambda: s2s.forward(good, bad),  # a 1-D target, say
+        lambda: s2s.generate(bad, max_new_tokens=2),
+    ):
+        with raises_before_launch(ValueError, match=rf"non-empty \(B, T\) array .*{got}"):
+            call()
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int16", "int32", "uint8"])
+def test_token_ids_of_any_integer_dtype(level, dtype):
+    """The same logits as int64 ids (a uint8 tensor is ids, not a boolean index)."""
+    dec, _ = _models(level, tiny_config())
+    tokens = np.array([[3, 4, 5], [6, 7, 0]])
+    want = level.np(dec.forward(level.arr(tokens)))
+    got = level.np(dec.forward(level.arr(tokens.astype(dtype))))
+    assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.bool_], ids=["float", "bool"])
+def test_token_ids_must_be_integers(level, dtype):
+    dec, s2s = _models(level, tiny_config())
+    bad = level.arr(np.ones((1, 3), dtype=dtype))
+    good = level.arr(np.array([[3, 4, 5]]))
+    for call in (
+        lambda: dec.forward(bad),
+        lambda: dec.generate(bad, 2),  # generate refuses what forward refuses
+        lambda: dec.generate(bad, 0),  # even with nothing to generate
+        lambda: s2s.forward(good, bad),
+        lambda: s2s.generate(bad),
+    ):
+        with raises_before_launch(TypeError, match="integer token ids"):
+            call()
+
+
+def test_generate_checks_its_inputs_with_nothing_to_generate(level):
+    config = tiny_config()  # V = 11, max_seq_len = 6
+    dec, s2s = _models(level, config)
+    with raises_before_launch(ValueError, match="99 is outside"):
+        dec.generate(level.arr(np.array([[3, 99]])), 0)
+    with raises_before_launch(ValueError, match="source length 9 exceeds max_seq_len=6"):
+        s2s.generate(level.arr(np.full((1, 9), 3)), max_new_tokens=0)
+    with raises_before_launch(ValueError, match="max_new_tokens must be >= 0"):
+        dec.generate(level.arr(np.array([[3, 4]])), -1)
+    with raises_before_launch(TypeError, match="max_new_tokens must be an integer"):
+        dec.generate(level.arr(np.array([[3, 4]])), 2.5)
+
+
+def test_seq2seq_generate_has_one_default_length(level):
+    """Without max_new_tokens, a row that never ends runs to max_seq_len - 1 new tokens."""
+    config = tiny_config(eos_id=10)  # an EOS these random weights are unlikely to pick early
+    _, s2s = _models(level, config)
+    out = level.np(s2s.generate(level.arr(np.array([[3, 4, 5]]))))
+    ended = (out[0, 1:] == config.eos_id).any()
+    assert ended or out.shape == (1, config.max_seq_len)
+
+
+def test_decode_step_with_another_batch_leaves_the_cache_bit_identical(level):
+    config = tiny_config()
+    dec, s2s = _models(level, config)
+    tokens = random_tokens(np.random.default_rng(8), config, 2, 4)
+    _, cache = dec.prefill(level.arr(tokens[:, :3]))
+    before = _snapshot(cache)
+    with raises_before_launch(ValueError, match="got 1 rows for a batch of 2"):
+        dec.decode_step(level.arr(tokens[:1, 3]), cache)
+    _assert_same_snapshot(before, _snapshot(cache))
+    _, cache = s2s.prefill(level.arr(tokens), level.arr(tokens[:, :3]))
+    before = _snapshot(cache)
+    with raises_before_launch(ValueError, match="got 3 rows for a batch of 2"):
+        s2s.decode_step(level.arr(np.array([3, 4, 5])), cache)
+    _assert_same_snapshot(before, _snapshot(cache))
+
+
+# ---------------------------------------------------------------------------
+# Attention inputs
+# ---------------------------------------------------------------------------
+
+
+def test_attention_refuses_integer_inputs(level):
+    q = level.arr(np.ones((1, 2, 3, 4), dtype=np.int64))
+    with raises_before_launch(TypeError, match="floating-point q, k and v"):
+        level.module.attention(q, q, q)
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.5, float("nan"), float("inf")])
+def test_attention_scale_must_be_positive_and_finite(level, scale):
+    """A scale of 0 or below would make every row uniform or invert it (SDPA returns NaN for
+    some of these); the contract refuses it at every level instead."""
+    q, k, v = _qkv(level, T=3, S=3)
+    with raises_before_launch(ValueError, match="scale must be a positive finite number"):
+        level.module.attention(q, k, v, causal=True, scale=scale)

@@ -6,9 +6,18 @@ line that made it rather than deep inside a matmul.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 POSITIONAL_KINDS = ("rope", "none")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -40,16 +49,9 @@ class TransformerConfig:
     max_seq_len: int = 1024
 
     def __post_init__(self) -> None:
-        sizes = {
-            "vocab_size": self.vocab_size,
-            "d_model": self.d_model,
-            "n_heads": self.n_heads,
-            "d_ff": self.d_ff,
-            "n_layers": self.n_layers,
-            "max_seq_len": self.max_seq_len,
-        }
-        for name, value in sizes.items():
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_seq_len"):
+            value = getattr(self, name)
+            if not _is_int(value) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.d_model % self.n_heads != 0:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
@@ -62,16 +64,20 @@ class TransformerConfig:
                 f"RoPE rotates pairs of features, so the head width must be even; "
                 f"got Dh = {self.d_model} // {self.n_heads} = {self.d_head}"
             )
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        if not self.rope_base > 0:
-            raise ValueError(f"rope_base must be positive, got {self.rope_base!r}")
-        if not self.norm_eps > 0:
-            raise ValueError(f"norm_eps must be positive, got {self.norm_eps!r}")
+        if not isinstance(self.bias, bool):
+            raise ValueError(f"bias must be True or False, got {self.bias!r}")
+        if not _is_real(self.dropout) or not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be a number in [0, 1), got {self.dropout!r}")
+        for name in ("rope_base", "norm_eps"):
+            value = getattr(self, name)
+            if not _is_real(value) or not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive finite number, got {value!r}")
         for name in ("pad_id", "bos_id", "eos_id"):
             value = getattr(self, name)
-            if not 0 <= value < self.vocab_size:
-                raise ValueError(f"{name}={value} is outside [0, vocab_size={self.vocab_size})")
+            if not _is_int(value) or not 0 <= value < self.vocab_size:
+                raise ValueError(
+                    f"{name} must be a token id in [0, vocab_size={self.vocab_size}), got {value!r}"
+                )
 
     @property
     def d_head(self) -> int:

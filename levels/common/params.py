@@ -97,10 +97,11 @@ def check_params(
     *,
     what: str = "parameters",
 ) -> None:
-    """Raise one ``ValueError`` listing every missing, unexpected or mis-shaped entry.
+    """Raise one ``ValueError`` listing every missing, unexpected or mis-shaped entry,
+    then a ``TypeError`` listing entries that are not real numbers (complex, bool).
 
     ``params`` values may be any array type with a ``.shape`` (numpy, torch) or
-    nested lists; only the shape is compared.
+    nested lists.
     """
     missing = sorted(set(expected) - set(params))
     unexpected = sorted(set(params) - set(expected))
@@ -118,6 +119,29 @@ def check_params(
         problems.append("mis-shaped: " + "; ".join(misshaped))
     if problems:
         raise ValueError(f"bad {what}: " + " | ".join(problems))
+    not_real = [
+        f"{name} ({_dtype_name(params[name])})"
+        for name in sorted(params)
+        if not _real(params[name])
+    ]
+    if not_real:
+        raise TypeError(f"bad {what}: not real numbers: " + ", ".join(not_real))
+
+
+def _dtype_name(value: object) -> str:
+    dtype = getattr(value, "dtype", None)
+    return str(np.asarray(value).dtype if dtype is None else dtype).replace("torch.", "")
+
+
+def _real(value: object) -> bool:
+    """Whether a parameter holds real numbers (float or integer; not complex, not bool)."""
+    name = _dtype_name(value)
+    if "complex" in name or name == "bool":
+        return False
+    try:
+        return np.dtype(name).kind in "fiu"
+    except TypeError:  # a torch dtype numpy does not know (bfloat16): a real float
+        return True
 
 
 def _shape_of(value: object) -> tuple[int, ...]:

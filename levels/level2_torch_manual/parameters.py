@@ -21,6 +21,8 @@ def fetch(
     if name not in params:
         raise ValueError(f"bad parameters: missing: {name}")
     value = torch.as_tensor(params[name])
+    if value.is_complex() or value.dtype == torch.bool:
+        raise TypeError(f"bad parameters: not real numbers: {name} ({value.dtype})")
     if tuple(value.shape) != tuple(shape):
         raise ValueError(
             f"bad parameters: mis-shaped: {name}: expected {tuple(shape)}, got {tuple(value.shape)}"
