@@ -50,6 +50,7 @@ PIECES: dict[str, dict[str, tuple[Source, ...] | Reuse]] = {
         "level3_sdpa_flash": (
             Source("level3_sdpa_flash/attention.py", "sdpa_mask"),
             Source("level3_sdpa_flash/attention.py", "attention"),
+            Source("level3_sdpa_flash/attention.py", "sdpa"),
         ),
         "level4_triton_kernel": (
             Source("level4_triton_kernel/flash_attention.py", "attention"),

@@ -32,18 +32,40 @@ def causal_mask(T: int, S: int) -> np.ndarray:
     return j <= i + (S - T)
 
 
-def attention(q, k, v, *, causal=False, mask=None, scale=None) -> np.ndarray:
-    """Softmax attention. ``q (B,H,T,Dh)``, ``k (B,H,S,Dh)``, ``v (B,H,S,Dv)`` -> ``(B,H,T,Dv)``.
+def window_mask(T: int, S: int, W: int, *, causal: bool) -> np.ndarray:
+    """``(T, S)`` bool, True where key ``j`` is inside query ``i``'s window of ``W`` keys.
 
-    Raises ``ValueError`` when some query row may attend no key at all.
+    With ``d = i + (S - T)`` (the query's place among the keys, bottom-right):
+    causal keeps ``d - W < j`` (with ``j <= d`` from ``causal_mask``), not causal the
+    band ``|j - d| < W``.
+    """
+    d = np.arange(T)[:, None] + (S - T)  # (T, 1)
+    j = np.arange(S)[None, :]  # (1, S)
+    return (j > d - W) if causal else (np.abs(j - d) < W)
+
+
+def attention(
+    q, k, v, *, causal=False, mask=None, scale=None, window=None, return_lse=False
+) -> np.ndarray:
+    """Softmax attention. ``q (B,H,T,Dh)``, ``k (B,Hkv,S,Dh)``, ``v (B,Hkv,S,Dv)`` -> ``(B,H,T,Dv)``.
+
+    With ``Hkv < H`` query head ``h`` reads key/value head ``h // (H // Hkv)``.
+    ``return_lse`` also returns ``lse (B,H,T)``, the natural log of each row's sum
+    of ``exp(score)`` over its allowed keys. Raises ``ValueError`` when some
+    query row may attend no key at all.
     """
     q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    H, Hkv = q.shape[1], k.shape[1]
+    k = np.repeat(k, H // Hkv, axis=1)  # (B,H,S,Dh): head h gets kv head h // (H // Hkv)
+    v = np.repeat(v, H // Hkv, axis=1)  # (B,H,S,Dv)
     T, S, Dh = q.shape[-2], k.shape[-2], q.shape[-1]
     if scale is None:
         scale = 1.0 / math.sqrt(Dh)
     allowed = np.ones((T, S), dtype=bool)
     if causal:
         allowed = allowed & causal_mask(T, S)
+    if window is not None:
+        allowed = allowed & window_mask(T, S, window, causal=causal)
     if mask is not None:
         allowed = allowed & np.asarray(mask, dtype=bool)
     allowed = np.broadcast_to(allowed, q.shape[:-2] + (T, S))  # (B,H,T,S)
@@ -52,10 +74,21 @@ def attention(q, k, v, *, causal=False, mask=None, scale=None) -> np.ndarray:
     scores = (q @ np.swapaxes(k, -1, -2)) * scale  # (B,H,T,Dh) @ (B,H,Dh,S) -> (B,H,T,S)
     scores = np.where(allowed, scores, -np.inf)
     # Subtracting the row maximum changes nothing mathematically and keeps exp() <= 1.
-    scores = scores - scores.max(axis=-1, keepdims=True)
-    weights = np.exp(scores)  # exp(-inf) = 0 for the masked keys
-    weights = weights / weights.sum(axis=-1, keepdims=True)
-    return weights @ v  # (B,H,T,S) @ (B,H,S,Dv) -> (B,H,T,Dv)
+    top = scores.max(axis=-1, keepdims=True)  # (B,H,T,1)
+    weights = np.exp(scores - top)  # exp(-inf) = 0 for the masked keys
+    total = weights.sum(axis=-1, keepdims=True)  # (B,H,T,1)
+    out = (weights / total) @ v  # (B,H,T,S) @ (B,H,S,Dv) -> (B,H,T,Dv)
+    if return_lse:
+        return out, (top + np.log(total))[..., 0]  # lse = max + log sum exp(s - max)
+    return out
+
+
+def merge(parts) -> tuple[np.ndarray, np.ndarray]:
+    """Attention over the union of disjoint key sets from each set's ``(out, lse)``:
+    weights ``exp(lse_i - lse)`` with ``lse = log sum_i exp(lse_i)``."""
+    lse = np.logaddexp.reduce(np.stack([lse_i for _, lse_i in parts]), axis=0)  # (B,H,T)
+    out = sum(np.exp(lse_i - lse)[..., None] * out_i for out_i, lse_i in parts)
+    return out, lse
 
 
 def layer_norm(x, weight, bias=None, eps=1e-5) -> np.ndarray:
@@ -64,6 +97,16 @@ def layer_norm(x, weight, bias=None, eps=1e-5) -> np.ndarray:
     var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
     y = (x - mean) / np.sqrt(var + eps) * weight
     return y if bias is None else y + bias
+
+
+def rms_norm(x, weight, eps=1e-5) -> np.ndarray:
+    """RMSNorm over the last axis: ``x / sqrt(mean(x^2) + eps) * weight`` (no centring, no bias)."""
+    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * weight
+
+
+def silu(x) -> np.ndarray:
+    """``x * sigmoid(x)``."""
+    return x / (1.0 + np.exp(-x))
 
 
 def gelu(x) -> np.ndarray:
@@ -107,14 +150,17 @@ def mha(
     kv=None,
     *,
     n_heads,
+    n_kv_heads=None,
     mask=None,
     causal=False,
+    window=None,
     rope_base=None,
     position_offset=0,
 ) -> np.ndarray:
     """Multi-head attention with ``nn.MultiheadAttention``'s parameters under ``prefix``.
 
     ``x (B,T,D)``, ``kv (B,S,D)`` (None: self-attention) -> ``(B,T,D)``.
+    ``in_proj_weight`` holds rows ``[q (D); k (Hkv Dh); v (Hkv Dh)]``.
     ``mask`` broadcasts to ``(B,H,T,S)``; ``rope_base`` not None rotates q and k
     at positions ``position_offset + arange``.
     """
@@ -122,32 +168,46 @@ def mha(
     B, T, D = x.shape
     S = kv.shape[1]
     H = n_heads
+    Hkv = n_heads if n_kv_heads is None else n_kv_heads
     Dh = D // H
-    W = params[prefix + "in_proj_weight"]  # (3D, D)
-    b = _get(params, prefix + "in_proj_bias")  # (3D,) or None
-    bq, bk, bv = (None, None, None) if b is None else (b[:D], b[D : 2 * D], b[2 * D :])
-    q = linear(x, W[:D], bq)  # (B,T,D)
-    k = linear(kv, W[D : 2 * D], bk)  # (B,S,D)
-    v = linear(kv, W[2 * D :], bv)  # (B,S,D)
+    Dkv = Hkv * Dh
+    W = params[prefix + "in_proj_weight"]  # (D + 2 Dkv, D)
+    b = _get(params, prefix + "in_proj_bias")  # (D + 2 Dkv,) or None
+    rows = (slice(0, D), slice(D, D + Dkv), slice(D + Dkv, D + 2 * Dkv))
+    bq, bk, bv = (None, None, None) if b is None else (b[r] for r in rows)
+    q = linear(x, W[rows[0]], bq)  # (B,T,D)
+    k = linear(kv, W[rows[1]], bk)  # (B,S,Dkv)
+    v = linear(kv, W[rows[2]], bv)  # (B,S,Dkv)
     q = q.reshape(B, T, H, Dh).transpose(0, 2, 1, 3)  # (B,H,T,Dh)
-    k = k.reshape(B, S, H, Dh).transpose(0, 2, 1, 3)  # (B,H,S,Dh)
-    v = v.reshape(B, S, H, Dh).transpose(0, 2, 1, 3)  # (B,H,S,Dh)
+    k = k.reshape(B, S, Hkv, Dh).transpose(0, 2, 1, 3)  # (B,Hkv,S,Dh)
+    v = v.reshape(B, S, Hkv, Dh).transpose(0, 2, 1, 3)  # (B,Hkv,S,Dh)
     if rope_base is not None:
         q = rope(q, position_offset + np.arange(T), rope_base)
         k = rope(k, position_offset + np.arange(S), rope_base)
-    o = attention(q, k, v, causal=causal, mask=mask)  # (B,H,T,Dh)
+    o = attention(q, k, v, causal=causal, mask=mask, window=window)  # (B,H,T,Dh)
     o = o.transpose(0, 2, 1, 3).reshape(B, T, D)  # (B,T,D)
     return linear(o, params[prefix + "out_proj.weight"], _get(params, prefix + "out_proj.bias"))
 
 
-def _norm(params, prefix, x, eps):
-    return layer_norm(x, params[prefix + "weight"], _get(params, prefix + "bias"), eps)
+def norm(config, params, prefix, x) -> np.ndarray:
+    """The config's norm (LayerNorm or RMSNorm) with the weights under ``prefix``."""
+    if config.norm == "rmsnorm":
+        return rms_norm(x, params[prefix + "weight"], config.norm_eps)
+    return layer_norm(x, params[prefix + "weight"], _get(params, prefix + "bias"), config.norm_eps)
 
 
-def feed_forward(params, prefix, x) -> np.ndarray:
-    """``linear2(GELU(linear1(x)))`` with the weights under ``prefix``: ``(..., D) -> (..., D)``."""
+def feed_forward(params, prefix, x, ffn="gelu") -> np.ndarray:
+    """``linear2(GELU(linear1(x)))``, or SwiGLU ``linear2(silu(linear_gate(x)) * linear1(x))``,
+    with the weights under ``prefix``: ``(..., D) -> (..., D)``."""
     h = linear(x, params[prefix + "linear1.weight"], _get(params, prefix + "linear1.bias"))
-    return linear(gelu(h), params[prefix + "linear2.weight"], _get(params, prefix + "linear2.bias"))
+    if ffn == "swiglu":
+        gate = linear(
+            x, params[prefix + "linear_gate.weight"], _get(params, prefix + "linear_gate.bias")
+        )
+        h = silu(gate) * h
+    else:
+        h = gelu(h)
+    return linear(h, params[prefix + "linear2.weight"], _get(params, prefix + "linear2.bias"))
 
 
 def _key_mask(valid):
@@ -155,54 +215,66 @@ def _key_mask(valid):
     return None if valid is None else np.asarray(valid, bool)[:, None, None, :]
 
 
-def encoder_layer(config, params, prefix, x, *, valid=None, causal=False, rope=None):
-    """One pre-norm block: ``x + SelfAttn(LN1(x))`` then ``+ FFN(LN2(x))``. ``x (B,T,D)``.
+def _self_attention_mask(valid, window):
+    """Real keys; with a window, a query at a padded position may also see the padded keys
+    of its window (its output is zeroed anyway), so that no row is empty."""
+    if valid is None:
+        return None
+    valid = np.asarray(valid, bool)
+    mask = valid[:, None, None, :]  # (B,1,1,S)
+    return mask if window is None else mask | ~valid[:, None, :, None]  # (B,1,T,S)
 
-    ``rope`` None follows ``config.positional``.
-    """
-    use_rope = (config.positional == "rope") if rope is None else rope
-    h = _norm(params, prefix + "norm1.", x, config.norm_eps)
-    x = x + mha(
+
+def _self_attention(config, params, prefix, h, *, valid, causal, use_rope):
+    return mha(
         params,
         prefix + "self_attn.",
         h,
         n_heads=config.n_heads,
-        mask=_key_mask(valid),
+        n_kv_heads=config.n_kv_heads,
+        mask=_self_attention_mask(valid, config.window),
         causal=causal,
+        window=config.window,
         rope_base=config.rope_base if use_rope else None,
     )
-    h = _norm(params, prefix + "norm2.", x, config.norm_eps)
-    return x + feed_forward(params, prefix, h)
+
+
+def encoder_layer(config, params, prefix, x, *, valid=None, causal=False, rope=None):
+    """One pre-norm block: ``x + SelfAttn(norm1(x))`` then ``+ FFN(norm2(x))``. ``x (B,T,D)``.
+
+    ``rope`` None follows ``config.positional``.
+    """
+    use_rope = (config.positional == "rope") if rope is None else rope
+    h = norm(config, params, prefix + "norm1.", x)
+    x = x + _self_attention(
+        config, params, prefix, h, valid=valid, causal=causal, use_rope=use_rope
+    )
+    h = norm(config, params, prefix + "norm2.", x)
+    return x + feed_forward(params, prefix, h, config.ffn)
 
 
 def decoder_layer(config, params, prefix, x, memory, *, valid=None, memory_valid=None, rope=None):
     """Causal self-attention, cross-attention over ``memory (B,S,D)``, FFN; ``x (B,T,D)``."""
     use_rope = (config.positional == "rope") if rope is None else rope
-    h = _norm(params, prefix + "norm1.", x, config.norm_eps)
-    x = x + mha(
-        params,
-        prefix + "self_attn.",
-        h,
-        n_heads=config.n_heads,
-        mask=_key_mask(valid),
-        causal=True,
-        rope_base=config.rope_base if use_rope else None,
-    )
-    h = _norm(params, prefix + "norm2.", x, config.norm_eps)
+    h = norm(config, params, prefix + "norm1.", x)
+    x = x + _self_attention(config, params, prefix, h, valid=valid, causal=True, use_rope=use_rope)
+    h = norm(config, params, prefix + "norm2.", x)
     x = x + mha(
         params,
         prefix + "multihead_attn.",
         h,
         memory,
         n_heads=config.n_heads,
+        n_kv_heads=config.n_kv_heads,
         mask=_key_mask(memory_valid),
     )
-    h = _norm(params, prefix + "norm3.", x, config.norm_eps)
-    return x + feed_forward(params, prefix, h)
+    h = norm(config, params, prefix + "norm3.", x)
+    return x + feed_forward(params, prefix, h, config.ffn)
 
 
-def _embed(table, tokens, d_model):
-    return table[np.asarray(tokens)] * math.sqrt(d_model)  # (B,T,D)
+def _embed(config, table, tokens):
+    scale = math.sqrt(config.d_model) if config.scale_embeddings else 1.0
+    return table[np.asarray(tokens)] * scale  # (B,T,D)
 
 
 def _default_valid(config, tokens, valid):
@@ -212,21 +284,22 @@ def _default_valid(config, tokens, valid):
 def decoder_only_forward(config, params, tokens, *, valid=None) -> np.ndarray:
     """Logits ``(B,T,V)`` of the decoder-only model; zero at padded positions."""
     valid = _default_valid(config, tokens, valid)
-    x = _embed(params["token_embedding.weight"], tokens, config.d_model)
+    x = _embed(config, params["token_embedding.weight"], tokens)
     for i in range(config.n_layers):
         x = encoder_layer(config, params, f"layers.{i}.", x, valid=valid, causal=True)
-    x = _norm(params, "norm.", x, config.norm_eps)
-    logits = x @ params["token_embedding.weight"].T  # (B,T,D) @ (D,V) -> (B,T,V), tied
+    x = norm(config, params, "norm.", x)
+    head = params["token_embedding.weight" if config.tie_embeddings else "output_projection.weight"]
+    logits = x @ head.T  # (B,T,D) @ (D,V) -> (B,T,V)
     return np.where(valid[..., None], logits, 0.0)
 
 
 def encode(config, params, src, *, src_valid=None) -> np.ndarray:
     """Encoder memory ``(B,S,D)`` of the seq2seq model (bidirectional, RoPE per config)."""
     src_valid = _default_valid(config, src, src_valid)
-    x = _embed(params["source_embedding.weight"], src, config.d_model)
+    x = _embed(config, params["source_embedding.weight"], src)
     for i in range(config.n_layers):
         x = encoder_layer(config, params, f"encoder.layers.{i}.", x, valid=src_valid)
-    return _norm(params, "encoder.norm.", x, config.norm_eps)
+    return norm(config, params, "encoder.norm.", x)
 
 
 def seq2seq_forward(config, params, src, tgt_in, *, src_valid=None, tgt_valid=None):
@@ -234,7 +307,7 @@ def seq2seq_forward(config, params, src, tgt_in, *, src_valid=None, tgt_valid=No
     src_valid = _default_valid(config, src, src_valid)
     tgt_valid = _default_valid(config, tgt_in, tgt_valid)
     memory = encode(config, params, src, src_valid=src_valid)
-    x = _embed(params["target_embedding.weight"], tgt_in, config.d_model)
+    x = _embed(config, params["target_embedding.weight"], tgt_in)
     for i in range(config.n_layers):
         x = decoder_layer(
             config,
@@ -245,7 +318,7 @@ def seq2seq_forward(config, params, src, tgt_in, *, src_valid=None, tgt_valid=No
             valid=tgt_valid,
             memory_valid=src_valid,
         )
-    x = _norm(params, "decoder.norm.", x, config.norm_eps)
+    x = norm(config, params, "decoder.norm.", x)
     logits = x @ params["output_projection.weight"].T  # (B,T,D) @ (D,V) -> (B,T,V)
     return np.where(tgt_valid[..., None], logits, 0.0)
 

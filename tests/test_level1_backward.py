@@ -82,15 +82,26 @@ def torch_loss(logits, targets):
     return F.cross_entropy(logits.reshape(-1, V), flat, ignore_index=PAD)
 
 
-OPTIONS = [
-    dict(positional="rope", bias=True),
-    dict(positional="none", bias=True),
-    dict(positional="rope", bias=False),
-    dict(positional="none", bias=False),
-]
+OPTIONS = {
+    "rope-biasTrue": dict(positional="rope", bias=True),
+    "none-biasTrue": dict(positional="none", bias=True),
+    "rope-biasFalse": dict(positional="rope", bias=False),
+    "none-biasFalse": dict(positional="none", bias=False),
+    # RMSNorm, SwiGLU, multi-query attention, q/k/v bias only, unscaled untied embeddings.
+    "llama": dict(
+        norm="rmsnorm",
+        ffn="swiglu",
+        n_kv_heads=1,
+        bias=False,
+        qkv_bias=True,
+        scale_embeddings=False,
+        tie_embeddings=False,
+    ),  # fmt: skip
+    "window": dict(window=3, n_kv_heads=1),  # shorter than the sequences: 7 and 5
+}
 
 
-@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: f"{o['positional']}-bias{o['bias']}")
+@pytest.mark.parametrize("options", list(OPTIONS.values()), ids=list(OPTIONS))
 def test_decoder_only_grads_match_torch(options):
     cfg = config(**options)
     params = init_params(cfg, "decoder_only", 1, scheme="random")
@@ -105,7 +116,7 @@ def test_decoder_only_grads_match_torch(options):
     assert_matches_torch(loss, grads, ref, model)
 
 
-@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: f"{o['positional']}-bias{o['bias']}")
+@pytest.mark.parametrize("options", list(OPTIONS.values()), ids=list(OPTIONS))
 def test_seq2seq_grads_match_torch(options):
     cfg = config(**options)
     params = init_params(cfg, "seq2seq", 3, scheme="random")

@@ -1,9 +1,12 @@
 """What only level 3 has: SDPA backend choice and reporting, bottom-right causal
-alignment on top of SDPA, empty rows refused before SDPA, the static KV cache,
+alignment on top of SDPA, empty rows refused before SDPA, sliding windows in
+query chunks, grouped heads through SDPA's ``enable_gqa``, the static KV cache,
 and length bucketing. The shared suite runs level 3 through everything else.
 """
 
 from __future__ import annotations
+
+import importlib
 
 import numpy as np
 import pytest
@@ -179,6 +182,95 @@ def test_model_backend_reaches_the_core_and_auto_obeys_an_enclosing_sdpa_kernel(
         auto(tokens)
     assert "static KV cache" in level3.describe()
     assert "-> math" in level3.describe(backend="math")
+
+
+# ---------------------------------------------------------------- windows and grouped heads
+
+
+def _chunks_taken(monkeypatch) -> list[int]:
+    """Record the query count of every SDPA call made in chunks."""
+    from levels.level3_sdpa_flash import windowed
+
+    taken: list[int] = []
+    real = windowed.attention_in_chunks
+
+    def spy(q, *args, **kw):
+        taken.append(q.shape[-2])
+        return real(q, *args, **kw)
+
+    # The package's `attention` is the function; the module is reached by its full name.
+    module = importlib.import_module("levels.level3_sdpa_flash.attention")
+    monkeypatch.setattr(module, "attention_in_chunks", spy)
+    return taken
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "band"])
+@pytest.mark.parametrize("T,S,W", [(700, 700, 40), (300, 650, 128), (517, 517, 1)])
+def test_long_windows_run_in_chunks_and_equal_one_masked_call(monkeypatch, T, S, W, causal):
+    taken = _chunks_taken(monkeypatch)
+    q, k, v = qkv(1, 4, T, S, 8)
+    k, v = k[:, :2], v[:, :2]  # two KV heads for four query heads
+    mask = torch.rand(1, 1, 1, S, generator=torch.Generator().manual_seed(3)) > 0.2
+    mask[..., :W] = True  # the first queries see only the first keys: keep one for each
+    if W == 1:
+        mask[...] = True  # every row sees one key only, which must stay
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    out = level3.attention(*leaves, causal=causal, window=W, mask=mask)
+    assert taken == [T], "the window should have been computed in chunks"
+    ref_leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    ref = level2.attention(*ref_leaves, causal=causal, window=W, mask=mask)
+    torch.testing.assert_close(out, ref, atol=F64_TOL, rtol=0)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, leaves, dout)
+    ref_grads = torch.autograd.grad(ref, ref_leaves, dout)
+    for got, want in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(got, want, atol=F64_TOL, rtol=0)
+
+
+def test_a_window_that_binds_nothing_is_plain_causal_attention(monkeypatch):
+    taken = _chunks_taken(monkeypatch)
+    q, k, v = qkv(1, 2, 300, 300, 8)
+    out = level3.attention(q, k, v, causal=True, window=300)
+    assert taken == []  # no chunks: the same SDPA call as without a window
+    assert torch.equal(out, level3.attention(q, k, v, causal=True))
+
+
+def test_windowed_peak_memory_does_not_grow_with_the_square_of_T():
+    """Chunking keeps one chunk's scores alive, so doubling T about doubles the peak
+    (the output itself is T * Dv); a (T, S) mask or score matrix would quadruple it."""
+    from benchmarks.memory import peak_torch_profiler
+
+    peaks = []
+    for T in (2048, 4096):
+        q, k, v = qkv(1, 2, T, T, 16, dtype=torch.float32)
+        peaks.append(peak_torch_profiler(lambda: level3.attention(q, k, v, causal=True, window=64)))
+    if None in peaks:
+        pytest.skip("this torch build's profiler has no memory records")
+    # Linear growth gives 2x; quadratic 4x. 2.6 leaves room for allocator rounding.
+    assert peaks[1] / peaks[0] < 2.6, peaks
+
+
+def test_grouped_heads_reach_sdpa_without_repeating_keys(monkeypatch):
+    """SDPA gets the Hkv heads as they are, with enable_gqa, rather than copies."""
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def spy(q, k, v, *args, **kw):
+        seen.append((k.shape[1], kw.get("enable_gqa", False)))
+        return real(q, k, v, *args, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    q, k, v = qkv(2, 6, 5, 5, 4)
+    out = level3.attention(q, k[:, :2], v[:, :2], causal=True)
+    assert seen == [(2, True)]
+    want = level2.attention(q, k[:, :2], v[:, :2], causal=True)
+    torch.testing.assert_close(out, want, atol=F64_TOL, rtol=0)
+
+
+def test_grouped_cache_holds_kv_heads_only():
+    cfg = small_config(n_heads=4, d_model=16, n_kv_heads=1)
+    cache = level3.StaticKVCache(cfg, 2, dtype=F64)
+    assert cache.k.shape == (cfg.n_layers, 2, 1, cfg.max_seq_len, cfg.d_head)
 
 
 # ---------------------------------------------------------------- static KV cache

@@ -69,22 +69,30 @@ def dtypes_here(device: str) -> list[torch.dtype]:
 # ---------------------------------------------------------------------------
 
 
-def allowed_pairs(T: int, S: int, causal: bool, mask: torch.Tensor | None) -> torch.Tensor:
-    """Bool, broadcastable to (B,H,T,S): bottom-right causal rule and mask combined."""
+def allowed_pairs(
+    T: int, S: int, causal: bool, mask: torch.Tensor | None, window: int | None = None
+) -> torch.Tensor:
+    """Bool, broadcastable to (B,H,T,S): bottom-right causal rule, window and mask combined."""
     ok = torch.ones(T, S, dtype=torch.bool, device=mask.device if mask is not None else "cpu")
+    d = torch.arange(T, device=ok.device)[:, None] + (S - T)  # each query's place among the keys
+    j = torch.arange(S, device=ok.device)[None, :]
     if causal:
-        i = torch.arange(T, device=ok.device)[:, None]
-        j = torch.arange(S, device=ok.device)[None, :]
-        ok = j <= i + (S - T)
+        ok = ok & (j <= d)
+    if window is not None:
+        ok = ok & ((j > d - window) if causal else ((j - d).abs() < window))
     return ok if mask is None else ok & mask
 
 
-def reference_attention(q, k, v, *, causal=False, mask=None, scale=None):
-    """softmax(q k^T * scale, masked) v in the inputs' dtype (float64 in these tests)."""
+def reference_attention(q, k, v, *, causal=False, mask=None, scale=None, window=None):
+    """softmax(q k^T * scale, masked) v in the inputs' dtype (float64 in these tests);
+    ``k, v`` may have fewer heads than ``q`` (each serves H // Hkv query heads)."""
     T, S = q.shape[-2], k.shape[-2]
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)  # (B,H,S,*)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = (q @ k.transpose(-1, -2)) * scale  # (B,H,T,S)
-    scores = scores.masked_fill(~allowed_pairs(T, S, causal, mask).to(q.device), float("-inf"))
+    allowed = allowed_pairs(T, S, causal, mask, window).to(q.device)
+    scores = scores.masked_fill(~allowed, float("-inf"))
     return scores.softmax(-1) @ v  # (B,H,T,Dv)
 
 
@@ -144,7 +152,7 @@ def with_grads(fn, q, k, v, d_out, *, dtype=torch.float64, device="cpu"):
 
 
 def ours(device, **kw):
-    """Level 4's attention with this device's test tiles; ``kw``: causal, mask, tiles, scale."""
+    """Level 4's attention with this device's test tiles; ``kw``: causal, mask, window, tiles, scale."""
     kw.setdefault("tiles", tiles_for(device))
     if kw.get("mask") is not None:
         kw["mask"] = kw["mask"].to(device)
@@ -188,6 +196,62 @@ def test_attention_forward_backward_fp32(device, T, S, Dh, Dv, causal, mask_kind
     want = with_grads(reference(causal=causal, mask=mask), q, k, v, d_out)
     for name, g, w in zip(GRAD_NAMES, got, want, strict=True):
         check_fp32(g, w, name)
+
+
+# (T, S, H, Hkv, window, causal, mask kind): grouped heads (Hkv 1 and 2 of H = 4, and
+# 3 of 6), windows shorter than a tile and longer than several, T != S, odd sizes.
+GROUPED = [
+    (13, 29, 4, 1, 5, True, "none"),
+    (29, 29, 4, 2, 20, True, "padding"),
+    (20, 45, 6, 3, 7, False, "general"),
+    (45, 45, 4, 2, 3, True, "general"),
+    (1, 37, 4, 1, 9, True, "padding"),  # decoding with a window: one query, a long cache
+    (37, 20, 4, 2, 30, False, "none"),  # T > S, the band reaching back to the first keys
+]
+
+
+@pytest.mark.parametrize("T,S,H,Hkv,window,causal,mask_kind", GROUPED)
+def test_grouped_heads_and_windows_forward_backward(
+    device, T, S, H, Hkv, window, causal, mask_kind
+):
+    """dK and dV of a shared head are the sums over its group; windowed tiles are skipped."""
+    gen = torch.Generator().manual_seed(T * S + H + Hkv)
+    q, d_out = (torch.randn(2, H, T, 24, generator=gen, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(2, Hkv, S, 24, generator=gen, dtype=torch.float64) for _ in range(2))
+    mask = make_mask(mask_kind, 2, H, T, S, gen)
+    if mask is not None:  # every row keeps the key at its own place (inside any window)
+        mask = mask.expand(2, -1, T, S).clone()
+        mask[..., torch.arange(T), (torch.arange(T) + S - T).clamp(0, S - 1)] = True
+    kw = dict(causal=causal, mask=mask, window=window)
+    got = with_grads(ours(device, **kw), q, k, v, d_out, dtype=torch.float32, device=device)
+    want = with_grads(reference(**kw), q, k, v, d_out)
+    for name, g, w in zip(GRAD_NAMES, got, want, strict=True):
+        check_fp32(g, w, f"{name} Hkv={Hkv} W={window}")
+
+
+# The interpreter's numpy reductions warn about the NaN rows these probes create on purpose.
+@pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")
+def test_windowed_tiles_before_the_window_are_never_loaded(device):
+    """Queries 48..63 with a causal window of 16 see keys 33..63 at most: key tiles 0
+    and 1 (keys 0..31) must be skipped by the forward and the dQ kernel, and the dK/dV
+    programs of those key tiles must never read queries past 47 (NaN there proves it)."""
+    q, k, v, d_out = random_qkv(13, 1, 2, 64, 64, 16)
+    poisoned_k, poisoned_v = k.clone(), v.clone()
+    poisoned_k[:, :, :32] = float("nan")
+    poisoned_v[:, :, :32] = float("nan")
+    fn = ours(device, causal=True, window=16, tiles=PROBE_TILES)
+    kw = {"dtype": torch.float32, "device": device}
+    out, dq, _, _ = with_grads(fn, q, poisoned_k, poisoned_v, d_out, **kw)
+    want_out, want_dq, _, _ = with_grads(reference(causal=True, window=16), q, k, v, d_out)
+    check_fp32(out[:, :, 48:], want_out[:, :, 48:], "rows whose window starts past key 32")
+    check_fp32(dq[:, :, 48:], want_dq[:, :, 48:], "dq of those rows")
+    poisoned_q, poisoned_do = q.clone(), d_out.clone()
+    poisoned_q[:, :, 48:] = float("nan")
+    poisoned_do[:, :, 48:] = float("nan")
+    _, _, dk, dv = with_grads(fn, poisoned_q, k, v, poisoned_do, **kw)
+    _, _, want_dk, want_dv = with_grads(reference(causal=True, window=16), q, k, v, d_out)
+    check_fp32(dk[:, :, :32], want_dk[:, :, :32], "dk of the keys no late query sees")
+    check_fp32(dv[:, :, :32], want_dv[:, :, :32], "dv of those keys")
 
 
 @pytest.mark.parametrize("block_m,block_n", [(16, 32), (32, 16)])

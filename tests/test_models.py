@@ -23,6 +23,19 @@ SMALL = dict(vocab_size=37, d_model=24, n_heads=3, d_ff=40, n_layers=2, max_seq_
 VARIANTS = {
     "rope-bias": dict(positional="rope", bias=True),
     "none-nobias": dict(positional="none", bias=False),
+    # The models people run: Llama / Qwen2-style blocks (RMSNorm, SwiGLU, multi-query
+    # attention, q/k/v bias only, unscaled and untied embeddings) ...
+    "llama": dict(
+        norm="rmsnorm",
+        ffn="swiglu",
+        n_kv_heads=1,
+        bias=False,
+        qkv_bias=True,
+        scale_embeddings=False,
+        tie_embeddings=False,
+    ),
+    # ... and Mistral's sliding window (shorter than the sequences, over padded batches).
+    "window": dict(window=3, n_kv_heads=1, out_bias=False),
 }
 
 
@@ -147,10 +160,11 @@ def test_level1_matches_level2_in_float64_at_larger_sizes(reference_level, kind)
 
 @pytest.mark.best_dtype
 @pytest.mark.torch_only
+@pytest.mark.parametrize("variant", ["rope-bias", "llama"])
 @pytest.mark.parametrize("kind", ["decoder_only", "seq2seq"])
-def test_state_dict_uses_canonical_names(case, kind):
+def test_state_dict_uses_canonical_names(case, kind, variant):
     # RoPE on: cos/sin tables or causal masks kept as buffers must not leak in.
-    config = model_config(case, "rope-bias")
+    config = model_config(case, variant)
     params = init_params(config, kind, seed=23, scheme="random")
     cls = "DecoderOnlyTransformer" if kind == "decoder_only" else "Seq2SeqTransformer"
     model = case.build(cls, config, params)

@@ -1,5 +1,6 @@
-"""Each piece of every level (LayerNorm, FeedForward, MultiHeadAttention,
-EncoderLayer, DecoderLayer) against the float64 reference.
+"""Each piece of every level (LayerNorm, RMSNorm, FeedForward with GELU or SwiGLU,
+MultiHeadAttention with or without grouped-query heads, EncoderLayer,
+DecoderLayer, with and without a sliding window) against the float64 reference.
 
 Parameters come from ``init_params(..., scheme="random")`` so biases and norm
 parameters are not the trivial 0 / 1 a forgotten term would also produce.
@@ -18,21 +19,14 @@ from levels import TransformerConfig, init_params
 pytestmark = pytest.mark.no_lowp
 
 
-def piece_config(case, *, bias=True, positional="rope") -> TransformerConfig:
-    """Dh = 4 for the slow levels, an awkward Dh = 6 elsewhere."""
+def piece_config(case, *, bias=True, positional="rope", **options) -> TransformerConfig:
+    """Dh = 4 for the slow levels, an awkward Dh = 6 elsewhere; ``options`` are the
+    architecture options of ``TransformerConfig`` (n_kv_heads, window, norm, ffn, ...)."""
     if case.tiny:
-        return TransformerConfig(
-            vocab_size=11,
-            d_model=8,
-            n_heads=2,
-            d_ff=12,
-            n_layers=1,
-            bias=bias,
-            positional=positional,
-        )
-    return TransformerConfig(
-        vocab_size=11, d_model=18, n_heads=3, d_ff=28, n_layers=1, bias=bias, positional=positional
-    )
+        sizes = dict(vocab_size=11, d_model=8, n_heads=2, d_ff=12, n_layers=1)
+    else:
+        sizes = dict(vocab_size=11, d_model=18, n_heads=3, d_ff=28, n_layers=1)
+    return TransformerConfig(**sizes, bias=bias, positional=positional, **options)
 
 
 def _sizes(case):
@@ -186,3 +180,77 @@ def test_encoder_layer_without_positions(case):
     layer = case.build("EncoderLayer", config, params, prefix="encoder.layers.0.")
     expected = ref.encoder_layer(config, params, "encoder.layers.0.", x)
     case.assert_close(layer(case.arr(x)), expected, what="EncoderLayer positional=none")
+
+
+def test_rms_norm(case):
+    config = piece_config(case, norm="rmsnorm")
+    params = init_params(config, "seq2seq", seed=7, scheme="random")
+    assert "encoder.norm.bias" not in params  # RMSNorm has no bias
+    rng = np.random.default_rng(6)
+    B, T, _ = _sizes(case)
+    x = 3.0 + 2.5 * rng.normal(size=(B, T, config.d_model))  # an offset RMSNorm keeps
+    norm = case.build("RMSNorm", config, params, prefix="encoder.norm.")
+    expected = ref.rms_norm(x, params["encoder.norm.weight"], config.norm_eps)
+    case.assert_close(norm(case.arr(x)), expected, what="RMSNorm")
+
+
+@BIAS
+def test_swiglu_feed_forward(case, bias):
+    config = piece_config(case, bias=bias, ffn="swiglu")
+    params = init_params(config, "seq2seq", seed=8, scheme="random")
+    rng = np.random.default_rng(7)
+    B, T, _ = _sizes(case)
+    x = 2.0 * rng.normal(size=(B, T, config.d_model))
+    prefix = "decoder.layers.0."
+    ff = case.build("FeedForward", config, params, prefix=prefix)
+    expected = ref.feed_forward(params, prefix, x, "swiglu")
+    case.assert_close(ff(case.arr(x)), expected, what="FeedForward (SwiGLU)")
+
+
+@pytest.mark.parametrize("kind", ["self-causal-rope", "cross-mask"])
+def test_grouped_query_attention(case, kind):
+    """One key/value head for all query heads (multi-query), q/k/v bias without an
+    output bias (Qwen2's layout)."""
+    cross, causal, masked, rope, offset = MHA_CASES[kind]
+    config = piece_config(case, bias=False, qkv_bias=True, n_kv_heads=1)
+    params = init_params(config, "seq2seq", seed=9, scheme="random")
+    rng = np.random.default_rng(8)
+    B, T, S = _sizes(case)
+    S = S if cross else T
+    x = rng.normal(size=(B, T, config.d_model))
+    kv = rng.normal(size=(B, S, config.d_model)) if cross else None
+    mask = random_mask(rng, (B, 1, T, S)) if masked else None
+    prefix = "decoder.layers.0.multihead_attn." if cross else "decoder.layers.0.self_attn."
+    mha = case.build("MultiHeadAttention", config, params, prefix=prefix, rope=rope)
+    expected = ref.mha(
+        params, prefix, x, kv, n_heads=config.n_heads, n_kv_heads=1, mask=mask, causal=causal,
+        rope_base=config.rope_base if rope else None,
+    )  # fmt: skip
+    kwargs = {"causal": causal} | ({} if mask is None else {"mask": case.arr(mask)})
+    out = mha(case.arr(x), None if kv is None else case.arr(kv), **kwargs)
+    case.assert_close(out, expected, what=f"grouped-query MultiHeadAttention {kind}")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["band", "causal"])
+def test_layers_with_a_sliding_window(case, causal):
+    """A window shorter than the sequence, over a padded batch (the padded rows' windows
+    may hold no real key: the layer must still run), grouped heads, RMSNorm and SwiGLU."""
+    config = piece_config(case, window=2, n_kv_heads=1, norm="rmsnorm", ffn="swiglu")
+    params = init_params(config, "seq2seq", seed=10, scheme="random")
+    rng = np.random.default_rng(9)
+    B, T, S = _sizes(case)
+    x = rng.normal(size=(B, T, config.d_model))
+    valid = right_padded([T, 1], T)  # the second row: one real token, then padding
+    layer = case.build("EncoderLayer", config, params, prefix="encoder.layers.0.")
+    out = case.np(layer(case.arr(x), valid=case.arr(valid), causal=causal))
+    expected = ref.encoder_layer(config, params, "encoder.layers.0.", x, valid=valid, causal=causal)
+    case.assert_close(
+        out[valid], expected[valid], what="EncoderLayer with a window (real positions)"
+    )
+    memory = rng.normal(size=(B, S, config.d_model))
+    layer = case.build("DecoderLayer", config, params, prefix="decoder.layers.0.")
+    out = case.np(layer(case.arr(x), case.arr(memory), valid=case.arr(valid)))
+    expected = ref.decoder_layer(config, params, "decoder.layers.0.", x, memory, valid=valid)
+    case.assert_close(
+        out[valid], expected[valid], what="DecoderLayer with a window (real positions)"
+    )

@@ -119,8 +119,18 @@ def test_extra_right_padding_changes_nothing(case):
 # ---------------------------------------------------------------------------
 
 
-def test_kv_cache_decoder_only(case):
-    config = small_config(case.tiny)
+# The KV cache with the options of the models people run: Hkv = 1 (the cache shrinks
+# to one key/value head) and a window shorter than the decoded sequence.
+CACHE_VARIANTS = {
+    "default": {},
+    "gqa-window": dict(n_kv_heads=1, window=3, norm="rmsnorm", ffn="swiglu", tie_embeddings=False),
+}
+CACHE = pytest.mark.parametrize("variant", list(CACHE_VARIANTS))
+
+
+@CACHE
+def test_kv_cache_decoder_only(case, variant):
+    config = small_config(case.tiny, **CACHE_VARIANTS[variant])
     _, model = _decoder(case, config, 5)
     rng = np.random.default_rng(5)
     P, n = (3, 3) if case.tiny else (6, 6)
@@ -135,8 +145,9 @@ def test_kv_cache_decoder_only(case):
         assert cache.length == i + 1
 
 
-def test_kv_cache_seq2seq(case):
-    config = small_config(case.tiny)
+@CACHE
+def test_kv_cache_seq2seq(case, variant):
+    config = small_config(case.tiny, **CACHE_VARIANTS[variant])
     _, model = _seq2seq(case, config, 6)
     rng = np.random.default_rng(6)
     P, n, S = (2, 3, 5) if case.tiny else (4, 6, 9)
@@ -154,8 +165,9 @@ def test_kv_cache_seq2seq(case):
         assert cache.length == i + 1
 
 
-def test_generate_decoder_only(case):
-    config = small_config(case.tiny)
+@CACHE
+def test_generate_decoder_only(case, variant):
+    config = small_config(case.tiny, **CACHE_VARIANTS[variant])
     params, model = _decoder(case, config, 7)
     rng = np.random.default_rng(7)
     P, n = (2, 3) if case.tiny else (3, 8)

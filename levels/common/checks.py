@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable, Sequence
 
 EMPTY_ROW_MESSAGE = (
-    "a query row has no key it may attend to (check the mask, the padding "
+    "a query row has no key it may attend to (check the mask, the padding, the window "
     "and the causal alignment: with causal=True and T > S the first T - S queries see nothing)"
 )
 NO_VALID_TOKEN_MESSAGE = "a sequence has no valid token (every position is padding)"
@@ -28,16 +28,29 @@ SHAPE_NAMES = {1: "(B,)", 2: "(B, T)"}
 def attention_dims(
     q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequence[int]
 ) -> tuple[int, int, int, int, int, int]:
-    """Validate q ``(B,H,T,Dh)``, k ``(B,H,S,Dh)``, v ``(B,H,S,Dv)``; return ``(B,H,T,S,Dh,Dv)``."""
+    """Validate q ``(B,H,T,Dh)``, k ``(B,Hkv,S,Dh)``, v ``(B,Hkv,S,Dv)``; return ``(B,H,T,S,Dh,Dv)``.
+
+    ``Hkv`` (the key/value heads) must divide ``H``: each group of ``H // Hkv``
+    query heads shares one key/value head (grouped-query attention; ``Hkv = 1``
+    is multi-query attention, ``Hkv = H`` the usual multi-head attention).
+    """
     q_shape, k_shape, v_shape = tuple(q_shape), tuple(k_shape), tuple(v_shape)
     shapes = f"q {q_shape}, k {k_shape}, v {v_shape}"
     if not (len(q_shape) == len(k_shape) == len(v_shape) == 4):
         raise ValueError(
-            f"attention expects 4-D q (B,H,T,Dh), k (B,H,S,Dh), v (B,H,S,Dv); got {shapes}"
+            f"attention expects 4-D q (B,H,T,Dh), k (B,Hkv,S,Dh), v (B,Hkv,S,Dv); got {shapes}"
         )
     B, H, T, Dh = q_shape
-    if k_shape[:2] != (B, H) or v_shape[:2] != (B, H):
-        raise ValueError(f"q, k and v must share batch and head sizes (B, H); got {shapes}")
+    if k_shape[0] != B or v_shape[0] != B:
+        raise ValueError(f"q, k and v must share the batch size B; got {shapes}")
+    Hkv = k_shape[1]
+    if v_shape[1] != Hkv:
+        raise ValueError(f"k and v must have the same number of heads Hkv; got {shapes}")
+    if Hkv <= 0 or H % Hkv != 0:
+        raise ValueError(
+            f"the query heads H={H} must be a multiple of the key/value heads Hkv={Hkv} "
+            f"(each group of H // Hkv query heads shares one); got {shapes}"
+        )
     if k_shape[3] != Dh:
         raise ValueError(f"q and k must have the same head width Dh; got {shapes}")
     S = k_shape[2]
@@ -46,6 +59,11 @@ def attention_dims(
     if min(B, H, T, S, Dh, v_shape[3]) <= 0:
         raise ValueError(f"attention needs non-empty q, k and v; got {shapes}")
     return B, H, T, S, Dh, v_shape[3]
+
+
+def group_size(q_shape: Sequence[int], k_shape: Sequence[int]) -> int:
+    """``G = H // Hkv``: query head ``h`` reads key/value head ``h // G``."""
+    return int(q_shape[1]) // int(k_shape[1])
 
 
 def check_float_inputs(kinds: Sequence[str], dtypes: Sequence[object]) -> None:
@@ -81,9 +99,59 @@ def check_scale(scale: float | None) -> None:
         raise ValueError(f"scale must be a positive finite number (or None), got {scale!r}")
 
 
+def check_window(window: int | None) -> None:
+    """A sliding window is a positive number of keys (None: unlimited)."""
+    if window is None:
+        return
+    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+        raise ValueError(f"window must be a positive integer (or None), got {window!r}")
+
+
 def causal_offset(T: int, S: int) -> int:
     """Bottom-right alignment: query ``i`` may attend key ``j`` iff ``j <= i + (S - T)``."""
     return S - T
+
+
+def key_range(i: int, T: int, S: int, *, causal: bool, window: int | None) -> tuple[int, int]:
+    """The keys ``[lo, hi)`` that query ``i`` may see by position alone (before any mask).
+
+    With ``d = i + (S - T)``, the query's place among the keys (bottom-right):
+
+    * causal: ``j <= d``; with a window ``W``, also ``j > d - W`` (its ``W`` latest keys);
+    * not causal: every key; with a window, the band ``|j - d| < W``.
+    """
+    d = i + causal_offset(T, S)
+    lo, hi = 0, S
+    if causal:
+        hi = min(S, d + 1)
+    if window is not None:
+        lo = max(0, d - window + 1)
+        if not causal:
+            hi = min(S, d + window)
+    return lo, max(lo, hi)
+
+
+def window_binds(T: int, S: int, *, causal: bool, window: int | None) -> bool:
+    """Whether a window hides any key (one wider than the sequence changes nothing).
+
+    The last query's window starts at ``S - W`` (so it binds when ``W < S``); without
+    causal the first query's also ends at ``S - T + W`` (binding when ``W < T``).
+    """
+    if window is None:
+        return False
+    return window < S or (not causal and window < T)
+
+
+def rows_without_keys(T: int, S: int, *, causal: bool, window: int | None) -> bool:
+    """Whether position rules alone (causal, window) leave some query row empty.
+
+    The first and the last rows are the tightest: ``lo`` and ``hi`` both grow with ``i``.
+    """
+    return any(
+        key_range(i, T, S, causal=causal, window=window)[0]
+        >= key_range(i, T, S, causal=causal, window=window)[1]
+        for i in (0, T - 1)
+    )
 
 
 def check_token_ids(

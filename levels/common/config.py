@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass
 
 POSITIONAL_KINDS = ("rope", "none")
+NORMS = ("layernorm", "rmsnorm")
+FEED_FORWARDS = ("gelu", "swiglu")
 
 
 def _is_int(value: object) -> bool:
@@ -25,7 +27,8 @@ class TransformerConfig:
     """Sizes and conventions shared by every level.
 
     Symbols used in shape comments across the project: ``D = d_model``,
-    ``H = n_heads``, ``Dh = D // H``, ``F = d_ff``, ``V = vocab_size``.
+    ``H = n_heads``, ``Hkv = kv_heads``, ``Dh = D // H``, ``F = d_ff``,
+    ``V = vocab_size``, ``W = window``.
     """
 
     vocab_size: int  # V: token ids live in [0, V)
@@ -47,6 +50,20 @@ class TransformerConfig:
     eos_id: int = 2
     # Longest sequence a model accepts, and the capacity of its KV cache.
     max_seq_len: int = 1024
+    # The architectures people run (Llama, Mistral, Qwen2, GPT-NeoX). The defaults
+    # are the model above, unchanged; docs/conventions.md lists the parameter names.
+    # Hkv: key/value heads shared by groups of H // Hkv query heads (GQA; 1 is MQA).
+    n_kv_heads: int | None = None  # None: one per query head (multi-head attention)
+    # Sliding window of self-attention: a query sees its W most recent keys (itself
+    # included) when causal, the band |j - i| < W otherwise. None: no window.
+    window: int | None = None
+    norm: str = "layernorm"  # or "rmsnorm": x / sqrt(mean(x^2) + eps) * weight, no bias
+    ffn: str = "gelu"  # or "swiglu": linear2(silu(linear_gate(x)) * linear1(x))
+    scale_embeddings: bool = True  # token embeddings times sqrt(D) (False in Llama & co.)
+    tie_embeddings: bool = True  # decoder-only logits h @ E^T; False: output_projection
+    # Biases beyond `bias` (which covers every linear and LayerNorm): None follows `bias`.
+    qkv_bias: bool | None = None  # the q, k, v projections (True in Qwen2 with bias=False)
+    out_bias: bool | None = None  # attention's output projection
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_seq_len"):
@@ -72,6 +89,27 @@ class TransformerConfig:
             value = getattr(self, name)
             if not _is_real(value) or not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+        if self.n_kv_heads is not None and (
+            not _is_int(self.n_kv_heads)
+            or self.n_kv_heads <= 0
+            or self.n_heads % self.n_kv_heads != 0
+        ):
+            raise ValueError(
+                f"n_kv_heads must be a positive integer dividing n_heads={self.n_heads} "
+                f"(each group of n_heads // n_kv_heads query heads shares one), got {self.n_kv_heads!r}"
+            )
+        if self.window is not None and (not _is_int(self.window) or self.window <= 0):
+            raise ValueError(f"window must be a positive integer (or None), got {self.window!r}")
+        if self.norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
+        if self.ffn not in FEED_FORWARDS:
+            raise ValueError(f"ffn must be one of {FEED_FORWARDS}, got {self.ffn!r}")
+        for name in ("scale_embeddings", "tie_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        for name in ("qkv_bias", "out_bias"):
+            if getattr(self, name) not in (None, True, False):
+                raise ValueError(f"{name} must be True, False or None, got {getattr(self, name)!r}")
         for name in ("pad_id", "bos_id", "eos_id"):
             value = getattr(self, name)
             if not _is_int(value) or not 0 <= value < self.vocab_size:
@@ -83,3 +121,26 @@ class TransformerConfig:
     def d_head(self) -> int:
         """Dh, the width of one attention head."""
         return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """Hkv, the key/value heads (``n_kv_heads``, or ``n_heads`` when that is None)."""
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def has_qkv_bias(self) -> bool:
+        return self.bias if self.qkv_bias is None else self.qkv_bias
+
+    @property
+    def has_out_bias(self) -> bool:
+        return self.bias if self.out_bias is None else self.out_bias
+
+    @property
+    def has_norm_bias(self) -> bool:
+        """LayerNorm has a bias when ``bias``; RMSNorm never has one."""
+        return self.bias and self.norm == "layernorm"
+
+    @property
+    def embedding_scale(self) -> float:
+        """What token embeddings are multiplied by: ``sqrt(D)``, or 1."""
+        return math.sqrt(self.d_model) if self.scale_embeddings else 1.0

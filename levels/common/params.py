@@ -5,6 +5,13 @@ Names and layouts are those of PyTorch's ``nn.TransformerEncoderLayer``,
 state dicts, so weights move between this project and PyTorch by name:
 ``layers.{i}.self_attn.in_proj_weight`` is ``(3D, D)`` with rows ``[q; k; v]``,
 linear weights are ``(out, in)`` and every linear computes ``x @ W.T + b``.
+
+The options of the models people run add or change a few entries, named in
+the same style (docs/conventions.md, "Parameters"): with ``Hkv`` key/value
+heads ``in_proj_weight`` is ``(D + 2 Hkv Dh, D)``; SwiGLU adds
+``linear_gate.weight (F, D)``; RMSNorm has a ``weight`` only; an untied
+decoder-only model has ``output_projection.weight (V, D)``; ``qkv_bias`` and
+``out_bias`` decide ``in_proj_bias`` and ``out_proj.bias`` on their own.
 """
 
 from __future__ import annotations
@@ -20,22 +27,27 @@ KINDS = ("decoder_only", "seq2seq")
 INIT_SCHEMES = ("standard", "random")
 
 
-def _attention_shapes(config: TransformerConfig, prefix: str) -> dict[str, tuple[int, ...]]:
-    D = config.d_model
+def attention_shapes(config: TransformerConfig, prefix: str) -> dict[str, tuple[int, ...]]:
+    """One attention's parameters under ``prefix``: ``in_proj_*`` (rows ``[q; k; v]``) and ``out_proj.*``."""
+    D, Dkv = config.d_model, config.kv_heads * config.d_head
     shapes = {
-        f"{prefix}in_proj_weight": (3 * D, D),  # rows [q; k; v]
+        f"{prefix}in_proj_weight": (D + 2 * Dkv, D),  # rows [q (D); k (Dkv); v (Dkv)]
         f"{prefix}out_proj.weight": (D, D),
     }
-    if config.bias:
-        shapes[f"{prefix}in_proj_bias"] = (3 * D,)
+    # The order matters: init_params draws in this order (today's models are reproduced
+    # exactly from their seeds).
+    if config.has_qkv_bias:
+        shapes[f"{prefix}in_proj_bias"] = (D + 2 * Dkv,)
+    if config.has_out_bias:
         shapes[f"{prefix}out_proj.bias"] = (D,)
     return shapes
 
 
-def _norm_shapes(config: TransformerConfig, prefix: str) -> dict[str, tuple[int, ...]]:
-    # nn.LayerNorm always has an affine weight; its bias follows config.bias.
+def norm_shapes(config: TransformerConfig, prefix: str) -> dict[str, tuple[int, ...]]:
+    """One norm's parameters under ``prefix``."""
+    # Both norms have a gain; LayerNorm's bias follows config.bias, RMSNorm has none.
     shapes = {f"{prefix}weight": (config.d_model,)}
-    if config.bias:
+    if config.has_norm_bias:
         shapes[f"{prefix}bias"] = (config.d_model,)
     return shapes
 
@@ -47,6 +59,17 @@ def _linear_shapes(config, prefix: str, n_out: int, n_in: int) -> dict[str, tupl
     return shapes
 
 
+def feed_forward_shapes(config: TransformerConfig, prefix: str) -> dict[str, tuple[int, ...]]:
+    """``linear1 (F, D)`` and ``linear2 (D, F)``; SwiGLU adds ``linear_gate (F, D)``."""
+    D, F = config.d_model, config.d_ff
+    shapes: dict[str, tuple[int, ...]] = {}
+    if config.ffn == "swiglu":
+        shapes |= _linear_shapes(config, f"{prefix}linear_gate.", F, D)
+    shapes |= _linear_shapes(config, f"{prefix}linear1.", F, D)
+    shapes |= _linear_shapes(config, f"{prefix}linear2.", D, F)
+    return shapes
+
+
 def layer_shapes(config: TransformerConfig, prefix: str, *, cross: bool) -> dict[str, tuple]:
     """Shapes of one pre-norm block under ``prefix`` (e.g. ``"layers.3."``).
 
@@ -54,16 +77,14 @@ def layer_shapes(config: TransformerConfig, prefix: str, *, cross: bool) -> dict
     a seq2seq decoder block (``cross=True``) adds ``multihead_attn`` and uses
     norm3 before the FFN, exactly as ``nn.TransformerDecoderLayer``.
     """
-    D, F = config.d_model, config.d_ff
     shapes: dict[str, tuple[int, ...]] = {}
-    shapes |= _norm_shapes(config, f"{prefix}norm1.")
-    shapes |= _attention_shapes(config, f"{prefix}self_attn.")
-    shapes |= _norm_shapes(config, f"{prefix}norm2.")
+    shapes |= norm_shapes(config, f"{prefix}norm1.")
+    shapes |= attention_shapes(config, f"{prefix}self_attn.")
+    shapes |= norm_shapes(config, f"{prefix}norm2.")
     if cross:
-        shapes |= _attention_shapes(config, f"{prefix}multihead_attn.")
-        shapes |= _norm_shapes(config, f"{prefix}norm3.")
-    shapes |= _linear_shapes(config, f"{prefix}linear1.", F, D)
-    shapes |= _linear_shapes(config, f"{prefix}linear2.", D, F)
+        shapes |= attention_shapes(config, f"{prefix}multihead_attn.")
+        shapes |= norm_shapes(config, f"{prefix}norm3.")
+    shapes |= feed_forward_shapes(config, prefix)
     return shapes
 
 
@@ -74,21 +95,29 @@ def param_shapes(config: TransformerConfig, kind: str) -> dict[str, tuple[int, .
     V, D = config.vocab_size, config.d_model
     shapes: dict[str, tuple[int, ...]] = {}
     if kind == "decoder_only":
-        shapes["token_embedding.weight"] = (V, D)  # also the output projection (tied)
+        shapes["token_embedding.weight"] = (V, D)  # also the output projection when tied
         for i in range(config.n_layers):
             shapes |= layer_shapes(config, f"layers.{i}.", cross=False)
-        shapes |= _norm_shapes(config, "norm.")
+        shapes |= norm_shapes(config, "norm.")
+        if not config.tie_embeddings:
+            shapes["output_projection.weight"] = (V, D)
     else:
         shapes["source_embedding.weight"] = (V, D)
         shapes["target_embedding.weight"] = (V, D)
         for i in range(config.n_layers):
             shapes |= layer_shapes(config, f"encoder.layers.{i}.", cross=False)
-        shapes |= _norm_shapes(config, "encoder.norm.")
+        shapes |= norm_shapes(config, "encoder.norm.")
         for i in range(config.n_layers):
             shapes |= layer_shapes(config, f"decoder.layers.{i}.", cross=True)
-        shapes |= _norm_shapes(config, "decoder.norm.")
+        shapes |= norm_shapes(config, "decoder.norm.")
         shapes["output_projection.weight"] = (V, D)
     return shapes
+
+
+def kv_bytes_per_token(config: TransformerConfig, bytes_per_element: int) -> int:
+    """What one position costs in a KV cache: the keys and values of every layer,
+    ``2 L Hkv Dh`` numbers. Grouped-query attention divides it by ``H / Hkv``."""
+    return 2 * config.n_layers * config.kv_heads * config.d_head * bytes_per_element
 
 
 def check_params(

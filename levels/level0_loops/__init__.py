@@ -9,7 +9,7 @@ Where to read it (docs/level0_loops.md tells the story):
 
 * ``ops.py``: the arithmetic (``linear``, ``layer_norm``, ``gelu``, ``rope``,
   ``attention``, ``split_heads``, ...) on nested lists, standard library only;
-* ``layers.py``: ``LayerNorm``, ``FeedForward``, ``MultiHeadAttention``,
+* ``layers.py``: ``LayerNorm``, ``RMSNorm``, ``FeedForward``, ``MultiHeadAttention``,
   ``EncoderLayer``, ``DecoderLayer``, computing through ``self.ops``;
 * ``models.py``: ``DecoderOnlyTransformer``, ``Seq2SeqTransformer`` and the
   ``KVCache``; their public methods check the inputs;
@@ -22,9 +22,16 @@ written once, here.
 from __future__ import annotations
 
 from .convert import asarray, to_numpy
-from .layers import DecoderLayer, EncoderLayer, FeedForward, LayerNorm, MultiHeadAttention
+from .layers import (
+    DecoderLayer,
+    EncoderLayer,
+    FeedForward,
+    LayerNorm,
+    MultiHeadAttention,
+    RMSNorm,
+)
 from .models import DecoderOnlyTransformer, KVCache, Seq2SeqTransformer
-from .ops import attention
+from .ops import attention, merge_attention
 
 # What the harness and the tests read about this level (docs/conventions.md, "Levels").
 ARRAY = "python"  # nested lists of Python floats, ints and bools
@@ -54,9 +61,11 @@ __all__ = [
     "KVCache",
     "LayerNorm",
     "MultiHeadAttention",
+    "RMSNorm",
     "Seq2SeqTransformer",
     "asarray",
     "attention",
+    "merge_attention",
     "describe",
     "to_numpy",
 ]

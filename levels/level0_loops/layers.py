@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..common.config import TransformerConfig
-from ..common.params import check_params
+from ..common.params import attention_shapes, check_params, feed_forward_shapes, norm_shapes
 from . import ops as loops
 
 Native = Any  # the level's array type: nested lists here, np.ndarray at level 1
@@ -49,82 +49,101 @@ class Module:
     def _load(self, params, prefix: str, shapes: dict[str, tuple[int, ...]]) -> dict[str, Native]:
         """Check and convert ``params[prefix + name]`` for every ``name`` of ``shapes``.
 
-        Names ending in ``bias`` are skipped when ``config.bias`` is False and
-        come back as ``None``. Missing or mis-shaped entries are one
-        ``ValueError`` listing them; other entries of ``params`` (the rest of a
-        model) are ignored.
+        ``shapes`` are the canonical ones of this piece (``levels.common.params``),
+        so an entry the config leaves out (a bias with ``bias=False``) is simply
+        absent and comes back as ``None`` from ``.get``. Missing or mis-shaped
+        entries are one ``ValueError`` listing them; other entries of ``params``
+        (the rest of a model) are ignored.
         """
-        wanted = {
-            prefix + name: shape
-            for name, shape in shapes.items()
-            if self.config.bias or not name.endswith("bias")
-        }
+        wanted = {prefix + name: shape for name, shape in shapes.items()}
         present = {name: params[name] for name in wanted if name in params}
         check_params(present, wanted, what=f"parameters of {type(self).__name__}")
-        return {
-            name: self._native(params[prefix + name]) if prefix + name in wanted else None
-            for name in shapes
-        }
+        return {name: self._native(params[prefix + name]) for name in shapes}
 
     def _native(self, array) -> Native:
         """A numpy array in this level's array type, device and dtype."""
         return self.ops.asarray(array, device=self.device, dtype=self.dtype)
 
-    def _key_mask(self, valid) -> Native | None:
+    def _key_mask(self, valid, *, T: int | None = None, window: int | None = None) -> Native | None:
         """Key validity ``valid (B,S)`` (True = real token) -> a mask ``(B,1,1,S)``, the same
-        for every head and query; None when every key is real (nothing to mask)."""
+        for every head and query; None when every key is real (nothing to mask).
+
+        With a sliding ``window`` over self-attention (``T`` new queries, the last
+        ``T`` of the ``S`` keys), a query at a padded position may also see the
+        padded keys of its window, ``(B,1,T,S)``: its window may hold no real key,
+        and its output is zeroed anyway (real queries never see padded keys).
+        """
         if valid is None:
             return None
         valid = np.asarray(self.ops.to_numpy(valid))
-        return None if valid.all() else self.ops.asarray(valid[:, None, None, :])
+        if valid.all():
+            return None
+        mask = valid[:, None, None, :]  # (B,1,1,S)
+        if window is not None:
+            mask = mask | ~valid[:, None, valid.shape[1] - T :, None]  # (B,1,T,S)
+        return self.ops.asarray(mask)
 
 
 class LayerNorm(Module):
-    """``nn.LayerNorm(D)``: ``(..., D) -> (..., D)``; reads ``{prefix}weight`` and ``{prefix}bias``."""
+    """``nn.LayerNorm(D)``: ``(..., D) -> (..., D)``; reads ``{prefix}weight`` (and ``{prefix}bias``)."""
 
     def __init__(self, config, params, *, prefix="", ops=None, device=None, dtype=None):
         super().__init__(config, ops=ops, device=device, dtype=dtype)
-        D = config.d_model
-        p = self._load(params, prefix, {"weight": (D,), "bias": (D,)})
-        self.weight, self.bias = p["weight"], p["bias"]  # (D,), (D,) or None
+        p = self._load(params, prefix, norm_shapes(config, ""))
+        self.weight, self.bias = p["weight"], p.get("bias")  # (D,), (D,) or None
 
     def __call__(self, x: Native) -> Native:
         return self.ops.layer_norm(x, self.weight, self.bias, self.config.norm_eps)
 
 
-class FeedForward(Module):
-    """``linear2(GELU(linear1(x)))``: ``(..., D) -> (..., F) -> (..., D)``, exact (erf) GELU.
+class RMSNorm(Module):
+    """RMSNorm: ``x / sqrt(mean(x^2) + eps) * weight``, ``(..., D) -> (..., D)``; reads ``{prefix}weight``."""
 
-    Reads ``{prefix}linear1.*`` and ``{prefix}linear2.*`` (``prefix`` is the block's).
+    def __init__(self, config, params, *, prefix="", ops=None, device=None, dtype=None):
+        super().__init__(config, ops=ops, device=device, dtype=dtype)
+        self.weight = self._load(params, prefix, norm_shapes(config, ""))["weight"]  # (D,)
+
+    def __call__(self, x: Native) -> Native:
+        return self.ops.rms_norm(x, self.weight, self.config.norm_eps)
+
+
+def norm_class(config: TransformerConfig) -> type[LayerNorm] | type[RMSNorm]:
+    """The norm a model of ``config`` uses (``config.norm``)."""
+    return RMSNorm if config.norm == "rmsnorm" else LayerNorm
+
+
+class FeedForward(Module):
+    """The position-wise feed-forward network: ``(..., D) -> (..., F) -> (..., D)``.
+
+    ``linear2(GELU(linear1(x)))`` with the exact (erf) GELU, or with ``ffn="swiglu"``
+    ``linear2(silu(linear_gate(x)) * linear1(x))`` (Shazeer 2020: a gated unit).
+    Reads ``{prefix}linear1.*``, ``{prefix}linear2.*`` (and ``{prefix}linear_gate.*``).
     """
 
     def __init__(self, config, params, *, prefix="", ops=None, device=None, dtype=None):
         super().__init__(config, ops=ops, device=device, dtype=dtype)
-        D, F = config.d_model, config.d_ff
-        p = self._load(
-            params,
-            prefix,
-            {
-                "linear1.weight": (F, D),
-                "linear1.bias": (F,),
-                "linear2.weight": (D, F),
-                "linear2.bias": (D,),
-            },
-        )
-        self.w1, self.b1 = p["linear1.weight"], p["linear1.bias"]  # (F, D), (F,)
-        self.w2, self.b2 = p["linear2.weight"], p["linear2.bias"]  # (D, F), (D,)
+        p = self._load(params, prefix, feed_forward_shapes(config, ""))
+        self.w1, self.b1 = p["linear1.weight"], p.get("linear1.bias")  # (F, D), (F,)
+        self.w2, self.b2 = p["linear2.weight"], p.get("linear2.bias")  # (D, F), (D,)
+        self.w_gate, self.b_gate = p.get("linear_gate.weight"), p.get("linear_gate.bias")  # (F, D)
 
     def __call__(self, x: Native) -> Native:
         ops = self.ops
-        return ops.linear(ops.gelu(ops.linear(x, self.w1, self.b1)), self.w2, self.b2)
+        h = ops.linear(x, self.w1, self.b1)  # (..., F)
+        if self.w_gate is None:
+            h = ops.gelu(h)
+        else:
+            h = ops.mul(ops.silu(ops.linear(x, self.w_gate, self.b_gate)), h)  # (..., F)
+        return ops.linear(h, self.w2, self.b2)  # (..., D)
 
 
 class MultiHeadAttention(Module):
-    """``nn.MultiheadAttention`` with PyTorch's parameter layout, optionally with RoPE.
+    """``nn.MultiheadAttention`` with PyTorch's parameter layout, optionally with RoPE and GQA.
 
-    ``mha(x, kv=None, *, mask=None, causal=False, position_offset=0, cache=None, index=0)``:
-    ``x (B,T,D)`` attends to ``kv (B,S,D)`` (None: to itself) -> ``(B,T,D)``.
-    ``in_proj_weight (3D, D)`` holds rows ``[q; k; v]``. With ``rope=True``
+    ``mha(x, kv=None, *, mask=None, causal=False, window=None, position_offset=0,
+    cache=None, index=0)``: ``x (B,T,D)`` attends to ``kv (B,S,D)`` (None: to
+    itself) -> ``(B,T,D)``. ``in_proj_weight (D + 2 Hkv Dh, D)`` holds rows
+    ``[q; k; v]``: ``H`` query heads, ``Hkv`` key/value heads. With ``rope=True``
     queries and keys are rotated at positions ``position_offset + t``. With a
     ``cache`` (self-attention), the new keys and values go into layer ``index``
     of the cache and the queries attend over everything it holds.
@@ -132,64 +151,67 @@ class MultiHeadAttention(Module):
 
     def __init__(self, config, params, *, prefix="", rope=False, ops=None, device=None, dtype=None):
         super().__init__(config, ops=ops, device=device, dtype=dtype)
-        D = config.d_model
-        p = self._load(
-            params,
-            prefix,
-            {
-                "in_proj_weight": (3 * D, D),
-                "in_proj_bias": (3 * D,),
-                "out_proj.weight": (D, D),
-                "out_proj.bias": (D,),
-            },
-        )
-        w, b = p["in_proj_weight"], p["in_proj_bias"]  # (3D, D) rows [q; k; v], (3D,)
-        self.w_q, self.w_k, self.w_v = w[:D], w[D : 2 * D], w[2 * D :]  # (D, D) each
-        self.b_q, self.b_k, self.b_v = (
-            (None,) * 3 if b is None else (b[:D], b[D : 2 * D], b[2 * D :])
-        )
-        self.w_o, self.b_o = p["out_proj.weight"], p["out_proj.bias"]  # (D, D), (D,)
+        D, Dkv = config.d_model, config.kv_heads * config.d_head
+        p = self._load(params, prefix, attention_shapes(config, ""))
+        w, b = p["in_proj_weight"], p.get("in_proj_bias")  # (D + 2 Dkv, D), rows [q; k; v]
+        rows = (slice(0, D), slice(D, D + Dkv), slice(D + Dkv, D + 2 * Dkv))
+        self.w_q, self.w_k, self.w_v = (w[r] for r in rows)  # (D, D), (Dkv, D), (Dkv, D)
+        self.b_q, self.b_k, self.b_v = (None,) * 3 if b is None else (b[r] for r in rows)
+        self.w_o, self.b_o = p["out_proj.weight"], p.get("out_proj.bias")  # (D, D), (D,)
         self.rope_base = config.rope_base if rope else None
-        self.n_heads = config.n_heads
+        self.n_heads, self.n_kv_heads = config.n_heads, config.kv_heads
 
-    def heads(self, x: Native, w: Native, b: Native | None, position_offset: int) -> Native:
-        """``x (B,L,D)`` projected by ``w``, split into heads ``(B,H,L,Dh)``, rotated if RoPE is on."""
+    def heads(self, x, w, b, n_heads: int, position_offset: int | None) -> Native:
+        """``x (B,L,D)`` projected by ``w``, split into ``n_heads`` heads ``(B,n,L,Dh)``,
+        rotated when RoPE is on and ``position_offset`` is given."""
         ops = self.ops
-        h = ops.split_heads(ops.linear(x, w, b), self.n_heads)  # (B,L,D) -> (B,H,L,Dh)
-        return h if self.rope_base is None else ops.rope(h, position_offset, self.rope_base)
+        h = ops.split_heads(ops.linear(x, w, b), n_heads)  # (B,L,n*Dh) -> (B,n,L,Dh)
+        if self.rope_base is None or position_offset is None:
+            return h
+        return ops.rope(h, position_offset, self.rope_base)
 
     def keys_values(self, source: Native) -> tuple[Native, Native]:
-        """``source (B,S,D)`` -> ``k, v (B,H,S,Dh)``, unrotated (cross-attention's memory)."""
-        ops = self.ops
-        k = ops.split_heads(ops.linear(source, self.w_k, self.b_k), self.n_heads)
-        v = ops.split_heads(ops.linear(source, self.w_v, self.b_v), self.n_heads)
-        return k, v
+        """``source (B,S,D)`` -> ``k, v (B,Hkv,S,Dh)``, unrotated (cross-attention's memory)."""
+        return (
+            self.heads(source, self.w_k, self.b_k, self.n_kv_heads, None),
+            self.heads(source, self.w_v, self.b_v, self.n_kv_heads, None),
+        )
 
-    def attend(self, q: Native, k: Native, v: Native, *, mask=None, causal=False) -> Native:
-        """``q (B,H,T,Dh)``, ``k, v (B,H,S,Dh)`` -> ``(B,T,D)``: the core, heads merged, out_proj."""
+    def attend(self, q, k, v, *, mask=None, causal=False, window=None) -> Native:
+        """``q (B,H,T,Dh)``, ``k, v (B,Hkv,S,Dh)`` -> ``(B,T,D)``: the core, heads merged, out_proj."""
         ops = self.ops
-        o = ops.attention(q, k, v, causal=causal, mask=mask)  # (B,H,T,Dh)
+        o = ops.attention(q, k, v, causal=causal, mask=mask, window=window)  # (B,H,T,Dh)
         return ops.linear(ops.merge_heads(o), self.w_o, self.b_o)  # (B,T,D)
 
     def __call__(
-        self, x, kv=None, *, mask=None, causal=False, position_offset=0, cache=None, index=0
+        self,
+        x,
+        kv=None,
+        *,
+        mask=None,
+        causal=False,
+        window=None,
+        position_offset=0,
+        cache=None,
+        index=0,
     ):
         source = x if kv is None else kv
-        q = self.heads(x, self.w_q, self.b_q, position_offset)  # (B,H,T,Dh)
-        k = self.heads(source, self.w_k, self.b_k, position_offset)  # (B,H,S,Dh)
-        v = self.ops.split_heads(self.ops.linear(source, self.w_v, self.b_v), self.n_heads)
+        q = self.heads(x, self.w_q, self.b_q, self.n_heads, position_offset)  # (B,H,T,Dh)
+        k = self.heads(source, self.w_k, self.b_k, self.n_kv_heads, position_offset)  # (B,Hkv,S,Dh)
+        v = self.heads(source, self.w_v, self.b_v, self.n_kv_heads, None)  # (B,Hkv,S,Dh)
         if cache is not None:
-            k, v = cache.append(index, k, v)  # (B,H,length+T,Dh)
-        return self.attend(q, k, v, mask=mask, causal=causal)
+            k, v = cache.append(index, k, v)  # (B,Hkv,length+T,Dh)
+        return self.attend(q, k, v, mask=mask, causal=causal, window=window)
 
 
 class EncoderLayer(Module):
     """A pre-norm ``nn.TransformerEncoderLayer``; also the decoder-only model's block (causal).
 
     ``layer(x, *, valid=None, causal=False, ...)``: ``x (B,T,D)``, ``valid (B,S)``
-    the real keys (``S = T``, or the cache's length + T) -> ``(B,T,D)``. Reads ``{prefix}norm1``,
-    ``self_attn``, ``norm2``, ``linear1``, ``linear2``. Self-attention uses RoPE when
-    ``config.positional == "rope"`` (``rope=`` overrides).
+    the real keys (``S = T``, or the cache's length + T) -> ``(B,T,D)``. Reads
+    ``{prefix}norm1``, ``self_attn``, ``norm2`` and the feed-forward's linears.
+    Self-attention uses RoPE when ``config.positional == "rope"`` (``rope=``
+    overrides) and ``config.window`` as its sliding window.
     """
 
     def __init__(self, config, params, *, prefix="", rope=None, ops=None, device=None, dtype=None):
@@ -197,26 +219,32 @@ class EncoderLayer(Module):
         if rope is None:  # a block of a RoPE model rotates its self-attention
             rope = config.positional == "rope"
         kw = self._children()
-        self.norm1 = LayerNorm(config, params, prefix=f"{prefix}norm1.", **kw)
+        Norm = norm_class(config)
+        self.norm1 = Norm(config, params, prefix=f"{prefix}norm1.", **kw)
         self.self_attn = MultiHeadAttention(
             config, params, prefix=f"{prefix}self_attn.", rope=rope, **kw
         )
-        self.norm2 = LayerNorm(config, params, prefix=f"{prefix}norm2.", **kw)
+        self.norm2 = Norm(config, params, prefix=f"{prefix}norm2.", **kw)
         self.ff = FeedForward(config, params, prefix=prefix, **kw)
 
-    def __call__(self, x, *, valid=None, causal=False, position_offset=0, cache=None, index=0):
-        """``x + SelfAttn(LN1(x))``, then ``x + FFN(LN2(x))``; ``cache`` as in ``MultiHeadAttention``."""
-        add = self.ops.add
+    def _self_attention(self, x, valid, causal, position_offset, cache, index) -> Native:
+        """``x + SelfAttn(norm1(x))``: ``x (B,T,D)`` over the cached keys and its own."""
+        window = self.config.window
         h = self.self_attn(
             self.norm1(x),
-            mask=self._key_mask(valid),
+            mask=self._key_mask(valid, T=len(x[0]), window=window),
             causal=causal,
+            window=window,
             position_offset=position_offset,
             cache=cache,
             index=index,
         )
-        x = add(x, h)  # (B,T,D)
-        return add(x, self.ff(self.norm2(x)))  # (B,T,D)
+        return self.ops.add(x, h)  # (B,T,D)
+
+    def __call__(self, x, *, valid=None, causal=False, position_offset=0, cache=None, index=0):
+        """``x + SelfAttn(norm1(x))``, then ``x + FFN(norm2(x))``; ``cache`` as in ``MultiHeadAttention``."""
+        x = self._self_attention(x, valid, causal, position_offset, cache, index)
+        return self.ops.add(x, self.ff(self.norm2(x)))  # (B,T,D)
 
 
 class DecoderLayer(EncoderLayer):
@@ -225,7 +253,7 @@ class DecoderLayer(EncoderLayer):
     ``layer(x, memory, *, valid=None, memory_valid=None, ...)``: ``x (B,T,D)``,
     ``memory (B,S,D)``, real target keys ``valid``, real source keys
     ``memory_valid (B,S)`` -> ``(B,T,D)``. Reads ``{prefix}norm1``, ``self_attn``,
-    ``norm2``, ``multihead_attn``, ``norm3``, ``linear1``, ``linear2``.
+    ``norm2``, ``multihead_attn``, ``norm3`` and the feed-forward's linears.
     """
 
     def __init__(self, config, params, *, prefix="", rope=None, ops=None, device=None, dtype=None):
@@ -237,33 +265,25 @@ class DecoderLayer(EncoderLayer):
         self.multihead_attn = MultiHeadAttention(
             config, params, prefix=f"{prefix}multihead_attn.", **kw
         )
-        self.norm3 = LayerNorm(config, params, prefix=f"{prefix}norm3.", **kw)
+        self.norm3 = norm_class(config)(config, params, prefix=f"{prefix}norm3.", **kw)
 
     def __call__(
         self, x, memory, *, valid=None, memory_valid=None, position_offset=0, cache=None, index=0
     ):
-        """``x + SelfAttn(LN1(x))``, ``x + CrossAttn(LN2(x), memory)``, ``x + FFN(LN3(x))``.
+        """``x + SelfAttn(norm1(x))``, ``x + CrossAttn(norm2(x), memory)``, ``x + FFN(norm3(x))``.
 
         With a ``cache`` the memory's keys and values are computed on the first
         call and kept in ``cache.cross[index]`` (``memory`` may then be None).
         """
         add = self.ops.add
-        h = self.self_attn(
-            self.norm1(x),
-            mask=self._key_mask(valid),
-            causal=True,
-            position_offset=position_offset,
-            cache=cache,
-            index=index,
-        )
-        x = add(x, h)  # (B,T,D)
+        x = self._self_attention(x, valid, True, position_offset, cache, index)
         cross = self.multihead_attn
         if cache is not None and cache.cross[index] is not None:
-            k, v = cache.cross[index]  # (B,H,S,Dh) each
+            k, v = cache.cross[index]  # (B,Hkv,S,Dh) each
         else:
-            k, v = cross.keys_values(memory)  # (B,H,S,Dh) each
+            k, v = cross.keys_values(memory)  # (B,Hkv,S,Dh) each
             if cache is not None:
                 cache.cross[index] = (k, v)
-        q = cross.heads(self.norm2(x), cross.w_q, cross.b_q, 0)  # (B,H,T,Dh), never rotated
+        q = cross.heads(self.norm2(x), cross.w_q, cross.b_q, cross.n_heads, None)  # (B,H,T,Dh)
         x = add(x, cross.attend(q, k, v, mask=self._key_mask(memory_valid)))  # (B,T,D)
         return add(x, self.ff(self.norm3(x)))  # (B,T,D)

@@ -14,7 +14,6 @@ filled one.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -22,7 +21,7 @@ import numpy as np
 from ..common import checks
 from ..common.generation import generate_decoder_only, generate_seq2seq
 from ..common.params import check_params, param_shapes
-from .layers import DecoderLayer, EncoderLayer, LayerNorm, Module
+from .layers import DecoderLayer, EncoderLayer, Module, norm_class
 
 Native = Any
 
@@ -31,7 +30,7 @@ class KVCache:
     """What incremental decoding keeps between steps; capacity ``max_seq_len``.
 
     Per layer the self-attention keys and values of the positions decoded so
-    far, each ``(B,H,length,Dh)`` in the level's arrays, grown by appending
+    far, each ``(B,Hkv,length,Dh)`` in the level's arrays, grown by appending
     (``ops.concat``); ``cross[i]``: decoder layer ``i``'s cross-attention
     ``(k, v)`` of the encoded source, computed once; ``memory_valid (B,S)``
     the source's validity. The validity of the cached positions is numpy, as
@@ -66,9 +65,9 @@ class KVCache:
         """Layer ``index``'s keys and values over the cached and the new positions."""
         past = self._kv[index]
         if past is None:
-            k, v = k_new, v_new  # (B,H,T,Dh)
+            k, v = k_new, v_new  # (B,Hkv,T,Dh)
         else:
-            k = self._concat(past[0], k_new, axis=2)  # (B,H,length+T,Dh)
+            k = self._concat(past[0], k_new, axis=2)  # (B,Hkv,length+T,Dh)
             v = self._concat(past[1], v_new, axis=2)
         self._pending[index] = (k, v)
         return k, v
@@ -145,8 +144,8 @@ class _Model(Module):
         """
         key_valid = valid if cache is None else cache.key_valid(valid)  # (B, length + T)
         offset = 0 if cache is None else cache.length
-        scale = math.sqrt(self.config.d_model)  # the stream starts at unit variance
-        x = self.ops.embed(embedding, self.ops.asarray(ids), scale)  # (B,T) -> (B,T,D)
+        # sqrt(D) (by default) so that the stream starts at unit variance.
+        x = self.ops.embed(embedding, self.ops.asarray(ids), self.config.embedding_scale)  # (B,T,D)
         logits = head(blocks(x, key_valid, offset))  # (B,T,V)
         if cache is not None:
             cache.advance(valid)
@@ -158,7 +157,7 @@ class _Model(Module):
 
 
 class DecoderOnlyTransformer(_Model):
-    """A GPT-style decoder-only transformer (causal pre-norm blocks, tied logits).
+    """A GPT-style decoder-only transformer (causal pre-norm blocks, tied logits by default).
 
     ``forward(tokens (B,T), *, valid=None) -> logits (B,T,V)``, ``prefill``,
     ``decode_step`` and ``generate``. Dropout is not applied (inference only).
@@ -174,7 +173,10 @@ class DecoderOnlyTransformer(_Model):
             EncoderLayer(config, params, prefix=f"layers.{i}.", **kw)
             for i in range(config.n_layers)
         ]
-        self.norm = LayerNorm(config, params, prefix="norm.", **kw)
+        self.norm = norm_class(config)(config, params, prefix="norm.", **kw)
+        # Tied: logits = h @ E^T with the input embedding E; untied: a matrix of its own.
+        name = "token_embedding.weight" if config.tie_embeddings else "output_projection.weight"
+        self.output_projection = self._native(params[name])  # (V, D)
 
     def _step(self, ids: np.ndarray, valid: np.ndarray, cache: KVCache | None) -> Native:
         """Raw logits ``(B,T,V)`` for ``ids (B,T)`` following the cache's filled positions."""
@@ -186,12 +188,12 @@ class DecoderOnlyTransformer(_Model):
                 )
             return x  # (B,T,D)
 
-        def tied_logits(x):
-            return self.ops.linear(self.norm(x), self.token_embedding, None)  # (B,T,D) @ (D,V)
+        def logits(x):
+            return self.ops.linear(self.norm(x), self.output_projection, None)  # (B,T,D) @ (D,V)
 
         self._check_step(ids, cache, "tokens")
         return self._causal_step(
-            ids, valid, cache, embedding=self.token_embedding, blocks=blocks, head=tied_logits
+            ids, valid, cache, embedding=self.token_embedding, blocks=blocks, head=logits
         )
 
     def logits(self, tokens, *, valid=None) -> tuple[Native, np.ndarray]:
@@ -243,11 +245,11 @@ class Seq2SeqTransformer(_Model):
         self.encoder_layers = [
             EncoderLayer(config, params, prefix=f"encoder.layers.{i}.", **kw) for i in n
         ]
-        self.encoder_norm = LayerNorm(config, params, prefix="encoder.norm.", **kw)
+        self.encoder_norm = norm_class(config)(config, params, prefix="encoder.norm.", **kw)
         self.decoder_layers = [
             DecoderLayer(config, params, prefix=f"decoder.layers.{i}.", **kw) for i in n
         ]
-        self.decoder_norm = LayerNorm(config, params, prefix="decoder.norm.", **kw)
+        self.decoder_norm = norm_class(config)(config, params, prefix="decoder.norm.", **kw)
 
     def _inputs(self, src, tgt_in, src_valid, tgt_valid):
         """Check both sequences (the target first) -> ``(src, src_valid, tgt, tgt_valid)`` in numpy."""
@@ -265,7 +267,7 @@ class Seq2SeqTransformer(_Model):
 
     def _encode(self, src: np.ndarray, src_valid: np.ndarray) -> Native:
         """The encoder stack and its final norm on checked inputs -> memory ``(B,S,D)``."""
-        scale = math.sqrt(self.config.d_model)
+        scale = self.config.embedding_scale
         x = self.ops.embed(self.source_embedding, self.ops.asarray(src), scale)  # (B,S,D)
         for layer in self.encoder_layers:
             x = layer(x, valid=src_valid)  # bidirectional over the real tokens

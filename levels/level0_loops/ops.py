@@ -130,6 +130,37 @@ def layer_norm(x: Nested, weight: Nested, bias: Nested | None, eps: float) -> Ne
     return _on_vectors(one, x)
 
 
+def rms_norm(x: Nested, weight: Nested, eps: float) -> Nested:
+    """Scale each vector of ``x (..., D)`` to a root mean square of 1, then by ``weight``.
+
+    ``x / sqrt(mean(x^2) + eps) * weight`` (Zhang & Sennrich 2019): LayerNorm
+    without the centring and without a bias, as Llama, Mistral and Qwen2 use it.
+    """
+
+    def one(vec: list[float]) -> list[float]:
+        inv_rms = 1.0 / math.sqrt(sum(v * v for v in vec) / len(vec) + eps)
+        return [v * inv_rms * w for v, w in zip(vec, weight, strict=True)]
+
+    return _on_vectors(one, x)
+
+
+def mul(x: Nested, y: Nested) -> Nested:
+    """Elementwise ``x * y`` for two nested lists of the same shape (SwiGLU's gate)."""
+    if isinstance(x, list):
+        return [mul(a, b) for a, b in zip(x, y, strict=True)]
+    return x * y
+
+
+def silu(x: Nested) -> Nested:
+    """SiLU (swish), ``x * sigmoid(x) = x / (1 + exp(-x))``: SwiGLU's gate activation.
+
+    ``exp(-x)`` overflows for ``x < -709``; then ``x / inf`` is ``-0.0``, the limit.
+    """
+    if isinstance(x, list):
+        return [silu(item) for item in x]
+    return x / (1.0 + math.exp(-x)) if x > -700.0 else -0.0
+
+
 def gelu(x: Nested) -> Nested:
     """Exact GELU, ``x * Phi(x) = 0.5 * x * (1 + erf(x / sqrt(2)))`` (not the tanh approximation)."""
     if isinstance(x, list):
@@ -202,13 +233,20 @@ def attention(
     causal: bool = False,
     mask: Nested | None = None,
     scale: float | None = None,
+    window: int | None = None,
+    return_lse: bool = False,
 ) -> Nested:
     """Scaled dot-product attention, one query row at a time.
 
-    ``q (B,H,T,Dh)``, ``k (B,H,S,Dh)``, ``v (B,H,S,Dv)`` -> ``(B,H,T,Dv)``.
-    ``mask`` is boolean, True = may attend, broadcastable to ``(B,H,T,S)``;
-    ``causal`` is aligned bottom-right (query ``i`` sees key ``j`` iff
-    ``j <= i + S - T``); a key must pass both. ``scale`` defaults to ``1/sqrt(Dh)``.
+    ``q (B,H,T,Dh)``, ``k (B,Hkv,S,Dh)``, ``v (B,Hkv,S,Dv)`` -> ``(B,H,T,Dv)``.
+    Query head ``h`` reads key/value head ``h // (H // Hkv)`` (grouped-query
+    attention when ``Hkv < H``). ``mask`` is boolean, True = may attend,
+    broadcastable to ``(B,H,T,S)``; ``causal`` is aligned bottom-right (query
+    ``i`` sees key ``j`` iff ``j <= i + S - T``); ``window`` keeps the ``W``
+    latest keys of each query (causal) or the band ``|j - (i + S - T)| < W``;
+    a key must pass all of them. ``scale`` defaults to ``1/sqrt(Dh)``.
+    ``return_lse`` also returns ``lse (B,H,T)``, the natural log of each row's
+    sum of ``exp(scaled score)`` over its keys.
 
     Keys a query may not attend are simply left out of its softmax, which is
     what adding ``-inf`` to their scores means; a row left with no key at all
@@ -218,36 +256,76 @@ def attention(
     types = [_element_type(a) for a in (q, k, v)]
     checks.check_float_inputs(["f" if t == "float" else "?" for t in types], types)
     checks.check_scale(scale)
+    checks.check_window(window)
     read_mask = None
     if mask is not None:
         checks.check_mask(_shape(mask), _is_bool(mask), (B, H, T, S))
         read_mask = _mask_reader(mask, (B, H, T, S))
     if scale is None:
         scale = 1.0 / math.sqrt(Dh)
-    offset = checks.causal_offset(T, S)
+    group = checks.group_size(_shape(q), _shape(k))  # query heads per key/value head
 
-    out = []
+    out, lse = [], []
     for b in range(B):
-        heads = []
+        heads, heads_lse = [], []
         for h in range(H):
-            rows = []
+            kh = h // group  # the key/value head this query head reads
+            rows, rows_lse = [], []
             for i in range(T):
-                keys = [
-                    j
-                    for j in range(S)
-                    if (not causal or j <= i + offset)
-                    and (read_mask is None or read_mask(b, h, i, j))
-                ]
+                lo, hi = checks.key_range(i, T, S, causal=causal, window=window)
+                keys = [j for j in range(lo, hi) if read_mask is None or read_mask(b, h, i, j)]
                 if not keys:
                     raise ValueError(checks.EMPTY_ROW_MESSAGE)
-                scores = [scale * _dot(q[b][h][i], k[b][h][j]) for j in keys]
+                scores = [scale * _dot(q[b][h][i], k[b][kh][j]) for j in keys]
                 weights = softmax(scores)
                 rows.append(
                     [
-                        sum(w * v[b][h][j][d] for w, j in zip(weights, keys, strict=True))
+                        sum(w * v[b][kh][j][d] for w, j in zip(weights, keys, strict=True))
                         for d in range(Dv)
                     ]
                 )
+                top = max(scores)  # log sum exp(s) = max + log sum exp(s - max)
+                rows_lse.append(top + math.log(sum(math.exp(x - top) for x in scores)))
             heads.append(rows)
+            heads_lse.append(rows_lse)
         out.append(heads)
-    return out
+        lse.append(heads_lse)
+    return (out, lse) if return_lse else out
+
+
+def merge_attention(parts: list[tuple[Nested, Nested]]) -> tuple[Nested, Nested]:
+    """Attention over the union of disjoint key sets, from each set's ``(out, lse)``.
+
+    For one query row with log-sum-exps ``l_1 .. l_n`` over the sets, the whole
+    row's is ``l = log sum_i exp(l_i)`` and its softmax weights are each set's
+    own scaled by ``exp(l_i - l)``, so ``out = sum_i exp(l_i - l) out_i``
+    (``out_i (B,H,T,Dv)``, ``lse_i (B,H,T)``). The subtraction of the largest
+    ``l_i`` inside the log keeps every ``exp`` at most 1.
+    """
+    if not parts:
+        raise ValueError("merge_attention needs at least one (out, lse) part")
+    outs, lses = [p[0] for p in parts], [p[1] for p in parts]
+    B, H, T = len(lses[0]), len(lses[0][0]), len(lses[0][0][0])
+    out, lse = [], []
+    for b in range(B):
+        heads, heads_lse = [], []
+        for h in range(H):
+            rows, rows_lse = [], []
+            for i in range(T):
+                ls = [part[b][h][i] for part in lses]
+                top = max(ls)
+                total = top + math.log(sum(math.exp(x - top) for x in ls))
+                weights = [math.exp(x - total) for x in ls]
+                Dv = len(outs[0][b][h][i])
+                rows.append(
+                    [
+                        sum(w * o[b][h][i][d] for w, o in zip(weights, outs, strict=True))
+                        for d in range(Dv)
+                    ]
+                )
+                rows_lse.append(total)
+            heads.append(rows)
+            heads_lse.append(rows_lse)
+        out.append(heads)
+        lse.append(heads_lse)
+    return out, lse

@@ -6,7 +6,7 @@ operation (``x @ W.T`` instead of a dot product per output, one batched
 Only the arithmetic changes, so only the arithmetic is new here:
 
 * ``ops.py``: level 0's primitives in numpy, with shape comments;
-* ``models.py``: ``LayerNorm``, ``FeedForward``, ``MultiHeadAttention``,
+* ``models.py``: ``LayerNorm``, ``RMSNorm``, ``FeedForward``, ``MultiHeadAttention``,
   ``EncoderLayer``, ``DecoderLayer``, ``DecoderOnlyTransformer`` and
   ``Seq2SeqTransformer``: level 0's classes with ``ops`` set to ``ops.py``;
 * ``convert.py``: ``asarray`` / ``to_numpy`` (float64 by default, ``dtype=np.float32`` accepted);
@@ -34,9 +34,10 @@ from .models import (
     FeedForward,
     LayerNorm,
     MultiHeadAttention,
+    RMSNorm,
     Seq2SeqTransformer,
 )
-from .ops import attention
+from .ops import attention, merge_attention
 
 # What the harness and the tests read about this level (docs/conventions.md, "Levels").
 ARRAY = "numpy"
@@ -66,10 +67,12 @@ __all__ = [
     "KVCache",
     "LayerNorm",
     "MultiHeadAttention",
+    "RMSNorm",
     "Seq2SeqTransformer",
     "asarray",
     "attention",
     "attention_grads",
+    "merge_attention",
     "describe",
     "optim",
     "to_numpy",

@@ -46,28 +46,35 @@ class Tape:
     """An ops namespace that records each op's backward; see the module docstring.
 
     ``Tape(params)``: ``params`` maps canonical names to the arrays the model
-    computes with (its ``parameters()``). Run one forward through classes bound
-    to the tape, then ``backward(output, grad)``. A tape serves one forward.
+    computes with (its ``parameters()``). Run one forward through classes built
+    with ``ops=tape``, then ``backward(output, grad)``. A tape serves one forward.
     """
 
-    # The converters and the checks are level 1's own functions, unchanged.
+    # The converters are level 1's own functions, unchanged.
     asarray = staticmethod(ops.asarray)
     to_numpy = staticmethod(ops.to_numpy)
 
     def __init__(self, params: Mapping[str, np.ndarray]):
         self._params = dict(params)
         self._name_of = {id(array): name for name, array in self._params.items()}
-        # (output, inputs, backward), in the order the forward ran them.
-        self._entries: list[tuple[np.ndarray, tuple[Any, ...], Callable[[np.ndarray], Grads]]] = []
+        # (outputs, inputs, backward), in the order the forward ran them. An op
+        # with several outputs (attention's out and lse) records them together;
+        # its backward gets one gradient per output (None for an unused one).
+        self._entries: list[tuple[tuple[np.ndarray, ...], tuple[Any, ...], Callable]] = []
 
     def _record(self, output: np.ndarray, inputs: tuple, backward: Callable) -> np.ndarray:
-        self._entries.append((output, inputs, backward))
+        self._entries.append(((output,), inputs, backward))
         return output
+
+    def _record_pair(self, outputs: tuple, inputs: tuple, backward: Callable) -> tuple:
+        self._entries.append((outputs, inputs, backward))
+        return outputs
 
     # ------------------------------------------------------------ the backward
 
-    def backward(self, output: np.ndarray, grad: np.ndarray) -> dict[str, np.ndarray]:
-        """Gradients of every parameter, given ``grad = dL/d output`` for the tape's final output.
+    def backward(self, output: np.ndarray, grad: np.ndarray, *more) -> dict[str, np.ndarray]:
+        """Gradients of every parameter, given ``grad = dL/d output`` for the tape's final output
+        (and more ``output, grad`` pairs after it, for a loss that reads several outputs).
 
         Entries are replayed newest first, so an array's gradient is complete
         (every consumer has added its share) before the op that produced it
@@ -77,12 +84,17 @@ class Tape:
         param_grads = {name: np.zeros_like(array) for name, array in self._params.items()}
         # Gradients of intermediate arrays, keyed by id. The entries keep every
         # array alive until the tape is dropped, so no id is reused meanwhile.
-        pending = {id(output): grad}
-        for out, inputs, backward in reversed(self._entries):
-            g = pending.pop(id(out), None)
-            if g is None:  # this output never reached the loss
+        seeds = [(output, grad), *zip(more[0::2], more[1::2], strict=True)]
+        pending = {id(out): g for out, g in seeds}
+        for outs, inputs, backward in reversed(self._entries):
+            gs = [pending.pop(id(out), None) for out in outs]
+            if all(g is None for g in gs):  # no output of this op reached the loss
                 continue
-            for x, gx in zip(inputs, backward(g), strict=True):
+            if len(outs) == 1:
+                grads = backward(gs[0])
+            else:  # an unused output contributes nothing: its gradient is None
+                grads = backward(*gs)
+            for x, gx in zip(inputs, grads, strict=True):
                 if gx is None:
                     continue
                 slot = self._parameter_slot(x, param_grads)
@@ -178,6 +190,34 @@ class Tape:
         y = xhat * weight if bias is None else xhat * weight + bias
         return self._record(y, (x, weight, bias), backward)
 
+    def rms_norm(self, x: np.ndarray, weight, eps: float) -> np.ndarray:
+        # y = xhat * w, xhat = x * r, r = 1/sqrt(mean(x^2) + eps) over D features.
+        # dw = sum over rows of g * xhat. With gh = g * w (the gradient at xhat),
+        # dr/dx_j = -r^3 x_j / D, so
+        #   dx = r * (gh - xhat * mean(gh * xhat))
+        # LayerNorm's formula without the mean term: nothing is centred here.
+        xhat, inv_rms = ops.rms_normalise(x, eps)  # (..., D), (..., 1)
+
+        def backward(g):  # g (..., D)
+            gh = g * weight  # (..., D)
+            d_x = inv_rms * (gh - xhat * (gh * xhat).mean(axis=-1, keepdims=True))
+            return d_x, _sum_to_last_axis(g * xhat), None
+
+        return self._record(xhat * weight, (x, weight, eps), backward)
+
+    def mul(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        # d(x * y) = y dx + x dy, elementwise.
+        return self._record(ops.mul(x, y), (x, y), lambda g: (g * y, g * x))
+
+    def silu(self, x: np.ndarray) -> np.ndarray:
+        # y = x s(x) with s the sigmoid, s' = s (1 - s): dy/dx = s + x s (1 - s).
+        s = ops.sigmoid(x)
+
+        def backward(g):
+            return (g * (s + x * s * (1.0 - s)),)
+
+        return self._record(x * s, (x,), backward)
+
     def gelu(self, x: np.ndarray) -> np.ndarray:
         # y = x Phi(x) with Phi the standard normal CDF, so
         # dy/dx = Phi(x) + x phi(x), phi(x) = exp(-x^2/2) / sqrt(2 pi) its density.
@@ -201,29 +241,66 @@ class Tape:
 
         return self._record(ops.rotate_pairs(x, cos, sin), (x,), backward)
 
-    def attention(self, q, k, v, *, causal=False, mask=None, scale=None) -> np.ndarray:
-        # Forward: s = scale q k^T, p = softmax(s) over allowed keys, o = p v.
+    def attention(
+        self, q, k, v, *, causal=False, mask=None, scale=None, window=None, return_lse=False
+    ):
+        # Forward: s = scale q k^T, p = softmax(s) over allowed keys, o = p v, and
+        # lse = log sum_j exp(s_j) over the same keys. With g = dL/do and e = dL/dlse:
         #   dv = p^T g                      (B,H,S,T) @ (B,H,T,Dv)
         #   dp = g v^T                      (B,H,T,Dv) @ (B,H,Dv,S)
         #   ds = p * (dp - rowsum(p * dp))  softmax's Jacobian, row by row
+        #      + p * e                      d lse / d s = p
         #   dq = scale ds k,  dk = scale ds^T q
         # A forbidden key has p = 0, hence ds = 0: no gradient flows through it,
-        # exactly as if it had been left out of the softmax.
-        B, H, T, S, Dh, Dv = checks.attention_dims(q.shape, k.shape, v.shape)
-        checks.check_float_inputs([a.dtype.kind for a in (q, k, v)], [a.dtype for a in (q, k, v)])
-        checks.check_scale(scale)
+        # exactly as if it had been left out of the softmax. With grouped-query
+        # attention the key/value heads were repeated for every query head of
+        # their group, so their gradients are the group's summed (sum_groups).
+        group = ops.check_attention(q, k, v, scale=scale, window=window)
+        Dh = q.shape[-1]
         scale = 1.0 / math.sqrt(Dh) if scale is None else scale
-        p = ops.attention_weights(q, k, causal=causal, mask=mask, scale=scale)  # (B,H,T,S)
+        kr, vr = ops.repeat_heads(k, group), ops.repeat_heads(v, group)  # (B,H,S,*)
+        p, lse = ops.attention_weights(q, kr, causal=causal, mask=mask, scale=scale, window=window)
 
-        def backward(g):  # g (B,H,T,Dv)
+        def backward(g, e=None):  # g (B,H,T,Dv) or None, e (B,H,T) or None
+            if g is None:  # only lse reached the loss
+                g = np.zeros(p.shape[:-1] + vr.shape[-1:], dtype=p.dtype)
             d_v = p.swapaxes(-1, -2) @ g  # (B,H,S,T) @ (B,H,T,Dv) -> (B,H,S,Dv)
-            d_p = g @ v.swapaxes(-1, -2)  # (B,H,T,Dv) @ (B,H,Dv,S) -> (B,H,T,S)
-            d_s = p * (d_p - (p * d_p).sum(axis=-1, keepdims=True))  # (B,H,T,S)
-            d_q = scale * (d_s @ k)  # (B,H,T,S) @ (B,H,S,Dh) -> (B,H,T,Dh)
+            d_p = g @ vr.swapaxes(-1, -2)  # (B,H,T,Dv) @ (B,H,Dv,S) -> (B,H,T,S)
+            row = (p * d_p).sum(axis=-1, keepdims=True)  # (B,H,T,1)
+            if e is not None:
+                row = row - e[..., None]  # p * (dp - row) + p * e = p * (dp - (row - e))
+            d_s = p * (d_p - row)  # (B,H,T,S)
+            d_q = scale * (d_s @ kr)  # (B,H,T,S) @ (B,H,S,Dh) -> (B,H,T,Dh)
             d_k = scale * (d_s.swapaxes(-1, -2) @ q)  # (B,H,S,T) @ (B,H,T,Dh) -> (B,H,S,Dh)
-            return d_q, d_k, d_v
+            return d_q, ops.sum_groups(d_k, group), ops.sum_groups(d_v, group)
 
-        return self._record(p @ v, (q, k, v), backward)  # (B,H,T,S) @ (B,H,S,Dv)
+        out = p @ vr  # (B,H,T,S) @ (B,H,S,Dv) -> (B,H,T,Dv)
+        if not return_lse:
+            return self._record(out, (q, k, v), backward)
+        return self._record_pair((out, lse), (q, k, v), backward)
+
+    def merge_attention(self, parts):
+        # out = sum_i w_i out_i, lse = log sum_i exp(lse_i), w_i = exp(lse_i - lse).
+        # d w_i / d lse_k = w_i (delta_ik - w_k), so with g = dL/dout and e = dL/dlse:
+        #   d out_i = w_i g
+        #   d lse_k = w_k (rowsum(g * out_k) - rowsum(g * out)) + w_k e
+        out, lse = ops.merge_attention(parts)
+        weights = [np.exp(p[1] - lse) for p in parts]  # (B,H,T) each
+
+        def backward(g, e=None):
+            grads = []
+            if g is None:
+                g = np.zeros_like(out)
+            base = (g * out).sum(axis=-1)  # (B,H,T)
+            for (out_k, _), w in zip(parts, weights, strict=True):
+                d_lse = w * ((g * out_k).sum(axis=-1) - base)
+                if e is not None:
+                    d_lse = d_lse + w * e
+                grads += [w[..., None] * g, d_lse]
+            return tuple(grads)
+
+        inputs = tuple(a for part in parts for a in part)  # out_1, lse_1, out_2, lse_2, ...
+        return self._record_pair((out, lse), inputs, backward)
 
 
 def attention_grads(
@@ -235,16 +312,24 @@ def attention_grads(
     causal: bool = False,
     mask: np.ndarray | None = None,
     scale: float | None = None,
+    window: int | None = None,
+    d_lse: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The attention forward and its hand-written backward on their own.
 
-    ``q (B,H,T,Dh)``, ``k (B,H,S,Dh)``, ``v (B,H,S,Dv)`` and the upstream
-    gradient ``d_out (B,H,T,Dv)`` -> ``(dq, dk, dv)``, the same contract as
-    ``attention`` (and the same errors). q, k and v are handed to the tape as
-    its "parameters", so their gradients come back by name; this is what the
+    ``q (B,H,T,Dh)``, ``k (B,Hkv,S,Dh)``, ``v (B,Hkv,S,Dv)`` and the upstream
+    gradients ``d_out (B,H,T,Dv)`` (and ``d_lse (B,H,T)`` of the log-sum-exp,
+    when it is used) -> ``(dq, dk, dv)``, the same contract as ``attention``
+    (and the same errors). q, k and v are handed to the tape as its
+    "parameters", so their gradients come back by name; this is what the
     benchmarks time against autograd at the torch levels.
     """
     tape = Tape({"q": q, "k": k, "v": v})
-    out = tape.attention(q, k, v, causal=causal, mask=mask, scale=scale)  # (B,H,T,Dv)
-    grads = tape.backward(out, d_out)
+    kw = {"causal": causal, "mask": mask, "scale": scale, "window": window}
+    if d_lse is None:
+        out = tape.attention(q, k, v, **kw)  # (B,H,T,Dv)
+        grads = tape.backward(out, d_out)
+    else:
+        out, lse = tape.attention(q, k, v, return_lse=True, **kw)  # (B,H,T,Dv), (B,H,T)
+        grads = tape.backward(out, d_out, lse, d_lse)
     return grads["q"], grads["k"], grads["v"]

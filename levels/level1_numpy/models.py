@@ -21,6 +21,11 @@ class LayerNorm(loops.LayerNorm):
     ops = ops
 
 
+class RMSNorm(loops.RMSNorm):
+    __doc__ = loops.RMSNorm.__doc__
+    ops = ops
+
+
 class FeedForward(loops.FeedForward):
     __doc__ = loops.FeedForward.__doc__
     ops = ops

@@ -77,6 +77,32 @@ def normal_cdf(x: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + erf(x / math.sqrt(2.0)))
 
 
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """RMSNorm over the last axis: ``x / sqrt(mean(x^2) + eps) * weight`` (no centring, no bias)."""
+    return rms_normalise(x, eps)[0] * weight
+
+
+def rms_normalise(x: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(xhat (..., D), inv_rms (..., 1))`` with ``xhat = x * inv_rms``; the backward reuses both."""
+    inv_rms = 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)  # (..., 1)
+    return x * inv_rms, inv_rms
+
+
+def mul(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    return x * y
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """``1 / (1 + exp(-x))``, computed as ``exp(min(x,0)) / (1 + exp(-|x|))`` so no ``exp`` overflows."""
+    z = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1.0, z) / (1.0 + z)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    """SiLU (swish), ``x * sigmoid(x)``: SwiGLU's gate activation."""
+    return x * sigmoid(x)
+
+
 def gelu(x: np.ndarray) -> np.ndarray:
     """Exact GELU, ``x * Phi(x)``, not the tanh approximation."""
     return x * normal_cdf(x)
@@ -114,18 +140,46 @@ def rope(x: np.ndarray, position_offset: int, base: float) -> np.ndarray:
     return rotate_pairs(x, *rope_angles(T, Dh, position_offset, base, x.dtype))
 
 
-def attention_weights(q, k, *, causal=False, mask=None, scale=None) -> np.ndarray:
-    """The softmax weights of attention: ``q (B,H,T,Dh)``, ``k (B,H,S,Dh)`` -> ``(B,H,T,S)``.
+def position_mask(T: int, S: int, *, causal: bool, window: int | None) -> np.ndarray:
+    """``(T, S)`` bool: the keys each query may see by position (``checks.key_range``, vectorised).
 
-    Rows sum to 1 over the allowed keys; forbidden keys get exactly 0. See
-    ``attention`` for ``causal``, ``mask`` and ``scale``. (The backward reuses them.)
+    With ``d = i + (S - T)`` (bottom-right): causal keeps ``j <= d``; a window
+    keeps ``j > d - W`` (causal) or ``|j - d| < W``.
+    """
+    d = np.arange(T)[:, None] + checks.causal_offset(T, S)  # (T, 1)
+    j = np.arange(S)[None, :]  # (1, S)
+    allowed = np.ones((T, S), dtype=bool)
+    if causal:
+        allowed &= j <= d
+    if window is not None:
+        allowed &= (j > d - window) if causal else (np.abs(j - d) < window)
+    return allowed  # (T, S)
+
+
+def repeat_heads(x: np.ndarray, group: int) -> np.ndarray:
+    """``(B, Hkv, S, N) -> (B, Hkv * group, S, N)``: each key/value head serves ``group``
+    consecutive query heads (head ``h`` reads ``h // group``)."""
+    return x if group == 1 else np.repeat(x, group, axis=1)
+
+
+def sum_groups(x: np.ndarray, group: int) -> np.ndarray:
+    """``(B, H, S, N) -> (B, H // group, S, N)``: what ``repeat_heads`` spread, summed back
+    (the gradient of a shared key/value head collects its whole group's)."""
+    B, H, S, N = x.shape
+    return x if group == 1 else x.reshape(B, H // group, group, S, N).sum(axis=2)
+
+
+def attention_weights(q, k, *, causal=False, mask=None, scale=None, window=None):
+    """The softmax weights of attention and their log-sum-exp.
+
+    ``q (B,H,T,Dh)``, ``k (B,H,S,Dh)`` (key heads already repeated to ``H``) ->
+    ``(weights (B,H,T,S), lse (B,H,T))``. Rows sum to 1 over the allowed keys;
+    forbidden keys get exactly 0. See ``attention`` for the arguments. (The
+    backward reuses both.)
     """
     B, H, T, Dh = q.shape
     S = k.shape[-2]
-    allowed = np.ones((T, S), dtype=bool)  # (T, S)
-    if causal:
-        # Lower triangle shifted right by S - T: True where j <= i + (S - T).
-        allowed = np.tri(T, S, k=checks.causal_offset(T, S), dtype=bool)  # (T, S)
+    allowed = position_mask(T, S, causal=causal, window=window)  # (T, S)
     if mask is not None:
         checks.check_mask(np.shape(mask), np.asarray(mask).dtype == np.bool_, (B, H, T, S))
         allowed = allowed & mask  # broadcasts to at most (B, H, T, S)
@@ -141,22 +195,51 @@ def attention_weights(q, k, *, causal=False, mask=None, scale=None) -> np.ndarra
     scores = np.where(allowed, scores, -np.inf)  # (B,H,T,S)
     # Subtracting the row max keeps every exp argument <= 0 (no overflow) and
     # makes the largest term exactly 1 (no 0/0 from underflow).
-    scores = scores - scores.max(axis=-1, keepdims=True)
-    weights = np.exp(scores)
-    weights /= weights.sum(axis=-1, keepdims=True)  # (B,H,T,S), rows sum to 1
-    return weights
+    top = scores.max(axis=-1, keepdims=True)  # (B,H,T,1)
+    weights = np.exp(scores - top)
+    total = weights.sum(axis=-1, keepdims=True)  # (B,H,T,1), at least 1
+    weights /= total  # (B,H,T,S), rows sum to 1
+    return weights, (top + np.log(total))[..., 0]  # lse = max + log sum exp(s - max)
 
 
-def attention(q, k, v, *, causal=False, mask=None, scale=None) -> np.ndarray:
-    """Scaled dot-product attention: ``q (B,H,T,Dh)``, ``k (B,H,S,Dh)``, ``v (B,H,S,Dv)`` -> ``(B,H,T,Dv)``.
-
-    ``mask`` boolean, True = may attend, broadcastable to ``(B,H,T,S)``;
-    ``causal`` bottom-right (query ``i`` sees key ``j`` iff ``j <= i + S - T``);
-    a key must pass both. A query row with no allowed key is a ``ValueError``.
-    """
+def check_attention(q, k, v, *, scale, window) -> int:
+    """The shared checks of ``attention`` (here and on level 1's tape); returns ``H // Hkv``."""
     checks.attention_dims(np.shape(q), np.shape(k), np.shape(v))
-    q, k, v = (np.asarray(a) for a in (q, k, v))
-    checks.check_float_inputs([a.dtype.kind for a in (q, k, v)], [a.dtype for a in (q, k, v)])
+    arrays = [np.asarray(a) for a in (q, k, v)]
+    checks.check_float_inputs([a.dtype.kind for a in arrays], [a.dtype for a in arrays])
     checks.check_scale(scale)
-    weights = attention_weights(q, k, causal=causal, mask=mask, scale=scale)  # (B,H,T,S)
-    return weights @ v  # (B,H,T,S) @ (B,H,S,Dv) -> (B,H,T,Dv)
+    checks.check_window(window)
+    return checks.group_size(np.shape(q), np.shape(k))
+
+
+def attention(q, k, v, *, causal=False, mask=None, scale=None, window=None, return_lse=False):
+    """Scaled dot-product attention: ``q (B,H,T,Dh)``, ``k (B,Hkv,S,Dh)``, ``v (B,Hkv,S,Dv)`` -> ``(B,H,T,Dv)``.
+
+    Query head ``h`` reads key/value head ``h // (H // Hkv)`` (grouped-query
+    attention; the key heads are repeated, one copy per query head). ``mask``
+    boolean, True = may attend, broadcastable to ``(B,H,T,S)``; ``causal``
+    bottom-right (query ``i`` sees key ``j`` iff ``j <= i + S - T``); ``window``
+    the ``W`` latest keys (causal) or the band ``|j - (i + S - T)| < W``; a key
+    must pass all of them. A query row with no allowed key is a ``ValueError``.
+    ``return_lse`` also returns ``lse (B,H,T)``.
+    """
+    group = check_attention(q, k, v, scale=scale, window=window)
+    q, k, v = (np.asarray(a) for a in (q, k, v))
+    k, v = repeat_heads(k, group), repeat_heads(v, group)  # (B,H,S,Dh), (B,H,S,Dv)
+    weights, lse = attention_weights(q, k, causal=causal, mask=mask, scale=scale, window=window)
+    out = weights @ v  # (B,H,T,S) @ (B,H,S,Dv) -> (B,H,T,Dv)
+    return (out, lse) if return_lse else out
+
+
+def merge_attention(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Attention over the union of disjoint key sets, from each set's ``(out, lse)``.
+
+    ``lse = log sum_i exp(lse_i)`` (``np.logaddexp`` keeps it exact for any
+    range of values) and ``out = sum_i exp(lse_i - lse) out_i``; ``out_i (B,H,T,Dv)``,
+    ``lse_i (B,H,T)``.
+    """
+    if not parts:
+        raise ValueError("merge_attention needs at least one (out, lse) part")
+    lse = np.logaddexp.reduce(np.stack([np.asarray(p[1]) for p in parts]), axis=0)  # (B,H,T)
+    out = sum(np.exp(np.asarray(p[1]) - lse)[..., None] * np.asarray(p[0]) for p in parts)
+    return out, lse

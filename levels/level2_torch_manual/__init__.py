@@ -44,12 +44,12 @@ from __future__ import annotations
 import torch
 
 from .arrays import asarray, to_numpy
-from .attention import allowed_keys, attention, causal_mask
+from .attention import allowed_keys, attention, causal_mask, merge_attention
 from .cache import KVCache
 from .kernels import LEVEL2_KERNELS, Kernels
 from .layers import DecoderLayer, EncoderLayer, FeedForward, MultiHeadAttention, rope
 from .models import DecoderOnlyTransformer, Seq2SeqTransformer
-from .norm import LayerNorm
+from .norm import LayerNorm, RMSNorm
 
 # What the harness and the tests read about this level (docs/conventions.md, "Levels").
 ARRAY = "torch"
@@ -84,11 +84,13 @@ __all__ = [
     "Kernels",
     "LayerNorm",
     "MultiHeadAttention",
+    "RMSNorm",
     "Seq2SeqTransformer",
     "allowed_keys",
     "asarray",
     "attention",
     "causal_mask",
+    "merge_attention",
     "describe",
     "rope",
     "to_numpy",

@@ -19,6 +19,9 @@ from ..common.checks import (
     check_float_inputs,
     check_mask,
     check_scale,
+    check_window,
+    group_size,
+    rows_without_keys,
 )
 from .arrays import dtype_kind
 
@@ -33,10 +36,39 @@ def causal_mask(T: int, S: int, *, device=None) -> torch.Tensor:
     return ones.tril(diagonal=causal_offset(T, S))  # (T, S), keeps j - i <= S - T
 
 
-def check_inputs(q, k, v, mask) -> tuple[int, int, int, int, int, int]:
-    """The shared shape, dtype and mask checks of every torch level; -> ``(B,H,T,S,Dh,Dv)``."""
+def position_rule(
+    d: torch.Tensor, j: torch.Tensor, *, causal: bool, window: int | None
+) -> torch.Tensor:
+    """``(len(d), len(j))`` bool: may a query placed at ``d`` see key ``j``, by position alone.
+
+    Causal keeps ``j <= d``; a window keeps ``j > d - W`` (causal) or the band
+    ``|j - d| < W`` (``checks.key_range`` is the same rule for one row).
+    """
+    d, j = d[:, None], j[None, :]  # (T, 1), (1, S)
+    allowed = (
+        j <= d if causal else torch.ones(d.shape[0], j.shape[1], dtype=torch.bool, device=d.device)
+    )
+    if window is not None:
+        allowed = allowed & ((j > d - window) if causal else ((j - d).abs() < window))
+    return allowed
+
+
+def position_mask(T: int, S: int, *, causal: bool, window: int | None, device=None):
+    """``(T, S)`` bool: the keys each query may see by position, with the queries placed
+    bottom-right (query ``i`` at ``d = i + (S - T)``). None when every key is allowed."""
+    if not causal and window is None:
+        return None
+    d = torch.arange(T, device=device) + causal_offset(T, S)  # (T,)
+    return position_rule(d, torch.arange(S, device=device), causal=causal, window=window)
+
+
+def check_inputs(q, k, v, mask, *, scale=None, window=None) -> tuple[int, int, int, int, int, int]:
+    """The shared shape, dtype, mask, scale and window checks of every torch level;
+    -> ``(B,H,T,S,Dh,Dv)``."""
     dims = attention_dims(q.shape, k.shape, v.shape)
     check_float_inputs([dtype_kind(a.dtype) for a in (q, k, v)], [a.dtype for a in (q, k, v)])
+    check_scale(scale)
+    check_window(window)
     if mask is not None:
         if not isinstance(mask, torch.Tensor):
             raise TypeError(f"mask must be a boolean tensor, got {type(mask).__name__}")
@@ -52,9 +84,15 @@ def as_4d(mask: torch.Tensor) -> torch.Tensor:
 
 
 def allowed_keys(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, mask: torch.Tensor | None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool,
+    mask: torch.Tensor | None,
+    window: int | None = None,
 ) -> torch.Tensor | None:
-    """Validate the inputs and combine ``mask`` and ``causal`` into one boolean mask.
+    """Validate the inputs and combine ``mask``, ``causal`` and ``window`` into one boolean mask.
 
     Returns a bool tensor broadcastable to ``(B, H, T, S)`` (True = may attend),
     or ``None`` when every key is allowed. Raises ``ValueError`` when some query
@@ -62,21 +100,27 @@ def allowed_keys(
     in ``attention`` safe. Shared with level 3, whose SDPA call would turn such
     a row into NaN.
     """
-    B, H, T, S, _, _ = check_inputs(q, k, v, mask)
+    B, H, T, S, _, _ = check_inputs(q, k, v, mask, window=window)
     if mask is not None:
         mask = as_4d(mask.to(q.device))
-    if causal and T > S:
-        # Bottom-right alignment leaves the first T - S queries without a key.
+    if rows_without_keys(T, S, causal=causal, window=window):
+        # e.g. bottom-right causal with T > S: the first T - S queries have no key.
         raise ValueError(EMPTY_ROW_MESSAGE)
-    allowed = mask
-    if causal:
-        tri = causal_mask(T, S, device=q.device)  # (T, S)
-        allowed = tri if mask is None else mask & tri  # broadcasts to (B?, H?, T, S)
-    if mask is not None and not bool(allowed.any(dim=-1).all()):
+    allowed = position_mask(T, S, causal=causal, window=window, device=q.device)  # (T, S)
+    if mask is not None:
+        allowed = mask if allowed is None else mask & allowed  # broadcasts to (B?, H?, T, S)
         # One reduction over (..., T, S); on a GPU this waits for the device,
         # the price of refusing empty rows before they become NaN.
-        raise ValueError(EMPTY_ROW_MESSAGE)
+        if not bool(allowed.any(dim=-1).all()):
+            raise ValueError(EMPTY_ROW_MESSAGE)
     return allowed
+
+
+def repeat_heads(x: torch.Tensor, group: int) -> torch.Tensor:
+    """``(B, Hkv, S, N) -> (B, Hkv * group, S, N)``: each key/value head serves ``group``
+    consecutive query heads (head ``h`` reads ``h // group``). Autograd sums the
+    gradients of the copies back into the shared head."""
+    return x if group == 1 else x.repeat_interleave(group, dim=1)
 
 
 def attention(
@@ -87,24 +131,32 @@ def attention(
     causal: bool = False,
     mask: torch.Tensor | None = None,
     scale: float | None = None,
+    window: int | None = None,
+    return_lse: bool = False,
     dropout_p: float = 0.0,
-) -> torch.Tensor:
+):
     """softmax(q k^T * scale, masked) v.
 
-    ``q (B,H,T,Dh)``, ``k (B,H,S,Dh)``, ``v (B,H,S,Dv)`` -> ``(B,H,T,Dv)`` in
-    ``q``'s dtype. ``mask`` is boolean, True = may attend, broadcastable to
-    ``(B,H,T,S)``; ``causal`` is bottom-right aligned (``j <= i + S - T``).
-    ``dropout_p`` drops attention probabilities (the models pass it only in
-    training mode). A query row with no allowed key is a ``ValueError``.
+    ``q (B,H,T,Dh)``, ``k (B,Hkv,S,Dh)``, ``v (B,Hkv,S,Dv)`` -> ``(B,H,T,Dv)`` in
+    ``q``'s dtype; query head ``h`` reads key/value head ``h // (H // Hkv)``.
+    ``mask`` is boolean, True = may attend, broadcastable to ``(B,H,T,S)``;
+    ``causal`` is bottom-right aligned (``j <= i + S - T``); ``window`` keeps
+    each query's ``W`` latest keys (causal) or the band ``|j - (i + S - T)| < W``.
+    ``return_lse`` also returns ``lse (B,H,T)`` (float32 or float64), the log of
+    each row's sum of ``exp(score)``. ``dropout_p`` drops attention probabilities
+    (the models pass it only in training mode). A query row with no allowed key
+    is a ``ValueError``.
     """
     check_scale(scale)
-    allowed = allowed_keys(q, k, v, causal=causal, mask=mask)  # (.., T, S) bool or None
+    allowed = allowed_keys(q, k, v, causal=causal, mask=mask, window=window)  # (.., T, S) or None
     Dh = q.shape[-1]
     scale = 1.0 / math.sqrt(Dh) if scale is None else scale
+    group = group_size(q.shape, k.shape)
     # Half-precision inputs are upcast: the dot products, the exponentials and
     # the row sums all accumulate in float32 (float64 stays float64).
     acc = torch.promote_types(q.dtype, torch.float32)
-    qf, kf, vf = q.to(acc), k.to(acc), v.to(acc)
+    qf = q.to(acc)
+    kf, vf = repeat_heads(k.to(acc), group), repeat_heads(v.to(acc), group)  # (B,H,S,*)
     scores = (qf @ kf.transpose(-2, -1)) * scale  # (B,H,T,Dh) @ (B,H,Dh,S) -> (B,H,T,S)
     if allowed is not None:
         # -inf makes a masked key's weight exactly 0 after exp. It is safe only
@@ -116,8 +168,29 @@ def attention(
     # large scores cannot overflow. Every row has a finite maximum (see above).
     row_max = scores.amax(dim=-1, keepdim=True)  # (B,H,T,1)
     weights = torch.exp(scores - row_max)  # (B,H,T,S), masked entries exp(-inf) = 0
-    probs = weights / weights.sum(dim=-1, keepdim=True)  # (B,H,T,S), rows sum to 1
+    total = weights.sum(dim=-1, keepdim=True)  # (B,H,T,1), at least 1
+    probs = weights / total  # (B,H,T,S), rows sum to 1
     if dropout_p > 0.0:
         probs = F.dropout(probs, p=dropout_p, training=True)  # (B,H,T,S)
-    out = probs @ vf  # (B,H,T,S) @ (B,H,S,Dv) -> (B,H,T,Dv)
-    return out.to(q.dtype)
+    out = (probs @ vf).to(q.dtype)  # (B,H,T,S) @ (B,H,S,Dv) -> (B,H,T,Dv)
+    if return_lse:
+        # row_max is treated as a constant by the maths (its gradient cancels), and
+        # autograd agrees: d/ds of (m + log sum exp(s - m)) is softmax(s) either way.
+        return out, (row_max + torch.log(total))[..., 0]  # (B,H,T)
+    return out
+
+
+def merge_attention(parts):
+    """Attention over the union of disjoint key sets, from each set's ``(out, lse)``.
+
+    ``lse = logsumexp_i lse_i`` and ``out = sum_i exp(lse_i - lse) out_i``, with
+    ``out_i (B,H,T,Dv)`` and ``lse_i (B,H,T)``; differentiable in every part.
+    The weights are computed in the lse's precision (float32 at least).
+    """
+    if not parts:
+        raise ValueError("merge_attention needs at least one (out, lse) part")
+    lses = torch.stack([lse for _, lse in parts])  # (n, B,H,T)
+    lse = torch.logsumexp(lses, dim=0)  # (B,H,T)
+    weights = torch.exp(lses - lse)  # (n, B,H,T), sum to 1 over the parts
+    out = sum(w[..., None] * o.to(w.dtype) for w, (o, _) in zip(weights, parts, strict=True))
+    return out.to(parts[0][0].dtype), lse

@@ -35,8 +35,8 @@ class KVCache:
         self.capacity = config.max_seq_len
         self.batch = batch
         self.length = 0  # filled positions, shared by every layer
-        self._k: list[torch.Tensor | None] = [None] * config.n_layers  # (B,H,length,Dh) each
-        self._v: list[torch.Tensor | None] = [None] * config.n_layers  # (B,H,length,Dh) each
+        self._k: list[torch.Tensor | None] = [None] * config.n_layers  # (B,Hkv,length,Dh) each
+        self._v: list[torch.Tensor | None] = [None] * config.n_layers  # (B,Hkv,length,Dh) each
         self._valid = torch.zeros(batch, 0, dtype=torch.bool, device=device)  # (B, length)
         self.cross: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * config.n_layers
         self.memory_valid: torch.Tensor | None = None  # (B, S), seq2seq only

@@ -1,4 +1,4 @@
-"""The three pieces a higher level may swap: attention core, LayerNorm, KV cache."""
+"""The pieces a higher level may swap: attention core, the two norms, the KV cache."""
 
 from __future__ import annotations
 
@@ -7,18 +7,20 @@ from dataclasses import dataclass
 
 from .attention import attention
 from .cache import KVCache
-from .norm import LayerNorm
+from .norm import LayerNorm, RMSNorm
 
 
 @dataclass(frozen=True)
 class Kernels:
     """What the modules of this level call for the parts a faster level replaces.
 
-    - ``attention(q, k, v, *, causal, mask, dropout_p=...)`` with the semantics of
-      ``attention.attention``; ``dropout_p`` is passed only in training mode
-      with ``config.dropout > 0``, so a kernel without dropout works for inference.
-    - ``layer_norm``: a class built as ``layer_norm(config, params, *, prefix,
-      device, dtype)``, an ``nn.Module`` whose state dict is ``weight`` (and ``bias``).
+    - ``attention(q, k, v, *, causal, mask, window, dropout_p=...)`` with the
+      semantics of ``attention.attention``; ``dropout_p`` is passed only in
+      training mode with ``config.dropout > 0``, so a kernel without dropout works
+      for inference;
+    - ``layer_norm`` and ``rms_norm``: classes built as ``cls(config, params, *,
+      prefix, device, dtype)``, ``nn.Module``s whose state dict is ``weight`` (and
+      ``bias`` for a LayerNorm with bias); ``norm(config)`` picks ``config.norm``'s;
     - ``kv_cache``: a class built as ``kv_cache(config, batch, *, device, dtype)``
       with the interface described in ``cache.py``.
     """
@@ -26,6 +28,11 @@ class Kernels:
     attention: Callable = attention
     layer_norm: type = LayerNorm
     kv_cache: type = KVCache
+    rms_norm: type = RMSNorm
+
+    def norm(self, config) -> type:
+        """The norm class of ``config.norm``."""
+        return self.rms_norm if config.norm == "rmsnorm" else self.layer_norm
 
 
 LEVEL2_KERNELS = Kernels()

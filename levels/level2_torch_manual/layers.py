@@ -54,54 +54,65 @@ def rope(x: torch.Tensor, position_offset: int, base: float) -> torch.Tensor:
 
 def feed_forward_linears(
     config: TransformerConfig, params, prefix: str, *, device=None, dtype=None
-) -> tuple[nn.Linear, nn.Linear]:
-    """``linear1 (F, D)`` and ``linear2 (D, F)`` from ``{prefix}linear1.*`` / ``{prefix}linear2.*``.
+) -> dict[str, nn.Linear]:
+    """``linear1 (F, D)`` and ``linear2 (D, F)`` (and SwiGLU's ``linear_gate (F, D)``)
+    from ``{prefix}linear1.*`` and so on.
 
-    A block registers these two directly as ``self.linear1`` / ``self.linear2``
-    (where PyTorch keeps them), and ``FeedForward`` does the same, so both
-    share this loader and ``feed_forward`` below instead of nesting a submodule.
+    A block registers these directly as ``self.linear1``, ``self.linear2`` (where
+    PyTorch keeps them) and ``self.linear_gate``, and ``FeedForward`` does the
+    same, so both share this loader and ``feed_forward`` below instead of nesting
+    a submodule.
     """
     D, F_ = config.d_model, config.d_ff
     kw = {"bias": config.bias, "device": device, "dtype": dtype}
-    return (
-        linear(params, f"{prefix}linear1.", F_, D, **kw),
-        linear(params, f"{prefix}linear2.", D, F_, **kw),
-    )
+    linears = {
+        "linear1": linear(params, f"{prefix}linear1.", F_, D, **kw),
+        "linear2": linear(params, f"{prefix}linear2.", D, F_, **kw),
+    }
+    if config.ffn == "swiglu":
+        linears["linear_gate"] = linear(params, f"{prefix}linear_gate.", F_, D, **kw)
+    return linears
 
 
 def feed_forward(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``linear2(dropout(GELU(linear1(x))))`` with ``module``'s linears: ``(..., D) -> (..., D)``.
+    """``linear2(dropout(GELU(linear1(x))))``, or with SwiGLU
+    ``linear2(dropout(silu(linear_gate(x)) * linear1(x)))``: ``(..., D) -> (..., D)``.
 
     Exact (erf) GELU; the inner dropout is ``nn.TransformerEncoderLayer``'s and
     acts only in training mode.
     """
-    h = F.gelu(module.linear1(x))  # (..., D) -> (..., F)
+    h = module.linear1(x)  # (..., D) -> (..., F)
+    gate = getattr(module, "linear_gate", None)
+    h = F.gelu(h) if gate is None else F.silu(gate(x)) * h  # (..., F)
     h = F.dropout(h, p=module.dropout_p, training=module.training)  # (..., F)
     return module.linear2(h)  # (..., F) -> (..., D)
 
 
 class FeedForward(nn.Module):
-    """The position-wise feed-forward network, reading ``{prefix}linear1.*`` and ``{prefix}linear2.*``."""
+    """The position-wise feed-forward network (GELU, or SwiGLU with ``config.ffn == "swiglu"``),
+    reading ``{prefix}linear1.*``, ``{prefix}linear2.*`` (and ``{prefix}linear_gate.*``)."""
 
     def __init__(
         self, config: TransformerConfig, params, *, prefix: str = "", device=None, dtype=None
     ):
         super().__init__()
         self.dropout_p = config.dropout
-        self.linear1, self.linear2 = feed_forward_linears(
+        for name, layer in feed_forward_linears(
             config, params, prefix, device=device, dtype=dtype
-        )
+        ).items():
+            setattr(self, name, layer)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return feed_forward(self, x)
 
 
 class MultiHeadAttention(nn.Module):
-    """Multi-head attention with ``nn.MultiheadAttention``'s parameters.
+    """Multi-head attention with ``nn.MultiheadAttention``'s parameters, and grouped-query attention.
 
-    ``in_proj_weight (3D, D)`` holds rows ``[q; k; v]``; ``out_proj`` is a linear
-    ``(D, D)``. ``rope=True`` rotates q and k (self-attention of the models).
-    The core is ``self.kernels.attention``.
+    ``in_proj_weight (D + 2 Hkv Dh, D)`` holds rows ``[q; k; v]``: ``H`` query
+    heads and ``Hkv = config.kv_heads`` key/value heads (``3D`` rows when
+    ``Hkv = H``); ``out_proj`` is a linear ``(D, D)``. ``rope=True`` rotates q
+    and k (self-attention of the models). The core is ``self.kernels.attention``.
     """
 
     kernels: Kernels = LEVEL2_KERNELS
@@ -121,7 +132,8 @@ class MultiHeadAttention(nn.Module):
         if kernels is not None:
             self.kernels = kernels
         D = config.d_model
-        self.n_heads, self.d_head = config.n_heads, config.d_head
+        self.n_heads, self.n_kv_heads, self.d_head = config.n_heads, config.kv_heads, config.d_head
+        rows = D + 2 * self.n_kv_heads * self.d_head
         self.rope_base = config.rope_base if rope else None
         self.dropout_p = config.dropout
         kw = {"device": device, "dtype": dtype}
@@ -133,24 +145,27 @@ class MultiHeadAttention(nn.Module):
             to = {"device": device, "dtype": dtype or torch.float32}
             self.register_buffer("rope_cos", cos.to(**to), persistent=False)  # (max_seq_len, Dh/2)
             self.register_buffer("rope_sin", sin.to(**to), persistent=False)  # (max_seq_len, Dh/2)
-        self.in_proj_weight = fetch(params, f"{prefix}in_proj_weight", (3 * D, D), **kw)
-        if config.bias:
-            self.in_proj_bias = fetch(params, f"{prefix}in_proj_bias", (3 * D,), **kw)
+        self.in_proj_weight = fetch(params, f"{prefix}in_proj_weight", (rows, D), **kw)
+        if config.has_qkv_bias:
+            self.in_proj_bias = fetch(params, f"{prefix}in_proj_bias", (rows,), **kw)
         else:
             self.register_parameter("in_proj_bias", None)
-        self.out_proj = linear(params, f"{prefix}out_proj.", D, D, bias=config.bias, **kw)
+        self.out_proj = linear(params, f"{prefix}out_proj.", D, D, bias=config.has_out_bias, **kw)
 
     def _project(self, x: torch.Tensor, part: int) -> torch.Tensor:
-        """Project ``x (B,L,D)`` with rows ``part`` (0 q, 1 k, 2 v) of in_proj -> ``(B,H,L,Dh)``."""
-        D = self.n_heads * self.d_head
-        rows = slice(part * D, (part + 1) * D)
+        """Project ``x (B,L,D)`` with the rows of ``part`` (0 q, 1 k, 2 v) of in_proj:
+        -> ``(B,H,L,Dh)`` for q, ``(B,Hkv,L,Dh)`` for k and v."""
+        Dq, Dkv = self.n_heads * self.d_head, self.n_kv_heads * self.d_head
+        start, width = (0, Dq) if part == 0 else (Dq + (part - 1) * Dkv, Dkv)
+        rows = slice(start, start + width)
         bias = None if self.in_proj_bias is None else self.in_proj_bias[rows]
-        y = F.linear(x, self.in_proj_weight[rows], bias)  # (B,L,D) @ (D,D)^T -> (B,L,D)
+        y = F.linear(x, self.in_proj_weight[rows], bias)  # (B,L,D) @ (D,width) -> (B,L,width)
         B, L, _ = y.shape
-        return y.view(B, L, self.n_heads, self.d_head).transpose(1, 2)  # (B,L,H,Dh) -> (B,H,L,Dh)
+        n = width // self.d_head
+        return y.view(B, L, n, self.d_head).transpose(1, 2)  # (B,L,n,Dh) -> (B,n,L,Dh)
 
     def _rotate(self, x: torch.Tensor, position_offset: int) -> torch.Tensor:
-        """RoPE on ``x (B,H,L,Dh)`` at positions ``position_offset + t``, when RoPE is on."""
+        """RoPE on ``x (B,n,L,Dh)`` at positions ``position_offset + t``, when RoPE is on."""
         if self.rope_base is None:
             return x
         end = position_offset + x.shape[-2]
@@ -165,8 +180,8 @@ class MultiHeadAttention(nn.Module):
     def keys_values(
         self, kv: torch.Tensor, position_offset: int = 0
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``kv (B,S,D)`` -> ``k, v (B,H,S,Dh)``; k rotated when RoPE is on."""
-        k, v = self._project(kv, 1), self._project(kv, 2)  # (B,H,S,Dh) each
+        """``kv (B,S,D)`` -> ``k, v (B,Hkv,S,Dh)``; k rotated when RoPE is on."""
+        k, v = self._project(kv, 1), self._project(kv, 2)  # (B,Hkv,S,Dh) each
         return self._rotate(k, position_offset), v
 
     def attend(
@@ -177,11 +192,12 @@ class MultiHeadAttention(nn.Module):
         *,
         mask: torch.Tensor | None = None,
         causal: bool = False,
+        window: int | None = None,
     ) -> torch.Tensor:
         """Attention core over heads, heads merged, ``out_proj``: -> ``(B,T,D)``."""
         extra = {"dropout_p": self.dropout_p} if self.training and self.dropout_p > 0 else {}
-        o = self.kernels.attention(q, k, v, causal=causal, mask=mask, **extra)  # (B,H,T,Dh)
-        B, H, T, Dh = o.shape
+        o = self.kernels.attention(q, k, v, causal=causal, mask=mask, window=window, **extra)
+        B, H, T, Dh = o.shape  # (B,H,T,Dh)
         o = o.transpose(1, 2).reshape(B, T, H * Dh)  # (B,H,T,Dh) -> (B,T,H,Dh) -> (B,T,D)
         return self.out_proj(o)  # (B,T,D)
 
@@ -192,6 +208,7 @@ class MultiHeadAttention(nn.Module):
         *,
         mask: torch.Tensor | None = None,
         causal: bool = False,
+        window: int | None = None,
         position_offset: int = 0,
         cache=None,
         index: int = 0,
@@ -204,23 +221,38 @@ class MultiHeadAttention(nn.Module):
         of the cache and the queries attend over everything filled so far.
         """
         q = self.queries(x, position_offset)  # (B,H,T,Dh)
-        k, v = self.keys_values(x if kv is None else kv, position_offset)  # (B,H,S,Dh)
+        k, v = self.keys_values(x if kv is None else kv, position_offset)  # (B,Hkv,S,Dh)
         if cache is not None:
-            k, v = cache.append(index, k, v)  # (B,H,length+T,Dh)
-        return self.attend(q, k, v, mask=mask, causal=causal)
+            k, v = cache.append(index, k, v)  # (B,Hkv,length+T,Dh)
+        return self.attend(q, k, v, mask=mask, causal=causal, window=window)
 
 
-def key_mask(valid: torch.Tensor | None) -> torch.Tensor | None:
-    """``valid (B,S)`` (True = real token) -> a key mask ``(B,1,1,S)`` broadcastable to ``(B,H,T,S)``."""
-    return None if valid is None else valid[:, None, None, :]
+def key_mask(
+    valid: torch.Tensor | None, *, T: int | None = None, window: int | None = None
+) -> torch.Tensor | None:
+    """``valid (B,S)`` (True = real token) -> a key mask ``(B,1,1,S)`` broadcastable to ``(B,H,T,S)``.
+
+    With a sliding ``window`` over self-attention (``T`` new queries, the last
+    ``T`` of the ``S`` keys), a query at a padded position may also see the
+    padded keys of its window, ``(B,1,T,S)``: its window may hold no real key,
+    and its output is zeroed anyway (real queries never see padded keys).
+    """
+    if valid is None:
+        return None
+    mask = valid[:, None, None, :]  # (B,1,1,S)
+    if window is not None:
+        mask = mask | ~valid[:, None, valid.shape[1] - T :, None]  # (B,1,T,S)
+    return mask
 
 
 class EncoderLayer(nn.Module):
-    """Pre-norm block ``x + SelfAttn(LN1(x))``, then ``x + FFN(LN2(x))``: ``(B,T,D) -> (B,T,D)``.
+    """Pre-norm block ``x + SelfAttn(norm1(x))``, then ``x + FFN(norm2(x))``: ``(B,T,D) -> (B,T,D)``.
 
     Also the decoder-only model's block, called with ``causal=True``. Dropout
     (training only) follows the attention output and the FFN, as in PyTorch.
-    Self-attention uses RoPE when ``config.positional == "rope"`` (``rope=`` overrides).
+    Self-attention uses RoPE when ``config.positional == "rope"`` (``rope=``
+    overrides) and ``config.window`` as its sliding window; the norms are
+    ``config.norm``'s class from ``self.kernels``.
     """
 
     kernels: Kernels = LEVEL2_KERNELS
@@ -242,17 +274,33 @@ class EncoderLayer(nn.Module):
         if rope is None:  # a block of a RoPE model rotates its self-attention
             rope = config.positional == "rope"
         kw = {"device": device, "dtype": dtype}
-        LN = self.kernels.layer_norm
+        Norm = self.kernels.norm(config)
         self.dropout_p = config.dropout
-        self.norm1 = LN(config, params, prefix=f"{prefix}norm1.", **kw)
+        self.window = config.window
+        self.norm1 = Norm(config, params, prefix=f"{prefix}norm1.", **kw)
         self.self_attn = MultiHeadAttention(
             config, params, prefix=f"{prefix}self_attn.", rope=rope, kernels=self.kernels, **kw
         )
-        self.norm2 = LN(config, params, prefix=f"{prefix}norm2.", **kw)
-        self.linear1, self.linear2 = feed_forward_linears(config, params, prefix, **kw)
+        self.norm2 = Norm(config, params, prefix=f"{prefix}norm2.", **kw)
+        for name, layer in feed_forward_linears(config, params, prefix, **kw).items():
+            setattr(self, name, layer)  # linear1, linear2 (and linear_gate), as PyTorch names them
 
     def _dropout(self, x: torch.Tensor) -> torch.Tensor:
         return F.dropout(x, p=self.dropout_p, training=self.training)
+
+    def _self_attention(self, x, valid, causal, cache, index) -> torch.Tensor:
+        """``x + dropout(SelfAttn(norm1(x)))`` over the cached keys and ``x``'s own."""
+        offset = 0 if cache is None else cache.length
+        h = self.self_attn(
+            self.norm1(x),
+            mask=key_mask(valid, T=x.shape[1], window=self.window),
+            causal=causal,
+            window=self.window,
+            position_offset=offset,
+            cache=cache,
+            index=index,
+        )  # (B,T,D)
+        return x + self._dropout(h)
 
     def forward(
         self,
@@ -268,23 +316,14 @@ class EncoderLayer(nn.Module):
         With ``cache``, ``x`` holds the ``T`` newest positions, which follow the
         ``cache.length`` positions already in layer ``index`` of the cache.
         """
-        offset = 0 if cache is None else cache.length
-        h = self.self_attn(
-            self.norm1(x),
-            mask=key_mask(valid),
-            causal=causal,
-            position_offset=offset,
-            cache=cache,
-            index=index,
-        )  # (B,T,D)
-        x = x + self._dropout(h)
+        x = self._self_attention(x, valid, causal, cache, index)
         return x + self._dropout(feed_forward(self, self.norm2(x)))  # (B,T,D)
 
 
 class DecoderLayer(EncoderLayer):
     """Seq2seq decoder block: causal self-attention, cross-attention to ``memory``, FFN.
 
-    ``x + SelfAttn(LN1(x))``, ``x + CrossAttn(LN2(x), memory)``, ``x + FFN(LN3(x))``,
+    ``x + SelfAttn(norm1(x))``, ``x + CrossAttn(norm2(x), memory)``, ``x + FFN(norm3(x))``,
     with ``nn.TransformerDecoderLayer``'s names (``multihead_attn``, ``norm3``).
     """
 
@@ -306,7 +345,7 @@ class DecoderLayer(EncoderLayer):
         self.multihead_attn = MultiHeadAttention(
             config, params, prefix=f"{prefix}multihead_attn.", kernels=self.kernels, **kw
         )
-        self.norm3 = self.kernels.layer_norm(config, params, prefix=f"{prefix}norm3.", **kw)
+        self.norm3 = self.kernels.norm(config)(config, params, prefix=f"{prefix}norm3.", **kw)
 
     def forward(
         self,
@@ -324,21 +363,12 @@ class DecoderLayer(EncoderLayer):
         With ``cache``, the cross-attention keys and values of ``memory`` are
         computed on the first call and reused after (``memory`` may then be ``None``).
         """
-        offset = 0 if cache is None else cache.length
-        h = self.self_attn(
-            self.norm1(x),
-            mask=key_mask(valid),
-            causal=True,
-            position_offset=offset,
-            cache=cache,
-            index=index,
-        )  # (B,T,D)
-        x = x + self._dropout(h)
+        x = self._self_attention(x, valid, True, cache, index)
         cross = self.multihead_attn
         if cache is not None and cache.cross[index] is not None:
-            k, v = cache.cross[index]  # (B,H,S,Dh) each
+            k, v = cache.cross[index]  # (B,Hkv,S,Dh) each
         else:
-            k, v = cross.keys_values(memory)  # (B,H,S,Dh) each
+            k, v = cross.keys_values(memory)  # (B,Hkv,S,Dh) each
             if cache is not None:
                 cache.cross[index] = (k, v)
         h = cross.attend(cross.queries(self.norm2(x)), k, v, mask=key_mask(memory_valid))

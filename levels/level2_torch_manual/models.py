@@ -7,7 +7,6 @@ gather, and share one step function between ``forward`` (no cache),
 
 from __future__ import annotations
 
-import math
 from functools import partial
 
 import torch
@@ -75,11 +74,12 @@ class _Embedding(nn.Module):
         super().__init__()
         shape = (config.vocab_size, config.d_model)
         self.weight = fetch(params, name, shape, device=device, dtype=dtype)
-        self.scale = math.sqrt(config.d_model)
+        self.scale = config.embedding_scale  # sqrt(D), so the stream starts at unit variance; or 1
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         # Token ids were checked against [0, V) by the caller; this gather trusts them.
-        return self.weight[tokens] * self.scale  # (B,T) -> (B,T,D), scaled by sqrt(D)
+        x = self.weight[tokens]  # (B,T) -> (B,T,D)
+        return x if self.scale == 1.0 else x * self.scale
 
 
 class _Stack(nn.Module):
@@ -149,7 +149,7 @@ def _one_position(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class DecoderOnlyTransformer(_Model):
-    """A GPT-style language model: embedding, causal pre-norm blocks, final norm, tied logits.
+    """A GPT-style language model: embedding, causal pre-norm blocks, final norm, logits (tied by default).
 
     ``state_dict()`` keys are the canonical names (``token_embedding.weight``,
     ``layers.{i}.*``, ``norm.*``). ``kernels`` selects the attention core,
@@ -172,7 +172,14 @@ class DecoderOnlyTransformer(_Model):
             EncoderLayer(config, params, prefix=f"layers.{i}.", kernels=self.kernels, **kw)
             for i in range(config.n_layers)
         )
-        self.norm = self.kernels.layer_norm(config, params, prefix="norm.", **kw)
+        self.norm = self.kernels.norm(config)(config, params, prefix="norm.", **kw)
+        if not config.tie_embeddings:  # a head of its own: output_projection.weight (V, D)
+            self.output_projection = nn.Linear(
+                config.d_model, config.vocab_size, bias=False, device="meta"
+            )
+            self.output_projection.weight = fetch(
+                params, "output_projection.weight", (config.vocab_size, config.d_model), **kw
+            )
 
     def _step(self, tokens: torch.Tensor, valid: torch.Tensor, cache) -> torch.Tensor:
         """Logits ``(B,T,V)`` for checked ``tokens (B,T)`` following the cache's filled positions."""
@@ -182,12 +189,14 @@ class DecoderOnlyTransformer(_Model):
                 x = layer(x, valid=key_valid, causal=True, cache=cache, index=i)  # (B,T,D)
             return x
 
-        def tied_logits(x: torch.Tensor) -> torch.Tensor:
-            return self.norm(x) @ self.token_embedding.weight.T  # (B,T,D) @ (D,V) -> (B,T,V)
+        def logits(x: torch.Tensor) -> torch.Tensor:
+            # Tied: h @ E^T with the input embedding E; untied: the head's own (V, D).
+            head = getattr(self, "output_projection", self.token_embedding)
+            return self.norm(x) @ head.weight.T  # (B,T,D) @ (D,V) -> (B,T,V)
 
         self._check_step(tokens, cache, "tokens")
         return self._causal_step(
-            tokens, valid, cache, embedding=self.token_embedding, blocks=blocks, head=tied_logits
+            tokens, valid, cache, embedding=self.token_embedding, blocks=blocks, head=logits
         )
 
     def forward(self, tokens: torch.Tensor, *, valid: torch.Tensor | None = None) -> torch.Tensor:
@@ -240,7 +249,7 @@ class Seq2SeqTransformer(_Model):
     ):
         super().__init__(config, params, "seq2seq", dtype=dtype, kernels=kernels)
         kw = {"device": device, "dtype": self.dtype, "kernels": self.kernels}
-        LN = self.kernels.layer_norm
+        LN = self.kernels.norm(config)
         n = range(config.n_layers)
         emb = {"device": device, "dtype": self.dtype}
         self.source_embedding = _Embedding(config, params, "source_embedding.weight", **emb)

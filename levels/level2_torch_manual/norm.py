@@ -1,4 +1,4 @@
-"""LayerNorm written out (level 4 swaps in a fused kernel through ``Kernels.layer_norm``)."""
+"""LayerNorm and RMSNorm written out (level 4 swaps in fused kernels through ``Kernels``)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class LayerNorm(nn.Module):
         D = config.d_model
         self.eps = config.norm_eps
         self.weight = fetch(params, f"{prefix}weight", (D,), device=device, dtype=dtype)
-        if config.bias:
+        if config.has_norm_bias:
             self.bias = fetch(params, f"{prefix}bias", (D,), device=device, dtype=dtype)
         else:
             self.register_parameter("bias", None)
@@ -40,3 +40,27 @@ class LayerNorm(nn.Module):
         if self.bias is not None:
             y = y + self.bias
         return y.to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis: ``(..., D) -> (..., D)``.
+
+    Reads ``{prefix}weight``; no bias and no centring (Zhang & Sennrich 2019), as
+    Llama, Mistral and Qwen2 use it. The state-dict name is ``weight``.
+    """
+
+    def __init__(
+        self, config: TransformerConfig, params, *, prefix: str = "", device=None, dtype=None
+    ):
+        super().__init__()
+        self.eps = config.norm_eps
+        self.weight = fetch(
+            params, f"{prefix}weight", (config.d_model,), device=device, dtype=dtype
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # The mean of squares in at least float32, as LayerNorm's statistics above.
+        acc = torch.promote_types(x.dtype, torch.float32)
+        xf = x.to(acc)  # (..., D)
+        y = xf * torch.rsqrt((xf * xf).mean(dim=-1, keepdim=True) + self.eps) * self.weight
+        return y.to(x.dtype)  # (..., D)

@@ -5,8 +5,11 @@ re-parameterised through its ``Kernels`` hook; no code is copied):
 
 - the attention core is ``F.scaled_dot_product_attention`` (``attention.py``),
   which never materialises the ``(B,H,T,S)`` score matrix when a fused
-  backend runs, keeping the ladder's semantics: bottom-right causal alignment
-  and a ``ValueError`` (not NaN) for a query row with no allowed key;
+  backend runs, keeping the ladder's semantics: bottom-right causal alignment,
+  a ``ValueError`` (not NaN) for a query row with no allowed key, SDPA's own
+  grouped-query attention, sliding windows in chunks of queries
+  (``windowed.py``: cost ``T * W``, not ``T * S``), and the log-sum-exp from the
+  fused CPU kernel (``lse.py``);
 - the SDPA backend can be chosen (``backend="auto" | "flash" | "efficient" |
   "cudnn" | "math"``) on ``attention`` and on every module and model, and
   ``which_backend(q, k, v, ...)`` reports the one that actually runs;
@@ -16,7 +19,7 @@ re-parameterised through its ``Kernels`` hook; no code is copied):
 - ``levels.common.bucketing`` batches sequences of similar length, so less
   of that attention is spent on padding (``ladder bench --scenario varlen``).
 
-``LayerNorm`` and ``FeedForward`` are level 2's unchanged.
+``LayerNorm``, ``RMSNorm``, ``FeedForward`` and ``merge_attention`` are level 2's unchanged.
 
 The tutorial chapter for this level is docs/level3_sdpa_flash.md.
 """
@@ -29,7 +32,15 @@ from functools import partial
 import torch
 
 from .. import level2_torch_manual as level2
-from ..level2_torch_manual import FeedForward, Kernels, LayerNorm, asarray, to_numpy
+from ..level2_torch_manual import (
+    FeedForward,
+    Kernels,
+    LayerNorm,
+    RMSNorm,
+    asarray,
+    merge_attention,
+    to_numpy,
+)
 from .attention import BACKEND_CHOICES, BACKENDS, attention, check_backend, which_backend
 from .cache import StaticKVCache
 
@@ -120,12 +131,14 @@ __all__ = [
     "FeedForward",
     "LayerNorm",
     "MultiHeadAttention",
+    "RMSNorm",
     "Seq2SeqTransformer",
     "StaticKVCache",
     "asarray",
     "attention",
     "describe",
     "kernels_for",
+    "merge_attention",
     "to_numpy",
     "which_backend",
 ]

@@ -1,7 +1,7 @@
 """Attention through ``F.scaled_dot_product_attention`` with the ladder's semantics.
 
-SDPA differs from the contract (docs/conventions.md) in two places, handled here
-before the call rather than patched after it:
+SDPA differs from the contract (docs/conventions.md) in a few places, handled
+here before the call rather than patched after it:
 
 * its ``is_causal`` is aligned top-left (``j <= i``); the ladder's is bottom-right
   (``j <= i + S - T``). The two agree when ``T == S``, and with ``T == 1`` the
@@ -10,7 +10,15 @@ before the call rather than patched after it:
 * a query row with no allowed key comes out of SDPA silently, as NaN or as
   zeros depending on the PyTorch version and backend (zeros on torch 2.13's
   CPU backends); here it is a ``ValueError``, decided from the shapes and the
-  mask before any kernel runs.
+  mask before any kernel runs;
+* it has no sliding window: a window becomes part of the boolean mask, and
+  over long sequences ``windowed.py`` cuts the queries into chunks so that the
+  cost grows with ``T * W``, not ``T * S``;
+* it does not return the log-sum-exp: ``lse.py`` gets it from the same fused
+  CPU kernel SDPA runs (``return_lse=True``).
+
+Grouped-query attention is SDPA's own (``enable_gqa=True``): the kernels read
+each key/value head for its whole group of query heads, without copies.
 
 Which kernel runs is SDPA's choice among the enabled backends, in PyTorch's
 priority order. ``backend=`` narrows the choice to one backend through
@@ -27,8 +35,10 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import CausalBias, causal_lower_right
 
-from ..common.checks import EMPTY_ROW_MESSAGE, check_scale
+from ..common.checks import EMPTY_ROW_MESSAGE, rows_without_keys, window_binds
 from ..level2_torch_manual.attention import allowed_keys, as_4d, check_inputs
+from .lse import attention_with_lse
+from .windowed import attention_in_chunks, chunking_pays
 
 # The names accepted by ``backend=``. On a CPU build only "flash" (a fused,
 # tiled CPU kernel) and "math" (the unfused reference) exist; "efficient"
@@ -64,8 +74,9 @@ def sdpa_mask(
     *,
     causal: bool,
     mask: torch.Tensor | None,
+    window: int | None = None,
 ) -> tuple[torch.Tensor | CausalBias | None, bool]:
-    """Translate the ladder's ``(causal, mask)`` into SDPA's ``(attn_mask, is_causal)``.
+    """Translate the ladder's ``(causal, mask, window)`` into SDPA's ``(attn_mask, is_causal)``.
 
     Validates shapes and the mask, and raises ``ValueError`` for a query row
     with no allowed key, so SDPA never sees one. Returns what to pass as
@@ -73,20 +84,23 @@ def sdpa_mask(
     ``(B,H,T,S)``; a lower-right ``CausalBias``; or ``None``) and whether to
     set SDPA's (top-left) ``is_causal``.
     """
-    B, H, T, S, _, _ = check_inputs(q, k, v, mask)
+    B, H, T, S, _, _ = check_inputs(q, k, v, mask, window=window)
+    if window is not None and not window_binds(T, S, causal=causal, window=window):
+        window = None  # a window wider than the sequence changes nothing
     if mask is not None:
         mask = as_4d(mask.to(q.device))  # SDPA wants the leading axes spelled out
         if bool(mask.all()):
             # A mask that hides nothing is dropped: fused kernels that take no
             # mask at all (flash on CUDA) stay eligible, e.g. for unpadded decoding.
             mask = None
-    if mask is not None:
-        # Padding (and maybe causal): one explicit boolean mask, checked for empty rows.
-        return allowed_keys(q, k, v, causal=causal, mask=mask), False
+    if mask is not None or window is not None:
+        # Padding or a window (and maybe causal): one explicit boolean mask,
+        # checked for empty rows.
+        return allowed_keys(q, k, v, causal=causal, mask=mask, window=window), False
     if not causal:
         return None, False
-    if T > S:
-        raise ValueError(EMPTY_ROW_MESSAGE)  # the first T - S queries would see no key
+    if rows_without_keys(T, S, causal=True, window=None):
+        raise ValueError(EMPTY_ROW_MESSAGE)  # T > S: the first T - S queries would see no key
     if T == S:
         return None, True  # top-left and bottom-right coincide: SDPA's fast causal path
     if T == 1:
@@ -109,36 +123,20 @@ def _backend_context(backend: str):
     return sdpa_kernel([BACKENDS[backend]])
 
 
-def attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    causal: bool = False,
-    mask: torch.Tensor | None = None,
-    scale: float | None = None,
-    dropout_p: float = 0.0,
-    backend: str = "auto",
-) -> torch.Tensor:
-    """``q (B,H,T,Dh)``, ``k (B,H,S,Dh)``, ``v (B,H,S,Dv)`` -> ``(B,H,T,Dv)`` via SDPA.
-
-    Same contract as level 2's ``attention`` (True = may attend, bottom-right
-    causal, ``ValueError`` on an empty row). ``backend`` is ``"auto"`` (SDPA
-    chooses) or one of ``BACKENDS``; a forced backend that cannot run these
-    inputs raises ``RuntimeError`` saying so. ``scale`` defaults to ``1/sqrt(Dh)``.
-    """
-    check_scale(scale)
-    attn_mask, is_causal = sdpa_mask(q, k, v, causal=causal, mask=mask)
+def sdpa(q, k, v, attn_mask, is_causal, *, scale=None, dropout_p=0.0, backend="auto"):
+    """One SDPA call, restricted to ``backend``, with SDPA's own grouped-query attention
+    when ``k`` and ``v`` have fewer heads than ``q``."""
     with _backend_context(backend):
         try:
             return F.scaled_dot_product_attention(
                 q,  # (B,H,T,Dh)
-                k,  # (B,H,S,Dh)
-                v,  # (B,H,S,Dv)
+                k,  # (B,Hkv,S,Dh)
+                v,  # (B,Hkv,S,Dv)
                 attn_mask=attn_mask,  # bool, broadcastable to (B,H,T,S), True = may attend
                 dropout_p=dropout_p,
                 is_causal=is_causal,
                 scale=scale,
+                enable_gqa=k.shape[1] != q.shape[1],
             )  # (B,H,T,Dv)
         except RuntimeError as exc:
             if backend == "auto":
@@ -148,6 +146,43 @@ def attention(
                 f"({q.dtype} on {q.device}, dropout_p={dropout_p}, "
                 f"mask={'yes' if attn_mask is not None else 'no'}): {exc}"
             ) from exc
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    window: int | None = None,
+    return_lse: bool = False,
+    dropout_p: float = 0.0,
+    backend: str = "auto",
+):
+    """``q (B,H,T,Dh)``, ``k (B,Hkv,S,Dh)``, ``v (B,Hkv,S,Dv)`` -> ``(B,H,T,Dv)`` via SDPA.
+
+    Same contract as level 2's ``attention`` (True = may attend, bottom-right
+    causal, the sliding ``window``, grouped-query heads, ``ValueError`` on an
+    empty row, ``return_lse``). ``backend`` is ``"auto"`` (SDPA chooses) or one
+    of ``BACKENDS``; a forced backend that cannot run these inputs raises
+    ``RuntimeError`` saying so. ``scale`` defaults to ``1/sqrt(Dh)``.
+    """
+    B, H, T, S, _, _ = check_inputs(q, k, v, mask, scale=scale, window=window)
+    if return_lse:
+        if dropout_p > 0.0:
+            raise ValueError("return_lse with attention dropout is not supported")
+        return attention_with_lse(q, k, v, causal=causal, mask=mask, scale=scale, window=window)
+    if window is not None and chunking_pays(T, S, window):
+        return attention_in_chunks(
+            q, k, v, causal=causal, mask=mask, scale=scale, window=window,
+            call=lambda *args, **kw: sdpa(*args, **kw, dropout_p=dropout_p, backend=backend),
+        )  # fmt: skip
+    attn_mask, is_causal = sdpa_mask(q, k, v, causal=causal, mask=mask, window=window)
+    return sdpa(
+        q, k, v, attn_mask, is_causal, scale=scale, dropout_p=dropout_p, backend=backend
+    )  # (B,H,T,Dv)
 
 
 def _priority_order() -> list[str]:

@@ -17,18 +17,22 @@ from ..common.config import TransformerConfig
 
 
 class StaticKVCache:
-    """Keys and values ``(n_layers, B, H, C, Dh)`` and key validity ``(B, C)``, preallocated."""
+    """Keys and values ``(n_layers, B, Hkv, C, Dh)`` and key validity ``(B, C)``, preallocated.
+
+    ``Hkv`` is the model's key/value heads: grouped-query attention shrinks the
+    cache by ``H / Hkv`` (``levels.common.params.kv_bytes_per_token``).
+    """
 
     def __init__(self, config: TransformerConfig, batch: int, *, device=None, dtype=None):
-        L, H, Dh, C = config.n_layers, config.n_heads, config.d_head, config.max_seq_len
+        L, H, Dh, C = config.n_layers, config.kv_heads, config.d_head, config.max_seq_len
         self.capacity = C
         self.batch = batch
         self.length = 0  # filled positions, shared by every layer
         # Zeros rather than empty: slots past `length` are never read, but
         # deterministic contents make the cache comparable bit for bit.
         kw = {"device": device, "dtype": dtype or torch.float32}
-        self.k = torch.zeros(L, batch, H, C, Dh, **kw)  # (L,B,H,C,Dh)
-        self.v = torch.zeros(L, batch, H, C, Dh, **kw)  # (L,B,H,C,Dh)
+        self.k = torch.zeros(L, batch, H, C, Dh, **kw)  # (L,B,Hkv,C,Dh)
+        self.v = torch.zeros(L, batch, H, C, Dh, **kw)  # (L,B,Hkv,C,Dh)
         self.valid = torch.zeros(batch, C, dtype=torch.bool, device=device)  # (B,C)
         self.cross: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * L
         self.memory_valid: torch.Tensor | None = None  # (B,S), seq2seq only
@@ -46,12 +50,12 @@ class StaticKVCache:
     def append(
         self, index: int, k_new: torch.Tensor, v_new: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write ``k_new, v_new (B,H,T,Dh)`` into layer ``index`` -> views ``(B,H,length+T,Dh)``."""
+        """Write ``k_new, v_new (B,Hkv,T,Dh)`` into layer ``index`` -> views ``(B,Hkv,length+T,Dh)``."""
         end = self.length + k_new.shape[2]
-        self.k[index, :, :, self.length : end] = k_new  # (B,H,T,Dh) into (B,H,C,Dh), in place
+        self.k[index, :, :, self.length : end] = k_new  # (B,Hkv,T,Dh) into (B,Hkv,C,Dh), in place
         self.v[index, :, :, self.length : end] = v_new
         # Views of the filled prefix: strided along C, contiguous in Dh, which SDPA accepts.
-        return self.k[index, :, :, :end], self.v[index, :, :, :end]  # (B,H,length+T,Dh)
+        return self.k[index, :, :, :end], self.v[index, :, :, :end]  # (B,Hkv,length+T,Dh)
 
     def advance(self, valid_new: torch.Tensor) -> None:
         """Commit the step: the ``T`` written slots now count as filled."""

@@ -13,8 +13,9 @@ the fused kernels themselves, written out so they can be read.
 - ``flash_backward.py``: dQ, dK, dV recomputed from the saved log-sum-exp, a
   ``delta = rowsum(dO * O)`` pre-pass, then one kernel per key tile (dK, dV)
   and one per query tile (dQ): deterministic, no atomics.
-- ``fused_layer_norm.py``: fused LayerNorm forward and backward (formula derived
-  in its docstring), with or without bias, and its ``autograd.Function``.
+- ``fused_layer_norm.py``: fused LayerNorm and RMSNorm forward and backward
+  (formulas derived in its docstring), with or without bias, and their
+  ``autograd.Function``.
 - ``flash_attention.py``: the host side: the shared checks, refusing empty query
   rows before launch, and attention's ``autograd.Function``.
 - ``tiles.py``: tile sizes, autotuned on a GPU, fixed under the interpreter;
@@ -59,9 +60,9 @@ if not interpreting() and not torch.cuda.is_available():
         "Triton's interpreter was not chosen: set TRITON_INTERPRET=1 before importing levels"
     )
 
-from ..level2_torch_manual import FeedForward, asarray, to_numpy  # noqa: E402
+from ..level2_torch_manual import FeedForward, asarray, merge_attention, to_numpy  # noqa: E402
 from .flash_attention import FlashAttention, attention  # noqa: E402
-from .fused_layer_norm import FusedLayerNorm, layer_norm  # noqa: E402
+from .fused_layer_norm import FusedLayerNorm, layer_norm, rms_norm  # noqa: E402
 from .models import (  # noqa: E402
     KERNELS,
     DecoderLayer,
@@ -69,6 +70,7 @@ from .models import (  # noqa: E402
     EncoderLayer,
     LayerNorm,
     MultiHeadAttention,
+    RMSNorm,
     Seq2SeqTransformer,
     kernel_attention,
 )
@@ -111,6 +113,7 @@ __all__ = [
     "FusedLayerNorm",
     "LayerNorm",
     "MultiHeadAttention",
+    "RMSNorm",
     "Seq2SeqTransformer",
     "Tiles",
     "asarray",
@@ -118,5 +121,7 @@ __all__ = [
     "describe",
     "kernel_attention",
     "layer_norm",
+    "merge_attention",
+    "rms_norm",
     "to_numpy",
 ]

@@ -15,62 +15,81 @@ import math
 
 import torch
 
-from ..common.checks import EMPTY_ROW_MESSAGE, causal_offset, check_scale
+from ..common.checks import EMPTY_ROW_MESSAGE, causal_offset, rows_without_keys, window_binds
 from ..level2_torch_manual.attention import as_4d, check_inputs
 from .flash_backward import flash_backward
 from .flash_forward import flash_forward
 from .tiles import Tiles, interpreting
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+LN2 = math.log(2.0)  # the kernels keep log-sum-exps in base 2
 MAX_HEAD_WIDTH = 256  # wider heads need tiles too large for on-chip memory (tested up to 128)
 
 
-def check_rows_nonempty(mask: torch.Tensor | None, causal: bool, T: int, S: int) -> None:
+def check_rows_nonempty(
+    mask: torch.Tensor | None, causal: bool, window: int | None, T: int, S: int
+) -> None:
     """Raise ``ValueError`` if some query row would have no key it may attend to.
 
-    Causal alone: row ``i`` sees keys ``0 .. i + S - T``, so every row is
-    non-empty iff ``T <= S`` (decided from the shapes, no data read).
-    With a mask, row ``i`` is non-empty iff its *first* allowed key ``f_i``
-    exists and (when causal) ``f_i <= i + S - T``. ``f_i`` is computed on the
-    mask's own, un-broadcast shape, so a ``(B, 1, 1, S)`` padding mask costs
-    ``B * S`` work, not ``B * H * T * S``. Reading the answer synchronises
-    with the GPU; that is the price of a clear error instead of NaN.
+    By position alone (causal, window) a row is empty only at the ends of the
+    query range, decided from the shapes (``rows_without_keys``, no data read).
+    With a mask, row ``i`` may see the keys ``[lo_i, hi_i)`` of its position
+    rule (``key_range``), and is non-empty iff the mask allows one of them: a
+    running count of allowed keys along each mask row answers that for every
+    row at once, ``count[hi_i] - count[lo_i] > 0``. It is computed on the mask's
+    own, un-broadcast shape, so a ``(B, 1, 1, S)`` padding mask costs ``B * (S + T)``
+    work, not ``B * H * T * S``. Reading the answer synchronises with the GPU;
+    that is the price of a clear error instead of NaN.
     """
-    if causal and T > S:
+    if rows_without_keys(T, S, causal=causal, window=window):
         raise ValueError(EMPTY_ROW_MESSAGE)
     if mask is None:
         return
-    m = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))  # (b, h, t, s), each 1 or full
-    has_key = m.any(-1)  # (b, h, t)
+    m = as_4d(mask)  # (b, h, t, S), each leading size 1 or full
+    d = torch.arange(T, device=m.device) + causal_offset(T, S)  # (T,) each query's place
+    # Row i's keys [lo_i, hi_i), as checks.key_range gives them, clamped to [0, S].
     if causal:
-        # argmax returns the first maximal index: the first True key of each row.
-        first = m.to(torch.uint8).argmax(-1)  # (b, h, t)
-        # The tightest row is the earliest; when t == 1 the mask row serves every query,
-        # so only query 0 (bound S - T) needs checking.
-        bound = torch.arange(m.shape[2], device=m.device) + causal_offset(T, S)  # (t,)
-        has_key = has_key & (first <= bound)
-    if not bool(has_key.all()):
+        hi = d + 1
+    else:
+        hi = d + window if window is not None else torch.full_like(d, S)
+    lo = d - window + 1 if window is not None else torch.zeros_like(d)
+    hi, lo = hi.clamp(0, S), lo.clamp(0, S)  # (T,) each
+    zeros = torch.zeros(m.shape[:-1] + (1,), dtype=torch.int32, device=m.device)
+    # count[..., j]: how many keys before j the mask allows, (b, h, t, S + 1).
+    count = torch.cat([zeros, m.to(torch.int32).cumsum(-1, dtype=torch.int32)], dim=-1)
+    if count.shape[2] == 1:  # one mask row serves every query: read it at each row's bounds
+        seen = count[..., hi] - count[..., lo]  # (b, h, 1, T)
+    else:  # row i of the mask, at row i's bounds
+        b, h, t, _ = count.shape
+        at = lambda x: x.view(1, 1, t, 1).expand(b, h, t, 1)  # noqa: E731
+        seen = count.gather(-1, at(hi)) - count.gather(-1, at(lo))  # (b, h, T, 1)
+    if not bool((seen > 0).all()):
         raise ValueError(EMPTY_ROW_MESSAGE)
 
 
 class FlashAttention(torch.autograd.Function):
-    """Autograd glue: the forward saves q, k, v, the output and the row log-sum-exp."""
+    """Autograd glue: ``(out, lse)``; the forward saves q, k, v, the output and the row
+    log-sum-exp, and the backward takes the gradients of both outputs."""
 
     @staticmethod
-    def forward(ctx, q, k, v, mask, causal: bool, scale: float, tiles: Tiles | None):
-        out, lse = flash_forward(q, k, v, mask, causal, scale, tiles)
+    def forward(ctx, q, k, v, mask, causal: bool, scale: float, window, tiles: Tiles | None):
+        out, lse = flash_forward(q, k, v, mask, causal, scale, window, tiles)  # lse (B*H, T) base 2
         ctx.save_for_backward(q, k, v, out, lse, mask)
-        ctx.causal, ctx.scale, ctx.tiles = causal, scale, tiles
-        return out
+        ctx.causal, ctx.scale, ctx.window, ctx.tiles = causal, scale, window, tiles
+        ctx.set_materialize_grads(False)  # an unused lse arrives as None, not zeros
+        B, H, T = q.shape[:3]
+        return out, (lse * LN2).view(B, H, T)  # natural log: log x = log2 x * ln 2
 
     @staticmethod
-    def backward(ctx, d_out):
+    def backward(ctx, d_out, d_lse):
         q, k, v, out, lse, mask = ctx.saved_tensors
+        if d_out is None:
+            d_out = torch.zeros_like(out)
         # ctx.tiles is the caller's pin; None lets the backward pick (or tune) its own tiles.
         dq, dk, dv = flash_backward(
-            d_out, q, k, v, out, lse, mask, ctx.causal, ctx.scale, ctx.tiles
+            d_out, q, k, v, out, lse, mask, ctx.causal, ctx.scale, ctx.window, d_lse, ctx.tiles
         )
-        return dq, dk, dv, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None
 
 
 def attention(
@@ -81,18 +100,22 @@ def attention(
     causal: bool = False,
     mask: torch.Tensor | None = None,
     scale: float | None = None,
+    window: int | None = None,
+    return_lse: bool = False,
     tiles: Tiles | None = None,
-) -> torch.Tensor:
-    """Fused attention: ``q (B,H,T,Dh)``, ``k (B,H,S,Dh)``, ``v (B,H,S,Dv)`` -> ``(B,H,T,Dv)``.
+):
+    """Fused attention: ``q (B,H,T,Dh)``, ``k (B,Hkv,S,Dh)``, ``v (B,Hkv,S,Dv)`` -> ``(B,H,T,Dv)``.
 
-    ``mask`` is boolean, True = may attend, broadcastable to ``(B,H,T,S)``;
-    ``causal`` is bottom-right aligned (query ``i`` sees key ``j`` iff
-    ``j <= i + S - T``); ``scale`` defaults to ``1/sqrt(Dh)``. Differentiable
-    in q, k and v. ``tiles`` pins the tile sizes (tests; default: autotuned on
-    a GPU, fixed under the interpreter).
+    Query head ``h`` reads key/value head ``h // (H // Hkv)``. ``mask`` is
+    boolean, True = may attend, broadcastable to ``(B,H,T,S)``; ``causal`` is
+    bottom-right aligned (query ``i`` sees key ``j`` iff ``j <= i + S - T``);
+    ``window`` keeps the ``W`` latest keys (causal) or the band
+    ``|j - (i + S - T)| < W``; ``scale`` defaults to ``1/sqrt(Dh)``.
+    ``return_lse`` also returns ``lse (B,H,T)`` fp32 (natural log). Differentiable
+    in q, k and v (through both outputs). ``tiles`` pins the tile sizes (tests;
+    default: autotuned on a GPU, fixed under the interpreter).
     """
-    B, H, T, S, Dh, Dv = check_inputs(q, k, v, mask)
-    check_scale(scale)
+    B, H, T, S, Dh, Dv = check_inputs(q, k, v, mask, scale=scale, window=window)
     if not (q.dtype == k.dtype == v.dtype) or q.dtype not in SUPPORTED_DTYPES:
         raise TypeError(
             f"level 4 kernels take q, k, v of one dtype among float32, float16, bfloat16; "
@@ -110,10 +133,13 @@ def attention(
             "bfloat16 is not emulated correctly by Triton's interpreter (its numpy "
             "arithmetic has no bfloat16), so level 4 refuses it on the CPU; use float32 or float16"
         )
+    if window is not None and not window_binds(T, S, causal=causal, window=window):
+        window = None  # a window wider than the sequence changes nothing: no bound to apply
     if mask is not None:
         mask = as_4d(mask.to(q.device))
-    check_rows_nonempty(mask, causal, T, S)
+    check_rows_nonempty(mask, causal, window, T, S)
     if mask is not None:
         mask = mask.expand(B, H, T, S)  # a view: stride 0 on every broadcast dimension
     scale = 1.0 / math.sqrt(Dh) if scale is None else float(scale)
-    return FlashAttention.apply(q, k, v, mask, bool(causal), scale, tiles)
+    out, lse = FlashAttention.apply(q, k, v, mask, bool(causal), scale, window, tiles)
+    return (out, lse) if return_lse else out

@@ -49,8 +49,8 @@ from .flash_forward import (
     LOG2E,
     TUNING_KEY,
     allowed_tile,
-    causal_key_end,
     dot_precision,
+    key_bounds,
     load_tile,
     mask_strides,
     store_tile,
@@ -77,98 +77,127 @@ def _attn_bwd_delta_kernel(
     tl.store(Delta + offs_r, tl.sum(o * do, 1), mask=offs_r < R)
 
 
-@triton.jit(do_not_specialize=["T", "S", "T_KEY", "S_KEY"])
+@triton.jit
+def query_bounds(
+    start_n, T, S, WINDOW, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr
+):
+    """``[start, end)``: the queries that may see some key of ``[start_n, start_n + BLOCK_N)``.
+
+    Query ``i`` sits at ``d = i + (S - T)``. Causal: key ``j`` is seen only when
+    ``d >= j``, so queries before ``start_n - (S - T)`` never see the tile. A
+    window also needs ``d < j + W`` (causal) or ``|j - d| < W``, which ends the
+    range at ``start_n + BLOCK_N - 1 - (S - T) + W`` (and, without causal,
+    starts it at ``start_n - (S - T) - W + 1``). Query tiles outside are skipped.
+    """
+    start = 0
+    end = T
+    if CAUSAL:
+        start = tl.maximum(0, start_n - (S - T))
+    if HAS_WINDOW:
+        end = tl.minimum(T, start_n + BLOCK_N - 1 - (S - T) + WINDOW)
+        if not CAUSAL:
+            start = tl.maximum(0, start_n - (S - T) - WINDOW + 1)
+    return start, end
+
+
+@triton.jit(do_not_specialize=["T", "S", "T_KEY", "S_KEY", "WINDOW"])
 def _attn_bwd_dkdv_kernel(
-    Q, K, V,  # (B, H, T, Dh), (B, H, S, Dh), (B, H, S, Dv) forward inputs, any strides
+    Q, K, V,  # (B, H, T, Dh), (B, Hkv, S, Dh), (B, Hkv, S, Dv) forward inputs, any strides
     Mask,  # (B, H, T, S) bool view; a dummy pointer unless HAS_MASK
     dOut,  # (B, H, T, Dv) incoming gradient, contiguous
     Lse,  # (B * H, T) fp32 log2-sum-exp2 saved by the forward
-    Delta,  # (B * H, T) fp32 rowsum(dO * O)
-    dK,  # (B, H, S, Dh) out, contiguous
-    dV,  # (B, H, S, Dv) out, contiguous
+    Delta,  # (B * H, T) fp32 rowsum(dO * O), less dL/dlse when the lse is used
+    dK,  # (B, Hkv, S, Dh) out, contiguous
+    dV,  # (B, Hkv, S, Dv) out, contiguous
     stride_qb, stride_qh, stride_qt, stride_qd,  # Q strides (elements)
     stride_kb, stride_kh, stride_ks, stride_kd,  # K strides
     stride_vb, stride_vh, stride_vs, stride_vd,  # V strides
     stride_mb, stride_mh, stride_mt, stride_ms,  # mask strides (0 on broadcast dims)
-    H, T, S, DH, DV,  # heads, lengths and true head widths
+    H, GROUP, T, S, DH, DV,  # query heads, H // Hkv, lengths and true head widths
+    WINDOW,  # the sliding window W (used only when HAS_WINDOW)
     scale,  # the softmax scale (natural units): dK = scale * dS^T q
     qk_scale,  # scale * log2(e), to recompute scores in base-2 units
     T_KEY, S_KEY,  # power-of-two buckets of T and S: the autotuner's cache key only
-    CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,  # as in the forward
+    CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_MASK: tl.constexpr,  # as in the forward
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs
     BLOCK_DH: tl.constexpr, BLOCK_DV: tl.constexpr,  # padded head widths
     BLOCK_M: tl.constexpr,  # queries per loop iteration
     BLOCK_N: tl.constexpr,  # keys per program
 ):  # fmt: skip
     start_n = tl.program_id(0) * BLOCK_N
-    pid_bh = tl.program_id(1)
-    off_b = (pid_bh // H).to(tl.int64)
-    off_h = (pid_bh % H).to(tl.int64)
-    off_bh = pid_bh.to(tl.int64)  # row offsets into the contiguous (B*H, ...) buffers
+    pid_bhkv = tl.program_id(1)  # b * Hkv + key/value head
+    HKV = H // GROUP
+    off_b = (pid_bhkv // HKV).to(tl.int64)
+    off_hkv = (pid_bhkv % HKV).to(tl.int64)
+    off_bhkv = pid_bhkv.to(tl.int64)  # row offsets into the contiguous (B*Hkv, ...) buffers
 
     offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key indices owned by this program
     offs_m0 = tl.arange(0, BLOCK_M)
     offs_dh = tl.arange(0, BLOCK_DH)
     offs_dv = tl.arange(0, BLOCK_DV)
 
-    q_base = Q + off_b * stride_qb + off_h * stride_qh
-    do_base = dOut + off_bh * T * DV  # dO is contiguous: (B*H, T, Dv)
-    mask_base = Mask + off_b * stride_mb + off_h * stride_mh
-
     # This program's keys and values stay in registers for the whole loop.
-    k_base = K + off_b * stride_kb + off_h * stride_kh
-    v_base = V + off_b * stride_vb + off_h * stride_vh
+    k_base = K + off_b * stride_kb + off_hkv * stride_kh
+    v_base = V + off_b * stride_vb + off_hkv * stride_vh
     k = load_tile(k_base, offs_n, offs_dh, stride_ks, stride_kd, S, DH)  # (BLOCK_N, BLOCK_DH)
     v = load_tile(v_base, offs_n, offs_dv, stride_vs, stride_vd, S, DV)  # (BLOCK_N, BLOCK_DV)
     dk = tl.zeros([BLOCK_N, BLOCK_DH], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
 
-    # Causal: key j is seen only by queries i >= j - (S - T); earlier query tiles are skipped.
-    query_start = 0
-    if CAUSAL:
-        query_start = tl.maximum(0, start_n - (S - T))
-    for start_m in range(query_start, T, BLOCK_M):
-        offs_m = start_m + offs_m0
-        qT = load_tile(q_base, offs_dh, offs_m, stride_qd, stride_qt, DH, T)  # (BLOCK_DH, BLOCK_M)
-        do = load_tile(do_base, offs_m, offs_dv, DV, 1, T, DV)  # (BLOCK_M, BLOCK_DV)
-        lse = tl.load(Lse + off_bh * T + offs_m, mask=offs_m < T, other=0.0)  # (BLOCK_M,)
-        delta = tl.load(Delta + off_bh * T + offs_m, mask=offs_m < T, other=0.0)  # (BLOCK_M,)
+    query_start, query_end = query_bounds(start_n, T, S, WINDOW, BLOCK_N, CAUSAL, HAS_WINDOW)
+    # A shared key/value head collects the gradients of every query head of its group,
+    # one after the other, in registers: a deterministic sum, no atomics.
+    for g in range(GROUP):
+        off_h = off_hkv * GROUP + g  # the query head
+        off_bh = off_b * H + off_h  # its row in the contiguous (B*H, ...) buffers
+        q_base = Q + off_b * stride_qb + off_h * stride_qh
+        do_base = dOut + off_bh * T * DV  # dO is contiguous: (B*H, T, Dv)
+        mask_base = Mask + off_b * stride_mb + off_h * stride_mh
+        for start_m in range(query_start, query_end, BLOCK_M):
+            offs_m = start_m + offs_m0
+            qT = load_tile(
+                q_base, offs_dh, offs_m, stride_qd, stride_qt, DH, T
+            )  # (BLOCK_DH, BLOCK_M)
+            do = load_tile(do_base, offs_m, offs_dv, DV, 1, T, DV)  # (BLOCK_M, BLOCK_DV)
+            lse = tl.load(Lse + off_bh * T + offs_m, mask=offs_m < T, other=0.0)  # (BLOCK_M,)
+            delta = tl.load(Delta + off_bh * T + offs_m, mask=offs_m < T, other=0.0)
 
-        # The tile transposed (keys along rows), so dK and dV need no transposes.
-        sT = tl.dot(k, qT, input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_N, BLOCK_M)
-        ok = allowed_tile(
-            offs_m[None, :], offs_n[:, None], T, S, mask_base, stride_mt, stride_ms,
-            CAUSAL, HAS_MASK,
-        )  # (BLOCK_N, BLOCK_M)  # fmt: skip
-        # -inf before exp2: disallowed pairs give exactly 0 and never overflow.
-        pT = tl.math.exp2(tl.where(ok, sT - lse[None, :], float("-inf")))  # (BLOCK_N, BLOCK_M)
-        dv += tl.dot(pT.to(do.dtype), do, input_precision=DOT_PRECISION)  # (BLOCK_N, BLOCK_DV)
-        dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # (BLOCK_N, BLOCK_M)
-        dsT = pT * (dpT - delta[None, :])  # (BLOCK_N, BLOCK_M) fp32
-        dk += tl.dot(dsT.to(qT.dtype), tl.trans(qT), input_precision=DOT_PRECISION)
+            # The tile transposed (keys along rows), so dK and dV need no transposes.
+            sT = tl.dot(k, qT, input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_N, BLOCK_M)
+            ok = allowed_tile(
+                offs_m[None, :], offs_n[:, None], T, S, WINDOW, mask_base, stride_mt, stride_ms,
+                CAUSAL, HAS_WINDOW, HAS_MASK,
+            )  # (BLOCK_N, BLOCK_M)  # fmt: skip
+            # -inf before exp2: disallowed pairs give exactly 0 and never overflow.
+            pT = tl.math.exp2(tl.where(ok, sT - lse[None, :], float("-inf")))  # (BLOCK_N, BLOCK_M)
+            dv += tl.dot(pT.to(do.dtype), do, input_precision=DOT_PRECISION)  # (BLOCK_N, BLOCK_DV)
+            dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # (BLOCK_N, BLOCK_M)
+            dsT = pT * (dpT - delta[None, :])  # (BLOCK_N, BLOCK_M) fp32
+            dk += tl.dot(dsT.to(qT.dtype), tl.trans(qT), input_precision=DOT_PRECISION)
 
-    # dK and dV are contiguous: (B*H, S, Dh) and (B*H, S, Dv).
-    store_tile(dK + off_bh * S * DH, offs_n, offs_dh, DH, 1, S, DH, dk * scale)
-    store_tile(dV + off_bh * S * DV, offs_n, offs_dv, DV, 1, S, DV, dv)
+    # dK and dV are contiguous: (B*Hkv, S, Dh) and (B*Hkv, S, Dv).
+    store_tile(dK + off_bhkv * S * DH, offs_n, offs_dh, DH, 1, S, DH, dk * scale)
+    store_tile(dV + off_bhkv * S * DV, offs_n, offs_dv, DV, 1, S, DV, dv)
 
 
-@triton.jit(do_not_specialize=["T", "S", "T_KEY", "S_KEY"])
+@triton.jit(do_not_specialize=["T", "S", "T_KEY", "S_KEY", "WINDOW"])
 def _attn_bwd_dq_kernel(
-    Q, K, V,  # (B, H, T, Dh), (B, H, S, Dh), (B, H, S, Dv) forward inputs, any strides
+    Q, K, V,  # (B, H, T, Dh), (B, Hkv, S, Dh), (B, Hkv, S, Dv) forward inputs, any strides
     Mask,  # (B, H, T, S) bool view; a dummy pointer unless HAS_MASK
     dOut,  # (B, H, T, Dv) incoming gradient, contiguous
     Lse,  # (B * H, T) fp32 log2-sum-exp2 saved by the forward
-    Delta,  # (B * H, T) fp32 rowsum(dO * O)
+    Delta,  # (B * H, T) fp32 rowsum(dO * O), less dL/dlse when the lse is used
     dQ,  # (B, H, T, Dh) out, contiguous
     stride_qb, stride_qh, stride_qt, stride_qd,  # Q strides (elements)
     stride_kb, stride_kh, stride_ks, stride_kd,  # K strides
     stride_vb, stride_vh, stride_vs, stride_vd,  # V strides
     stride_mb, stride_mh, stride_mt, stride_ms,  # mask strides (0 on broadcast dims)
-    H, T, S, DH, DV,  # heads, lengths and true head widths
+    H, GROUP, T, S, DH, DV,  # query heads, H // Hkv, lengths and true head widths
+    WINDOW,  # the sliding window W (used only when HAS_WINDOW)
     scale,  # the softmax scale (natural units): dQ = scale * dS k
     qk_scale,  # scale * log2(e)
     T_KEY, S_KEY,  # power-of-two buckets of T and S: the autotuner's cache key only
-    CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,  # as in the forward
+    CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_MASK: tl.constexpr,  # as in the forward
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs
     BLOCK_DH: tl.constexpr, BLOCK_DV: tl.constexpr,  # padded head widths
     BLOCK_M: tl.constexpr,  # queries per program
@@ -178,6 +207,7 @@ def _attn_bwd_dq_kernel(
     pid_bh = tl.program_id(1)
     off_b = (pid_bh // H).to(tl.int64)
     off_h = (pid_bh % H).to(tl.int64)
+    off_hkv = off_h // GROUP
     off_bh = pid_bh.to(tl.int64)  # row offsets into the contiguous (B*H, ...) buffers
 
     offs_m = start_m + tl.arange(0, BLOCK_M)  # (BLOCK_M,) query indices owned by this program
@@ -185,8 +215,8 @@ def _attn_bwd_dq_kernel(
     offs_dh = tl.arange(0, BLOCK_DH)
     offs_dv = tl.arange(0, BLOCK_DV)
 
-    k_base = K + off_b * stride_kb + off_h * stride_kh
-    v_base = V + off_b * stride_vb + off_h * stride_vh
+    k_base = K + off_b * stride_kb + off_hkv * stride_kh
+    v_base = V + off_b * stride_vb + off_hkv * stride_vh
     mask_base = Mask + off_b * stride_mb + off_h * stride_mh
 
     # This program's queries, their dO, lse and delta stay in registers.
@@ -197,15 +227,15 @@ def _attn_bwd_dq_kernel(
     delta = tl.load(Delta + off_bh * T + offs_m, mask=offs_m < T, other=0.0)  # (BLOCK_M,)
     dq = tl.zeros([BLOCK_M, BLOCK_DH], dtype=tl.float32)
 
-    key_end = causal_key_end(start_m, T, S, BLOCK_M, CAUSAL)  # the forward's loop bound
-    for start_n in range(0, key_end, BLOCK_N):
+    key_start, key_end = key_bounds(start_m, T, S, WINDOW, BLOCK_M, BLOCK_N, CAUSAL, HAS_WINDOW)
+    for start_n in range(key_start, key_end, BLOCK_N):  # the forward's loop bounds
         offs_n = start_n + offs_n0
         kT = load_tile(k_base, offs_dh, offs_n, stride_kd, stride_ks, DH, S)  # (BLOCK_DH, BLOCK_N)
         vT = load_tile(v_base, offs_dv, offs_n, stride_vd, stride_vs, DV, S)  # (BLOCK_DV, BLOCK_N)
         s = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N)
         ok = allowed_tile(
-            offs_m[:, None], offs_n[None, :], T, S, mask_base, stride_mt, stride_ms,
-            CAUSAL, HAS_MASK,
+            offs_m[:, None], offs_n[None, :], T, S, WINDOW, mask_base, stride_mt, stride_ms,
+            CAUSAL, HAS_WINDOW, HAS_MASK,
         )  # (BLOCK_M, BLOCK_N)  # fmt: skip
         p = tl.math.exp2(tl.where(ok, s - lse[:, None], float("-inf")))  # (BLOCK_M, BLOCK_N)
         dp = tl.dot(do, vT, input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N)
@@ -230,20 +260,25 @@ def flash_backward(
     mask: torch.Tensor | None,
     causal: bool,
     scale: float,
+    window: int | None = None,
+    d_lse: torch.Tensor | None = None,
     tiles: Tiles | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients ``(dq, dk, dv)`` with the shapes and dtypes of ``q``, ``k``, ``v``.
 
     ``out (B,H,T,Dv)`` and ``lse (B*H,T)`` are what ``flash_forward`` returned
-    for the same inputs; ``d_out (B,H,T,Dv)`` any strides.
+    for the same inputs; ``d_out (B,H,T,Dv)`` any strides. ``d_lse (B,H,T)``
+    (natural units), when the log-sum-exp itself was used: since
+    ``d lse_i / d s_ij = p_ij``, it adds ``p_ij * d_lse_i`` to every ``dS_ij``,
+    which is exactly ``delta_i`` lowered by ``d_lse_i``: the kernels need no change.
     """
     B, H, T, Dh = q.shape
-    S, Dv = k.shape[2], v.shape[3]
+    Hkv, S, Dv = k.shape[1], k.shape[2], v.shape[3]
     d_out = d_out.contiguous()  # (B, H, T, Dv)
     out = out.contiguous()
     dq = torch.empty((B, H, T, Dh), device=q.device, dtype=q.dtype)
-    dk = torch.empty((B, H, S, Dh), device=k.device, dtype=k.dtype)
-    dv = torch.empty((B, H, S, Dv), device=v.device, dtype=v.dtype)
+    dk = torch.empty((B, Hkv, S, Dh), device=k.device, dtype=k.dtype)
+    dv = torch.empty((B, Hkv, S, Dv), device=v.device, dtype=v.dtype)
 
     # 1. delta = rowsum(dO * O), fp32: (B*H*T,)
     delta = torch.empty((B * H, T), device=q.device, dtype=torch.float32)
@@ -251,13 +286,17 @@ def flash_backward(
     _attn_bwd_delta_kernel[(triton.cdiv(rows, DELTA_BLOCK_ROWS),)](
         out, d_out, delta, rows, Dv, BLOCK_R=DELTA_BLOCK_ROWS, BLOCK_DV=head_block(Dv)
     )
+    if d_lse is not None:
+        delta -= d_lse.reshape(B * H, T).to(torch.float32)
 
     shared = (
         *q.stride(), *k.stride(), *v.stride(), *mask_strides(mask),
-        H, T, S, Dh, Dv, scale, scale * LOG2E, length_key(T), length_key(S),
+        H, H // Hkv, T, S, Dh, Dv, window or 0, scale, scale * LOG2E,
+        length_key(T), length_key(S),
     )  # fmt: skip
     constants = dict(
         CAUSAL=causal,
+        HAS_WINDOW=window is not None,
         HAS_MASK=mask is not None,
         DOT_PRECISION=dot_precision(q.dtype),
         BLOCK_DH=head_block(Dh),
@@ -266,16 +305,16 @@ def flash_backward(
     mask_ptr = mask if mask is not None else q
     inputs = (q, k, v, mask_ptr, d_out, lse, delta)
 
-    # 2. dK, dV: one program per key tile.
+    # 2. dK, dV: one program per key tile and key/value head (looping over its group).
     launch(
         _attn_bwd_dkdv_kernel,
         _dkdv_tuned,
-        lambda block_m, block_n: (triton.cdiv(S, block_n), B * H),
+        lambda block_m, block_n: (triton.cdiv(S, block_n), B * Hkv),
         (*inputs, dk, dv, *shared),
         constants,
         tiles,
     )
-    # 3. dQ: one program per query tile.
+    # 3. dQ: one program per query tile and query head.
     launch(
         _attn_bwd_dq_kernel,
         _dq_tuned,

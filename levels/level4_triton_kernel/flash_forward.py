@@ -95,18 +95,30 @@ def store_tile(base, rows, cols, stride_r, stride_c, n_rows, n_cols, value):
 
 
 @triton.jit
-def causal_key_end(start_m, T, S, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
-    """One past the last key that any query of the tile ``[start_m, start_m + BLOCK_M)`` may see.
+def key_bounds(
+    start_m, T, S, WINDOW, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+):  # fmt: skip
+    """``[start, end)``: the keys any query of the tile ``[start_m, start_m + BLOCK_M)`` may see.
 
-    Causal, bottom-right: query ``i`` may see key ``j`` iff ``j <= i + (S - T)``.
-    The tile's last query is ``start_m + BLOCK_M - 1``, so keys at or beyond
-    ``start_m + BLOCK_M + S - T`` are invisible to the whole tile and the loop
-    stops before them: those tiles are skipped, not loaded and masked.
+    Query ``i`` sits at ``d = i + (S - T)`` among the keys (bottom-right). Causal:
+    ``j <= d``, so keys at or beyond ``start_m + BLOCK_M + S - T`` are invisible to
+    the whole tile. A window ``W`` also hides ``j <= d - W`` (causal) or keeps the
+    band ``|j - d| < W``: keys before ``start_m + S - T - W + 1`` are invisible to
+    the tile's first query and so to all of them. The loop runs over ``[start,
+    end)`` only: tiles outside, at both ends, are skipped, not loaded and masked.
+    ``start`` is rounded down to a tile boundary, so the tiles stay aligned.
     """
+    start = 0
     end = S
     if CAUSAL:
         end = tl.minimum(S, start_m + BLOCK_M + S - T)
-    return end
+    if HAS_WINDOW:
+        first = tl.maximum(0, start_m + S - T - WINDOW + 1)
+        start = (first // BLOCK_N) * BLOCK_N
+        if not CAUSAL:
+            end = tl.minimum(S, start_m + BLOCK_M - 1 + S - T + WINDOW)
+    return start, end
 
 
 @triton.jit
@@ -115,22 +127,30 @@ def allowed_tile(
     kj,  # key indices: (1, BLOCK_N) or (BLOCK_N, 1)
     T,  # number of queries; rows qi >= T are tile padding
     S,  # number of keys; columns kj >= S are tile padding
+    WINDOW,  # the sliding window W (read only when HAS_WINDOW)
     mask_base,  # pointer to mask[b, h, 0, 0] (a bool view, stride 0 on broadcast dims)
     stride_mt,  # mask stride between queries
     stride_ms,  # mask stride between keys
     CAUSAL: tl.constexpr,  # apply the bottom-right causal rule
+    HAS_WINDOW: tl.constexpr,  # apply the window (W latest keys, or the band |j - d| < W)
     HAS_MASK: tl.constexpr,  # read the boolean mask (True = may attend)
 ):
-    """Which (query, key) pairs of a tile may attend: padding, causal rule and mask combined.
+    """Which (query, key) pairs of a tile may attend: padding, causal rule, window and mask.
 
     Works in either orientation (queries along rows or along columns), so the
     forward, the dQ kernel and the transposed dK/dV kernel share one definition.
     """
     ok = (qi < T) & (kj < S)
+    d = qi + (S - T)  # the query's place among the keys
     if CAUSAL:
-        ok = ok & (kj <= qi + (S - T))
+        ok = ok & (kj <= d)
+    if HAS_WINDOW:
+        if CAUSAL:
+            ok = ok & (kj > d - WINDOW)
+        else:
+            ok = ok & (kj - d < WINDOW) & (d - kj < WINDOW)
     if HAS_MASK:
-        # A masked load: padding and causally excluded entries are not even read.
+        # A masked load: padding and excluded entries are not even read.
         ok = ok & (tl.load(mask_base + qi * stride_mt + kj * stride_ms, mask=ok, other=0) != 0)
     return ok
 
@@ -139,28 +159,31 @@ def allowed_tile(
 # an integer argument is 1 or a multiple of 16. T and S only enter comparisons,
 # loop bounds and row offsets, so such variants would buy nothing and cost a
 # compilation (with every autotuning candidate) each time a new length class appears.
-@triton.jit(do_not_specialize=["T", "S", "T_KEY", "S_KEY"])
+@triton.jit(do_not_specialize=["T", "S", "T_KEY", "S_KEY", "WINDOW"])
 def _attn_fwd_kernel(
     Q,  # (B, H, T, Dh) queries, any strides
-    K,  # (B, H, S, Dh) keys
-    V,  # (B, H, S, Dv) values
+    K,  # (B, Hkv, S, Dh) keys: query head h reads key/value head h // GROUP
+    V,  # (B, Hkv, S, Dv) values
     Mask,  # (B, H, T, S) bool view, True = may attend; a dummy pointer unless HAS_MASK
     Out,  # (B, H, T, Dv) output
-    Lse,  # (B * H, T) fp32 out: log2-sum-exp2 of each row's scaled scores, for the backward
+    Lse,  # (B * H, T) fp32 out: log2-sum-exp2 of each row's scaled scores
     stride_qb, stride_qh, stride_qt, stride_qd,  # Q strides (elements)
     stride_kb, stride_kh, stride_ks, stride_kd,  # K strides
     stride_vb, stride_vh, stride_vs, stride_vd,  # V strides
     stride_mb, stride_mh, stride_mt, stride_ms,  # mask strides (0 on broadcast dims)
     stride_ob, stride_oh, stride_ot, stride_od,  # Out strides
-    H,  # number of heads: program_id(1) = b * H + h
+    H,  # number of query heads: program_id(1) = b * H + h
+    GROUP,  # query heads per key/value head, H // Hkv (1 without grouped-query attention)
     T,  # number of queries (any value, not a multiple of BLOCK_M)
     S,  # number of keys (any value, not a multiple of BLOCK_N)
     DH,  # true query/key head width
     DV,  # true value head width
+    WINDOW,  # the sliding window W (used only when HAS_WINDOW)
     qk_scale,  # softmax scale * log2(e): scores come out in base-2 units
     T_KEY,  # T rounded up to a power of two: the autotuner's cache key only
     S_KEY,  # S rounded up likewise
     CAUSAL: tl.constexpr,  # bottom-right causal rule, key tiles past the diagonal skipped
+    HAS_WINDOW: tl.constexpr,  # sliding window, key tiles before it skipped
     HAS_MASK: tl.constexpr,  # read Mask
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (no silent TF32); ignored for fp16/bf16
     BLOCK_DH: tl.constexpr,  # DH padded to a power of two >= 16
@@ -173,6 +196,7 @@ def _attn_fwd_kernel(
     # int64 offsets: b * stride_qb overflows int32 once a tensor passes 2^31 elements.
     off_b = (pid_bh // H).to(tl.int64)
     off_h = (pid_bh % H).to(tl.int64)
+    off_hkv = off_h // GROUP  # the key/value head of this query head's group
 
     offs_m = start_m + tl.arange(0, BLOCK_M)  # (BLOCK_M,) query indices
     offs_n0 = tl.arange(0, BLOCK_N)  # (BLOCK_N,) key offsets inside a tile
@@ -180,8 +204,8 @@ def _attn_fwd_kernel(
     offs_dv = tl.arange(0, BLOCK_DV)
 
     q_base = Q + off_b * stride_qb + off_h * stride_qh
-    k_base = K + off_b * stride_kb + off_h * stride_kh
-    v_base = V + off_b * stride_vb + off_h * stride_vh
+    k_base = K + off_b * stride_kb + off_hkv * stride_kh
+    v_base = V + off_b * stride_vb + off_hkv * stride_vh
     mask_base = Mask + off_b * stride_mb + off_h * stride_mh
 
     # The query tile stays in registers for the whole loop.
@@ -192,14 +216,14 @@ def _attn_fwd_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of exp2(score - m_i)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)  # running sum of exp2(score - m_i) * v
 
-    key_end = causal_key_end(start_m, T, S, BLOCK_M, CAUSAL)
-    for start_n in range(0, key_end, BLOCK_N):
+    key_start, key_end = key_bounds(start_m, T, S, WINDOW, BLOCK_M, BLOCK_N, CAUSAL, HAS_WINDOW)
+    for start_n in range(key_start, key_end, BLOCK_N):
         offs_n = start_n + offs_n0
         kT = load_tile(k_base, offs_dh, offs_n, stride_kd, stride_ks, DH, S)  # (BLOCK_DH, BLOCK_N)
         s = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N) fp32
         ok = allowed_tile(
-            offs_m[:, None], offs_n[None, :], T, S, mask_base, stride_mt, stride_ms,
-            CAUSAL, HAS_MASK,
+            offs_m[:, None], offs_n[None, :], T, S, WINDOW, mask_base, stride_mt, stride_ms,
+            CAUSAL, HAS_WINDOW, HAS_MASK,
         )  # (BLOCK_M, BLOCK_N)  # fmt: skip
         s = tl.where(ok, s, float("-inf"))
 
@@ -227,7 +251,7 @@ def _attn_fwd_kernel(
 
 
 # The autotuner's cache key; it adds the tensors' dtypes itself.
-TUNING_KEY = ["T_KEY", "S_KEY", "BLOCK_DH", "BLOCK_DV", "CAUSAL", "HAS_MASK"]
+TUNING_KEY = ["T_KEY", "S_KEY", "BLOCK_DH", "BLOCK_DV", "CAUSAL", "HAS_WINDOW", "HAS_MASK"]
 _attn_fwd_tuned = autotuned(_attn_fwd_kernel, TUNING_KEY, FORWARD_SHAPES)
 
 
@@ -248,11 +272,12 @@ def flash_forward(
     mask: torch.Tensor | None,
     causal: bool,
     scale: float,
+    window: int | None = None,
     tiles: Tiles | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the forward kernel. Inputs are already validated (flash_attention.py).
 
-    ``q (B,H,T,Dh)``, ``k (B,H,S,Dh)``, ``v (B,H,S,Dv)``, ``mask`` a bool
+    ``q (B,H,T,Dh)``, ``k (B,Hkv,S,Dh)``, ``v (B,Hkv,S,Dv)``, ``mask`` a bool
     ``(B,H,T,S)`` view or None. Returns ``out (B,H,T,Dv)`` in q's dtype and
     ``lse (B*H, T)`` fp32 in base-2 units. ``tiles`` pins the tile sizes
     (default: autotuned on a GPU, fixed under the interpreter; decoding with
@@ -267,10 +292,12 @@ def flash_forward(
     args = (
         q, k, v, mask if mask is not None else q, out, lse,
         *q.stride(), *k.stride(), *v.stride(), *mask_strides(mask), *out.stride(),
-        H, T, S, Dh, Dv, scale * LOG2E, length_key(T), length_key(S),
+        H, H // k.shape[1], T, S, Dh, Dv, window or 0, scale * LOG2E,
+        length_key(T), length_key(S),
     )  # fmt: skip
     constants = dict(
         CAUSAL=causal,
+        HAS_WINDOW=window is not None,
         HAS_MASK=mask is not None,
         DOT_PRECISION=dot_precision(q.dtype),
         BLOCK_DH=head_block(Dh),

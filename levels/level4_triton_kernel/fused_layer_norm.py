@@ -1,4 +1,4 @@
-"""Fused LayerNorm: one Triton kernel for the forward, one for the backward.
+"""Fused LayerNorm and RMSNorm: one Triton kernel for the forward, one for the backward.
 
 Motivation
 ----------
@@ -48,6 +48,18 @@ registers and writes them to a ``(G, D)`` buffer; the G partial sums are added
 on the host with one ``sum(0)``. The result is deterministic and the extra
 traffic is ``G x D``, small next to ``N x D``.
 
+RMSNorm
+-------
+RMSNorm (Llama, Mistral, Qwen2) is LayerNorm without the centring and the
+bias: ``r = 1 / sqrt(mean(x^2) + eps)``, ``xhat = x r``, ``y = w * xhat``. The
+same derivation without the ``mu`` terms gives
+
+    dL/dx_i = r (g_i - xhat_i * mean(g * xhat))
+
+so both norms are the same two kernels, with ``IS_RMS`` (a compile-time
+constant) dropping the mean in the forward and the ``mean(g)`` term in the
+backward.
+
 Numerics: statistics in fp32 whatever the input dtype; the variance is the
 two-pass ``mean((x - mu)^2)`` on the row held in registers, which avoids the
 cancellation of ``mean(x^2) - mu^2`` when ``|mu|`` is large next to the spread.
@@ -76,6 +88,7 @@ def _layer_norm_fwd_kernel(
     D,  # row width
     eps,  # added to the variance
     HAS_BIAS: tl.constexpr,  # add Bias (config.bias)
+    IS_RMS: tl.constexpr,  # RMSNorm: no centring (Mean stores 0)
     ROWS: tl.constexpr,  # rows per program: 1 for wide rows, more for narrow ones
     BLOCK_D: tl.constexpr,  # D padded to a power of two: whole rows in one tile
 ):
@@ -85,7 +98,10 @@ def _layer_norm_fwd_kernel(
     ok = (rows < N)[:, None] & col_ok[None, :]  # (ROWS, BLOCK_D)
     offs = rows.to(tl.int64)[:, None] * D + cols[None, :]
     x = tl.load(X + offs, mask=ok, other=0.0).to(tl.float32)  # (ROWS, BLOCK_D)
-    mean = tl.sum(x, 1) / D  # (ROWS,)
+    if IS_RMS:
+        mean = tl.zeros([ROWS], dtype=tl.float32)  # RMSNorm does not centre
+    else:
+        mean = tl.sum(x, 1) / D  # (ROWS,)
     xc = tl.where(ok, x - mean[:, None], 0.0)  # padded columns must not add (0 - mean)^2
     var = tl.sum(xc * xc, 1) / D  # (ROWS,)
     rstd = 1.0 / tl.sqrt(var + eps)  # (ROWS,)
@@ -112,6 +128,7 @@ def _layer_norm_bwd_kernel(
     D,  # row width
     G,  # number of programs; program p takes row groups p, p + G, p + 2G, ...
     HAS_BIAS: tl.constexpr,
+    IS_RMS: tl.constexpr,  # RMSNorm: no mean(g) term
     ROWS: tl.constexpr,  # rows per group, as in the forward
     BLOCK_D: tl.constexpr,  # D padded to a power of two
 ):
@@ -132,9 +149,12 @@ def _layer_norm_bwd_kernel(
         xhat = tl.where(ok, (x - mean) * rstd, 0.0)  # (ROWS, BLOCK_D)
         g = dy * w  # dL/dxhat; 0 on padding since dy loads as 0 there
         # dx = r (g - mean(g) - xhat * mean(g * xhat)), derived in the module docstring
-        mean_g = tl.sum(g, 1)[:, None] / D  # (ROWS, 1)
+        # (RMSNorm: without mean(g), since nothing was centred).
         mean_gx = tl.sum(g * xhat, 1)[:, None] / D  # (ROWS, 1)
-        dx = (g - mean_g - xhat * mean_gx) * rstd
+        if IS_RMS:
+            dx = (g - xhat * mean_gx) * rstd
+        else:
+            dx = (g - tl.sum(g, 1)[:, None] / D - xhat * mean_gx) * rstd
         tl.store(dX + offs, dx.to(dX.dtype.element_ty), mask=ok)
         dw += tl.sum(dy * xhat, 0)
         db += tl.sum(dy, 0)
@@ -155,10 +175,11 @@ def _row_block(D: int, element_size: int) -> tuple[int, int]:
 
 
 class FusedLayerNorm(torch.autograd.Function):
-    """Autograd glue for the two kernels; ``bias`` may be None (config.bias = False)."""
+    """Autograd glue for the two kernels; ``bias`` may be None (config.bias = False);
+    ``rms`` selects RMSNorm (no centring, no bias)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, eps: float):
+    def forward(ctx, x, weight, bias, eps: float, rms: bool):
         D = x.shape[-1]
         x2 = x.reshape(-1, D).contiguous()  # (N, D)
         N = x2.shape[0]
@@ -168,10 +189,10 @@ class FusedLayerNorm(torch.autograd.Function):
         rows, block = _row_block(D, x.element_size())
         _layer_norm_fwd_kernel[(triton.cdiv(N, rows),)](
             x2, y, weight, bias if bias is not None else weight, mean, rstd, N, D, eps,
-            HAS_BIAS=bias is not None, ROWS=rows, BLOCK_D=block,
+            HAS_BIAS=bias is not None, IS_RMS=rms, ROWS=rows, BLOCK_D=block,
         )  # fmt: skip
         ctx.save_for_backward(x2, weight, bias, mean, rstd)
-        ctx.rows, ctx.block = rows, block
+        ctx.rows, ctx.block, ctx.rms = rows, block, rms
         return y.view(x.shape)
 
     @staticmethod
@@ -185,21 +206,31 @@ class FusedLayerNorm(torch.autograd.Function):
         db_partial = torch.empty_like(dw_partial) if bias is not None else dw_partial
         _layer_norm_bwd_kernel[(G,)](
             x2, dy2, weight, mean, rstd, dx, dw_partial, db_partial, N, D, G,
-            HAS_BIAS=bias is not None, ROWS=ctx.rows, BLOCK_D=ctx.block,
+            HAS_BIAS=bias is not None, IS_RMS=ctx.rms, ROWS=ctx.rows, BLOCK_D=ctx.block,
         )  # fmt: skip
         dw = dw_partial.sum(0).to(weight.dtype)  # (D,)
         db = db_partial.sum(0).to(bias.dtype) if bias is not None else None
-        return dx.view(dy.shape), dw, db, None
+        return dx.view(dy.shape), dw, db, None, None
+
+
+def _check_widths(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    if weight.shape != (x.shape[-1],) or (bias is not None and bias.shape != weight.shape):
+        raise ValueError(
+            f"a norm over width {x.shape[-1]} needs weight and bias of shape "
+            f"({x.shape[-1]},); got {tuple(weight.shape)}, "
+            f"{None if bias is None else tuple(bias.shape)}"
+        )
 
 
 def layer_norm(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float
 ) -> torch.Tensor:
     """``(x - mean) / sqrt(var + eps) * weight + bias`` over the last dim: ``(..., D) -> (..., D)``."""
-    if weight.shape != (x.shape[-1],) or (bias is not None and bias.shape != weight.shape):
-        raise ValueError(
-            f"LayerNorm over width {x.shape[-1]} needs weight and bias of shape "
-            f"({x.shape[-1]},); got {tuple(weight.shape)}, "
-            f"{None if bias is None else tuple(bias.shape)}"
-        )
-    return FusedLayerNorm.apply(x, weight, bias, float(eps))
+    _check_widths(x, weight, bias)
+    return FusedLayerNorm.apply(x, weight, bias, float(eps), False)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the last dim: ``(..., D) -> (..., D)``."""
+    _check_widths(x, weight, None)
+    return FusedLayerNorm.apply(x, weight, None, float(eps), True)

@@ -1,4 +1,4 @@
-"""Level 4's modules: level 2's, with the attention core and LayerNorm swapped for kernels.
+"""Level 4's modules: level 2's, with the attention core and the norms swapped for kernels.
 
 Nothing of the architecture is repeated here. Level 2's modules read the parts
 a faster level may replace from a ``Kernels`` record (level2/kernels.py); this
@@ -18,7 +18,7 @@ import torch
 from .. import level2_torch_manual as level2
 from ..level3_sdpa_flash import StaticKVCache
 from .flash_attention import attention
-from .fused_layer_norm import layer_norm
+from .fused_layer_norm import layer_norm, rms_norm
 
 
 def kernel_attention(
@@ -28,6 +28,7 @@ def kernel_attention(
     *,
     causal: bool = False,
     mask: torch.Tensor | None = None,
+    window: int | None = None,
     dropout_p: float = 0.0,
 ) -> torch.Tensor:
     """The ``Kernels.attention`` hook: the flash kernel, which has no attention dropout.
@@ -40,7 +41,7 @@ def kernel_attention(
             "level 4's attention kernel has no attention dropout; train with "
             "config.dropout = 0.0 (the default) or use a lower level"
         )
-    return attention(q, k, v, causal=causal, mask=mask)
+    return attention(q, k, v, causal=causal, mask=mask, window=window)
 
 
 class LayerNorm(level2.LayerNorm):
@@ -50,7 +51,16 @@ class LayerNorm(level2.LayerNorm):
         return layer_norm(x, self.weight, self.bias, self.eps)  # (..., D) -> (..., D)
 
 
-KERNELS = level2.Kernels(attention=kernel_attention, layer_norm=LayerNorm, kv_cache=StaticKVCache)
+class RMSNorm(level2.RMSNorm):
+    """Level 2's RMSNorm (same parameter and state dict) computed by the fused kernel."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)  # (..., D) -> (..., D)
+
+
+KERNELS = level2.Kernels(
+    attention=kernel_attention, layer_norm=LayerNorm, rms_norm=RMSNorm, kv_cache=StaticKVCache
+)
 
 
 class MultiHeadAttention(level2.MultiHeadAttention):

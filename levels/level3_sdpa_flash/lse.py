@@ -1,0 +1,107 @@
+"""Attention and its log-sum-exp, from the fused kernel SDPA runs on a CPU.
+
+``F.scaled_dot_product_attention`` returns only the output. The fused CPU
+kernel behind it (``aten::_scaled_dot_product_flash_attention_for_cpu``, the
+"flash" backend) computes each row's log-sum-exp anyway, for its backward, and
+returns it; this module calls that kernel directly and ties it to autograd,
+so that ``attention(..., return_lse=True)`` is as fused as plain attention and
+differentiable in both outputs.
+
+The backward
+------------
+With ``s = scale q k^T``, ``p = softmax(s)``, ``o = p v``, ``lse = log sum_j exp(s_j)``,
+upstream gradients ``g = dL/do`` and ``e = dL/dlse``, and ``d lse / d s = p``:
+
+    ds = p * (g v^T - rowsum(g * o))  +  p * e
+
+The kernel's own backward (``..._for_cpu_backward``) computes the first term
+and the gradients it implies. The second term adds, with ``p e`` as the
+score gradient,
+
+    dq += scale * e * (p k)       p k is attention with the keys as values: one more forward
+    dk += scale * p^T (e q)       p^T x is the value gradient of a backward fed x
+
+both again the fused kernel, so nothing of size ``T x S`` is ever stored.
+
+Elsewhere (CUDA, say, where the corresponding kernels are private and differ
+per backend) ``return_lse`` runs level 2's written-out attention: the same
+function, with its ``(B, H, T, S)`` memory.
+
+Grouped-query heads are repeated for the kernel (``repeat_heads``), and their
+gradients summed back over each group. The kernel wants one head width for
+q, k and v: when ``Dv != Dh`` the narrower ones are padded with zero columns
+(which add nothing to a dot product, and come out as zero columns of the
+output) and cut off again.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from ..common.checks import group_size
+from ..level2_torch_manual import attention as written_out
+from ..level2_torch_manual.attention import allowed_keys, repeat_heads
+
+_FORWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+
+def _sum_groups(x: torch.Tensor, group: int) -> torch.Tensor:
+    """``(B, H, S, N) -> (B, H // group, S, N)``: a shared head's gradient is its group's sum."""
+    B, H, S, N = x.shape
+    return x if group == 1 else x.reshape(B, H // group, group, S, N).sum(dim=2)
+
+
+class FusedAttentionWithLSE(torch.autograd.Function):
+    """``(out, lse)`` from the fused CPU kernel; see the module docstring for the backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, scale: float, group: int):
+        # bias: an additive (0 / -inf) float mask broadcastable to (B,H,T,S), or None.
+        Dh, Dv = q.shape[-1], v.shape[-1]
+        width = max(Dh, Dv)  # one head width for the kernel: zero columns pad the others
+        q, k, v = (F.pad(x, (0, width - x.shape[-1])) for x in (q, k, v))
+        k, v = repeat_heads(k, group), repeat_heads(v, group)  # (B,H,S,width)
+        out, lse = _FORWARD(q, k, v, 0.0, False, attn_mask=bias, scale=scale)
+        ctx.save_for_backward(q, k, v, out, lse, bias)
+        ctx.scale, ctx.group, ctx.widths = scale, group, (Dh, Dv)
+        return out[..., :Dv], lse  # (B,H,T,Dv), (B,H,T) float32 (float64 for float64 inputs)
+
+    @staticmethod
+    def backward(ctx, g, e):
+        q, k, v, out, lse, bias = ctx.saved_tensors
+        scale, group = ctx.scale, ctx.group
+        Dh, Dv = ctx.widths
+        kw = {"attn_mask": bias, "scale": scale}
+        g = torch.zeros_like(out) if g is None else F.pad(g, (0, out.shape[-1] - Dv))
+        dq, dk, dv = _BACKWARD(g.contiguous(), q, k, v, out, lse, 0.0, False, **kw)
+        if e is not None:
+            e = e.to(q.dtype)[..., None]  # (B,H,T,1)
+            pk, _ = _FORWARD(q, k, k, 0.0, False, **kw)  # p k: (B,H,T,Dh)
+            dq = dq + scale * e * pk
+            # A backward fed x = e q as the output gradient returns p^T x as its value gradient.
+            eq = (e * q).contiguous()
+            _, _, ptq = _BACKWARD(eq, q, k, k, torch.zeros_like(q), lse, 0.0, False, **kw)
+            dk = dk + scale * ptq
+        dk, dv = _sum_groups(dk, group), _sum_groups(dv, group)
+        return dq[..., :Dh], dk[..., :Dh], dv[..., :Dv], None, None, None
+
+
+def attention_with_lse(q, k, v, *, causal, mask, scale, window):
+    """``(out (B,H,T,Dv), lse (B,H,T))``; inputs already checked (``check_inputs``)."""
+    if q.device.type != "cpu":
+        return written_out(
+            q, k, v, causal=causal, mask=mask, scale=scale, window=window, return_lse=True
+        )
+    allowed = allowed_keys(q, k, v, causal=causal, mask=mask, window=window)  # (.., T, S) or None
+    bias = None
+    if allowed is not None:
+        # The kernel takes an additive float mask of q's dtype: 0 where allowed, -inf not
+        # (no row is all -inf: allowed_keys refused empty rows).
+        bias = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device)
+        bias = bias.masked_fill(~allowed, float("-inf"))
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    return FusedAttentionWithLSE.apply(q, k, v, bias, scale, group_size(q.shape, k.shape))
