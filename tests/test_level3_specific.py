@@ -243,9 +243,9 @@ def test_windowed_peak_memory_does_not_grow_with_the_square_of_T():
     peaks = []
     for T in (2048, 4096):
         q, k, v = qkv(1, 2, T, T, 16, dtype=torch.float32)
-        peaks.append(peak_torch_profiler(lambda: level3.attention(q, k, v, causal=True, window=64)))
-    if None in peaks:
-        pytest.skip("this torch build's profiler has no memory records")
+        call = lambda q=q, k=k, v=v: level3.attention(q, k, v, causal=True, window=64)  # noqa: E731
+        peaks.append(peak_torch_profiler(call))
+    assert None not in peaks, "the torch profiler recorded no allocations"
     # Linear growth gives 2x; quadratic 4x. 2.6 leaves room for allocator rounding.
     assert peaks[1] / peaks[0] < 2.6, peaks
 

@@ -31,7 +31,6 @@ from typing import Any
 
 import numpy as np
 
-from ..common import checks
 from . import ops
 
 Grads = tuple[np.ndarray | None, ...]
