@@ -16,3 +16,16 @@ that turns a call into a number lives here:
 Run ``ladder bench`` (or ``python -m benchmarks.cli bench``); docs/benchmarks.md
 explains every column.
 """
+
+SCENARIOS = (
+    "attention",
+    "attention-bwd",
+    "window",
+    "kv-cache",
+    "decoder",
+    "generate",
+    "varlen",
+    "train",
+)
+"""Scenario groups selectable with ``--scenario``, in the order they run (here, so that the
+``ladder`` parser lists them without importing the harness)."""

@@ -25,6 +25,8 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
+from . import SCENARIOS
+
 KINDS = ("seq2seq", "decoder-only")
 DTYPES = ("float64", "float32", "float16", "bfloat16")
 
@@ -142,7 +144,7 @@ def _bench(commands) -> None:
     p.add_argument(
         "--scenario",
         action="append",
-        choices=("attention", "attention-bwd", "decoder", "generate", "varlen", "train"),
+        choices=SCENARIOS,
         help="scenario group to run (repeatable; default: all)",
     )
     p.add_argument("--device", type=_device, default="cpu", help="cpu (default), cuda or cuda:N")

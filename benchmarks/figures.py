@@ -11,9 +11,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
+import levels
 from levels.common.bucketing import make_batches, padding_waste
+from levels.common.config import TransformerConfig
+from levels.common.params import kv_bytes_per_token
 
 from .records import FIGURE, Record
 
@@ -51,4 +56,41 @@ def padding_figures() -> list[Record]:
                     note=f"{rule}, {'bucketed' if bucketed else 'arrival order'}",
                 )
             )
+    return records
+
+
+# TinyLlama-1.1B's attention shape; its checkpoint uses 4 KV heads.
+KV_MODEL = TransformerConfig(
+    vocab_size=32000, d_model=2048, n_heads=32, d_ff=5632, n_layers=22, max_seq_len=16
+)
+KV_HEADS = (("MHA", 32), ("GQA", 4), ("MQA", 1))
+CONTEXT = 2048  # tokens, for the note's per-sequence figure
+
+
+def kv_cache_figures() -> list[Record]:
+    """Bytes per cached position for MHA, GQA and MQA, measured on allocated buffers."""
+    import torch
+
+    static_cache = levels.load("level3_sdpa_flash").StaticKVCache
+    records = []
+    for kind, n_kv in KV_HEADS:
+        config = replace(KV_MODEL, n_kv_heads=n_kv)
+        cache = static_cache(config, 1, dtype=torch.bfloat16)
+        per_token = (cache.k.nbytes + cache.v.nbytes) // (cache.batch * cache.capacity)
+        formula = kv_bytes_per_token(config, torch.bfloat16.itemsize)
+        if per_token != formula:  # the buffers are the truth; the formula must agree
+            raise AssertionError(f"{kind}: allocated {per_token} B/token, formula {formula}")
+        records.append(
+            Record(
+                level="level3_sdpa_flash.StaticKVCache",
+                scenario="kv cache",
+                device="-",
+                dtype="bfloat16",
+                shape={"L": config.n_layers, "H": config.n_heads, "Hkv": n_kv, "Dh": config.d_head},
+                status=FIGURE,
+                cache_bytes_per_token=per_token,
+                description="StaticKVCache(k, v).nbytes / (B C)",
+                note=f"{kind}; {per_token * CONTEXT / 2**20:.4g} MiB per {CONTEXT}-token sequence",
+            )
+        )
     return records

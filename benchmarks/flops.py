@@ -34,15 +34,27 @@ from levels.common.config import TransformerConfig
 BACKWARD_FACTOR = 2.5  # backward FLOPs / forward FLOPs (FlashAttention-2 convention)
 
 
-def attention_flops(B: int, H: int, T: int, S: int, Dh: int, *, causal: bool) -> float:
-    """Forward FLOPs of attention on ``q (B,H,T,Dh)``, ``k, v (B,H,S,Dh)``."""
+def attention_flops(
+    B: int, H: int, T: int, S: int, Dh: int, *, causal: bool, window: int | None = None
+) -> float:
+    """Forward FLOPs of attention on ``q (B,H,T,Dh)``, ``k, v (B,H,S,Dh)``.
+
+    With a causal sliding ``window`` of ``W`` keys (``T = S``), query ``i`` sees
+    ``min(W, i + 1)`` keys, ``T W - W (W - 1) / 2`` pairs in all: the work that
+    matters, as the causal convention counts the lower triangle only.
+    """
+    if window is not None and causal and window < S:
+        pairs = T * window - window * (window - 1) / 2
+        return 4.0 * B * H * pairs * Dh
     full = 4.0 * B * H * T * S * Dh  # QK^T and PV, 2*T*S*Dh each per head
     return full / 2 if causal else full
 
 
-def attention_fwd_bwd_flops(B: int, H: int, T: int, S: int, Dh: int, *, causal: bool) -> float:
+def attention_fwd_bwd_flops(
+    B: int, H: int, T: int, S: int, Dh: int, *, causal: bool, window: int | None = None
+) -> float:
     """Forward plus backward: ``(1 + 2.5) x`` the forward."""
-    return (1.0 + BACKWARD_FACTOR) * attention_flops(B, H, T, S, Dh, causal=causal)
+    return (1.0 + BACKWARD_FACTOR) * attention_flops(B, H, T, S, Dh, causal=causal, window=window)
 
 
 def matmul_params(config: TransformerConfig) -> int:

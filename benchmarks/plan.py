@@ -27,14 +27,12 @@ import numpy as np
 
 from levels.common.config import TransformerConfig
 
+from . import SCENARIOS
 from .backends import Backend
-from .figures import padding_figures
+from .figures import kv_cache_figures, padding_figures
 from .records import Record
 from .scenarios import Attention, DecoderForward, Generate, TrainStep, VarlenBatch, Workload
 from .timing import TimingPolicy
-
-SCENARIOS = ("attention", "attention-bwd", "decoder", "generate", "varlen", "train")
-"""Scenario groups selectable with ``--scenario``; each expands to one or two record scenarios."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +97,7 @@ class Sizes:
 
     attn_T: tuple[int, ...]  # attention sweep
     bwd_max_T: int  # forward + backward only up to here
+    window: tuple[int, tuple[int, ...]]  # (W, the T sweep) of sliding-window attention
     model_T: tuple[int, ...]  # decoder forward sweep
     gen: tuple[int, int]  # (prompt, new tokens)
     varlen: tuple[int, int, int, int]  # (sequences, shortest, longest, batch size)
@@ -114,6 +113,7 @@ class Sizes:
 CPU = Sizes(
     attn_T=(32, 64, 128, 256, 512, 1024, 2048, 4096),
     bwd_max_T=2048,
+    window=(256, (1024, 2048, 4096, 8192)),
     model_T=(8, 32, 128, 512, 1024, 2048),
     gen=(32, 96),
     varlen=(32, 8, 128, 8),
@@ -135,6 +135,7 @@ CPU_QUICK = replace(
     CPU,
     attn_T=(32, 128, 512, 1024),
     bwd_max_T=512,
+    window=(256, (1024, 4096)),
     model_T=(8, 128, 512),
     gen=(8, 16),
     varlen=(12, 8, 64, 4),
@@ -154,6 +155,7 @@ CPU_QUICK = replace(
 CUDA = Sizes(
     attn_T=(256, 512, 1024, 2048, 4096, 8192, 16384),
     bwd_max_T=16384,
+    window=(256, (2048, 8192, 32768)),
     model_T=(128, 512, 1024, 2048, 4096),
     gen=(128, 128),
     varlen=(128, 16, 1024, 16),
@@ -170,7 +172,9 @@ CUDA = Sizes(
     peak_n=8192,
 )
 
-CUDA_QUICK = replace(CUDA, attn_T=(512, 2048, 8192), bwd_max_T=8192, model_T=(128, 1024))
+CUDA_QUICK = replace(
+    CUDA, attn_T=(512, 2048, 8192), bwd_max_T=8192, window=(256, (8192,)), model_T=(128, 1024)
+)
 
 
 def plan_from(sizes: Sizes, *, seq_lens: list[int] | None = None, causal: bool = True) -> Plan:
@@ -182,9 +186,14 @@ def plan_from(sizes: Sizes, *, seq_lens: list[int] | None = None, causal: bool =
     config = bench_model(max(max(model_T), prompt + new, hi, 16))
     lengths = varlen_lengths(n, lo, hi)
     attention = [Attention(sizes.B, sizes.H, T, sizes.Dh, causal=causal) for T in attn_T]
+    W, window_T = sizes.window
+    # Each T twice: the window, then a window of T keys, which is full causal attention
+    # (the same code path a window that binds nothing takes at every level).
+    window = [Attention(sizes.B, sizes.H, T, sizes.Dh, window=w) for T in window_T for w in (W, T)]
     workloads: dict[str, list[Workload]] = {
         "attention": attention,
         "attention-bwd": [replace(a, backward=True) for a in attention if a.T <= sizes.bwd_max_T],
+        "window": window,
         "decoder": [DecoderForward(config, 1, T) for T in model_T],
         # Uncached first: its time at the best rate of the decoder forward is the honest
         # budget estimate; the cached run's per-step overhead would overstate it.
@@ -192,7 +201,7 @@ def plan_from(sizes: Sizes, *, seq_lens: list[int] | None = None, causal: bool =
         "varlen": [VarlenBatch(config, lengths, batch, bucketed=b) for b in (False, True)],
         "train": [TrainStep(config, *sizes.train)],
     }
-    figures = {"varlen": [padding_figures]}
+    figures = {"kv-cache": [kv_cache_figures], "varlen": [padding_figures]}
     return Plan(workloads, sizes.budgets, sizes.timing, peak_n=sizes.peak_n, figures=figures)
 
 

@@ -46,6 +46,7 @@ class Record:
     error_of: str = ""  # what was compared ("output", "logits", "tokens != ref", ...)
     error_bound: float | None = None  # the largest error that counts as right (bounds.py)
     padding_waste: float | None = None  # padded positions / real tokens (varlen only)
+    cache_bytes_per_token: int | None = None  # KV-cache bytes one position costs (kv-cache)
     description: str = ""  # the level's describe()
     note: str = ""  # e.g. the SDPA backend that ran, or why a size was skipped
     machine: str = ""  # CPU model and threads, or the GPU's name

@@ -28,6 +28,7 @@ import levels
 from levels.common.config import TransformerConfig
 
 VALUE_LEVEL = "level1_numpy"
+WINDOW_CHUNK = 512  # queries per chunk of the windowed reference
 GRAD_LEVEL = "level2_torch_manual"
 
 
@@ -69,28 +70,47 @@ class Reference:
             self._cache[key] = compute()
         return self._cache[key]
 
-    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool) -> np.ndarray:
+    def attention(
+        self, q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool, window: int | None = None
+    ) -> np.ndarray:
         """Level 1 attention in float64 on ``q (B,H,T,Dh)``, ``k, v (B,H,S,Dh)`` -> ``(B,H,T,Dh)``.
 
         Computed one ``(b, h)`` slice at a time so the ``(T, S)`` float64 score
-        matrix of only one head is alive at once.
+        matrix of only one head is alive at once; with a causal ``window``, one
+        chunk of queries at a time against the keys its window reaches.
         """
         if self.device.startswith("cuda"):
-            return self._attention_on_device(q, k, v, causal)
+            return self._attention_on_device(q, k, v, causal, window)
         level1 = self._level(VALUE_LEVEL)
+
+        def one(qh, kh, vh):  # (1,1,T,Dh) -> (1,1,T,Dv)
+            if window is None or not causal:  # a band without causal: one (T, S) matrix
+                return np.asarray(level1.attention(qh, kh, vh, causal=causal, window=window))
+            T, S = qh.shape[-2], kh.shape[-2]
+            out = np.empty(qh.shape[:3] + vh.shape[3:])
+            for a in range(0, T, WINDOW_CHUNK):
+                b = min(T, a + WINDOW_CHUNK)
+                lo = max(0, a + S - T - window + 1)
+                # The chunk's queries sit at a + S - T.. among the sliced keys lo..: bottom-right
+                # alignment of b - a queries against b + S - T - lo keys.
+                hi = b + S - T
+                out[:, :, a:b] = level1.attention(
+                    qh[:, :, a:b], kh[:, :, lo:hi], vh[:, :, lo:hi], causal=causal, window=window
+                )
+            return out
 
         def compute() -> np.ndarray:
             out = np.empty(q.shape[:3] + v.shape[3:], dtype=np.float64)  # (B,H,T,Dv)
             for b in range(q.shape[0]):
                 for h in range(q.shape[1]):
-                    one = (x[b : b + 1, h : h + 1] for x in (q, k, v))  # (1,1,T|S,Dh) each
-                    out[b, h] = np.asarray(level1.attention(*one, causal=causal))[0, 0]
+                    sl = (x[b : b + 1, h : h + 1] for x in (q, k, v))  # (1,1,T|S,Dh) each
+                    out[b, h] = one(*sl)[0, 0]
             return out
 
-        return self._cached(("attention", _digest(q, k, v), causal), compute)
+        return self._cached(("attention", _digest(q, k, v), causal, window), compute)
 
     def _attention_on_device(
-        self, q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool
+        self, q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool, window: int | None
     ) -> np.ndarray:
         """Level 2 attention in float64 on ``self.device``, one batch row at a time."""
         level2 = self._level(GRAD_LEVEL)
@@ -101,10 +121,10 @@ class Reference:
             out = np.empty(q.shape[:3] + v.shape[3:], dtype=np.float64)  # (B,H,T,Dv)
             for b in range(q.shape[0]):
                 one = (torch.from_numpy(x[b : b + 1]).to(self.device) for x in (q, k, v))
-                out[b] = level2.attention(*one, causal=causal)[0].cpu().numpy()  # (H,T,Dv)
+                out[b] = level2.attention(*one, causal=causal, window=window)[0].cpu().numpy()
             return out
 
-        return self._cached(("attention", _digest(q, k, v), causal), compute)
+        return self._cached(("attention", _digest(q, k, v), causal, window), compute)
 
     def attention_grads(
         self, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout: np.ndarray, causal: bool

@@ -117,6 +117,7 @@ COLUMNS = (
     ("% peak", True),
     ("tok/s", True),
     ("waste", True),
+    ("KV/token", True),
     ("peak mem", True),
     ("max err", True),
     ("note", False),
@@ -127,14 +128,15 @@ def _cells(r: Record, varying: list[str]) -> list[str]:
     size, dtype = size_label(r.shape, varying), SHORT_DTYPES.get(r.dtype, r.dtype)
     waste = "" if r.padding_waste is None else f"{r.padding_waste:.2f}"
     if r.status == FIGURE:
-        return [size, r.level, "", "", "", "", "", "", waste, "", "", r.note]
+        per_token = "" if r.cache_bytes_per_token is None else fmt_bytes(r.cache_bytes_per_token)
+        return [size, r.level, "", "", "", "", "", "", waste, per_token, "", "", r.note]
     if not r.ok:
         # "skipped: no gradients at this level" -> "skipped" here, the reason in the note;
         # a wrong case shows its error, which is why it was not timed.
         short, _, why = r.status.partition(": ")
         short = "budget" if short == "skipped (budget)" else short
         error = fmt_error(r) if r.max_error is not None else ""
-        cells = [size, r.level, dtype, short, *[""] * 6, error]
+        cells = [size, r.level, dtype, short, *[""] * 7, error]
         return [*cells, "; ".join(filter(None, (why, r.note)))]
     return [
         size,
@@ -146,6 +148,7 @@ def _cells(r: Record, varying: list[str]) -> list[str]:
         "" if r.peak_fraction is None else f"{100 * r.peak_fraction:.2g}%",
         "" if r.tokens_per_s is None else fmt_rate(r.tokens_per_s),
         waste,
+        "",
         fmt_bytes(r.peak_memory_bytes),
         fmt_error(r),
         r.note,
@@ -279,6 +282,47 @@ def figure_ratios(records: list[Record]) -> list[Ratio]:
     return out
 
 
+def window_ratios(records: list[Record]) -> list[Ratio]:
+    """Per level, full causal (a window of T keys) over the narrowest window, in time and
+    in peak memory, at the longest T where both ran."""
+    ok = _ok(records, "attention window")
+    out = []
+    for level in dict.fromkeys(r.level for r in ok):
+        by = {(r.shape["T"], r.shape["W"]): r for r in ok if r.level == level}
+        both = [(T, w) for (T, w) in by if w < T and (T, T) in by]
+        if not both:
+            continue
+        T, W = max(both)
+        full, window = by[(T, T)], by[(T, W)]
+        detail = f"T={T}, W={W}: {fmt_time(full.median_s)} / {fmt_time(window.median_s)}"
+        if full.peak_memory_bytes and window.peak_memory_bytes:
+            detail += (
+                f"; peak memory {fmt_bytes(full.peak_memory_bytes)} / "
+                f"{fmt_bytes(window.peak_memory_bytes)}"
+            )
+        out.append(Ratio(f"full causal / window: {level}", full.median_s / window.median_s, detail))
+    return out
+
+
+def kv_cache_ratios(records: list[Record]) -> list[Ratio]:
+    """KV-cache bytes per token of multi-head attention over the grouped and multi-query."""
+    figures = {r.note.split(";")[0]: r for r in records if r.scenario == "kv cache"}
+    mha = figures.get("MHA")
+    out = []
+    for kind in ("GQA", "MQA"):
+        if mha is not None and kind in figures:
+            other = figures[kind]
+            out.append(
+                Ratio(
+                    f"KV-cache bytes per token: MHA / {kind}",
+                    mha.cache_bytes_per_token / other.cache_bytes_per_token,
+                    f"{fmt_bytes(mha.cache_bytes_per_token)} / "
+                    f"{fmt_bytes(other.cache_bytes_per_token)}, {size_label(other.shape)}",
+                )
+            )
+    return out
+
+
 def pair_ratios(
     records: list[Record], slow: str, fast: str, label: str, *, throughput: bool = False
 ) -> list[Ratio]:
@@ -328,7 +372,9 @@ def summary(records: list[Record]) -> list[Ratio]:
         *pair_ratios(
             records, "varlen padded", "varlen bucketed", "bucketing tokens/s gain", throughput=True
         ),
+        *window_ratios(records),
         *figure_ratios(records),
+        *kv_cache_ratios(records),
         *best_peak_fractions(records),
     ]
 

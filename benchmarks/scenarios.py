@@ -91,7 +91,8 @@ def scaled_error(got: np.ndarray, want: np.ndarray) -> float:
 
 @dataclass(frozen=True)
 class Attention:
-    """Attention core, ``q (B,H,T,Dh)``, ``k, v (B,H,S,Dh)`` with ``S = T``."""
+    """Attention core, ``q (B,H,T,Dh)``, ``k, v (B,H,S,Dh)`` with ``S = T``; a sliding
+    ``window`` of ``W`` keys makes it the ``attention window`` scenario."""
 
     B: int
     H: int
@@ -99,19 +100,23 @@ class Attention:
     Dh: int
     causal: bool = True
     backward: bool = False
+    window: int | None = None
     seed: int = 0
 
     @property
     def scenario(self) -> str:
+        if self.window is not None:
+            return "attention window"
         return "attention fwd+bwd" if self.backward else "attention fwd"
 
     def shape(self) -> dict[str, int]:
         shape = {"B": self.B, "H": self.H, "T": self.T, "S": self.T, "Dh": self.Dh}
-        return shape | {"causal": int(self.causal)}
+        shape |= {"causal": int(self.causal)}
+        return shape if self.window is None else shape | {"W": self.window}
 
     def flops(self) -> float:
         f = F.attention_fwd_bwd_flops if self.backward else F.attention_flops
-        return f(self.B, self.H, self.T, self.T, self.Dh, causal=self.causal)
+        return f(self.B, self.H, self.T, self.T, self.Dh, causal=self.causal, window=self.window)
 
     def tokens(self) -> int | None:
         return None
@@ -133,11 +138,13 @@ class Attention:
         # so the error measures the computation, not the rounding of the inputs.
         qr, kr, vr, dr = (round_to(x, dtype) for x in (q64, k64, v64, dout64))
         attention, causal = backend.attention, self.causal
+        window = {} if self.window is None else {"window": self.window}
         if not self.backward:
-            fn = _calls(backend, lambda: attention(q, k, v, causal=causal), grad=False)
+            fn = _calls(backend, lambda: attention(q, k, v, causal=causal, **window), grad=False)
 
             def error() -> float:
-                return scaled_error(backend.to_numpy(fn()), reference.attention(qr, kr, vr, causal))
+                want = reference.attention(qr, kr, vr, causal, window=self.window)
+                return scaled_error(backend.to_numpy(fn()), want)
 
             return Case(fn=fn, error=error, error_of="output", bound=error_bound(dtype))
 

@@ -18,11 +18,12 @@ import torch
 import levels
 from benchmarks import cli, flops
 from benchmarks.backends import level_backend, sdpa_backend
+from benchmarks.figures import kv_cache_figures
 from benchmarks.memory import peak_memory
 from benchmarks.plan import Budget, Plan
 from benchmarks.records import SKIPPED_BUDGET, WRONG, Record
 from benchmarks.reference import Reference
-from benchmarks.report import level_ratios, pair_ratios
+from benchmarks.report import kv_cache_ratios, level_ratios, pair_ratios, window_ratios
 from benchmarks.runner import run_case
 from benchmarks.scenarios import Attention
 from benchmarks.timing import TimingPolicy, measure, summarize
@@ -88,6 +89,13 @@ def test_attention_flops_by_hand():
     assert flops.attention_flops(2, 3, 5, 7, 11, causal=True) == 4620
     # Backward is 2.5x the forward, so forward + backward is 3.5 * 9240.
     assert flops.attention_fwd_bwd_flops(2, 3, 5, 7, 11, causal=False) == 32340
+
+
+def test_windowed_attention_flops_count_the_pairs_in_the_window():
+    # T = S = 5, W = 2: query 0 sees 1 key, the others 2, so 9 pairs; 4 * B*H*9*Dh.
+    assert flops.attention_flops(1, 1, 5, 5, 3, causal=True, window=2) == 4 * 9 * 3
+    # A window as long as the sequence is causal attention (15 pairs counted as T*S/2).
+    assert flops.attention_flops(1, 1, 5, 5, 3, causal=True, window=5) == 4 * 12.5 * 3
 
 
 def test_model_flops_by_hand():
@@ -245,6 +253,27 @@ def test_kv_cache_and_bucketing_ratios():
     assert kv.value == 6.0 and bucket.value == 2.5
 
 
+def test_window_ratio_is_full_over_window_at_the_longest_common_length():
+    def rec(T, W, median, peak):
+        r = _rec("a", "attention window", T, median)
+        r.shape |= {"W": W}
+        r.peak_memory_bytes = peak
+        return r
+
+    records = [rec(1024, 256, 1.0, 10), rec(1024, 1024, 2.0, 10), rec(4096, 256, 3.0, 40)]
+    records += [rec(4096, 4096, 12.0, 40), rec(8192, 256, 6.0, 80)]  # 8192: no full run
+    (ratio,) = window_ratios(records)
+    assert ratio.value == 4.0 and "T=4096, W=256" in ratio.detail
+
+
+def test_kv_cache_figures_are_read_off_allocated_buffers():
+    records = kv_cache_figures()
+    per_token = {r.note.split(";")[0]: r.cache_bytes_per_token for r in records}
+    # TinyLlama's shape in bfloat16: 2 (k and v) * 22 layers * Hkv * 64 * 2 bytes.
+    assert per_token == {"MHA": 2 * 22 * 32 * 64 * 2, "GQA": 2 * 22 * 4 * 64 * 2, "MQA": 5632}
+    assert [r.value for r in kv_cache_ratios(records)] == [8.0, 32.0]
+
+
 # --------------------------------------------------------------------------- the command
 
 
@@ -316,7 +345,7 @@ def test_gpu_reference_path_agrees_with_level1_in_float64():
     q, k, v, _ = Attention(B=2, H=2, T=9, Dh=6).inputs()
     ref = Reference()
     # The CUDA path (level 2 in float64, one batch row at a time), run here on the CPU.
-    on_device = ref._attention_on_device(q, k, v, True)
+    on_device = ref._attention_on_device(q, k, v, True, None)
     # Both float64 with O(1) values; only summation order differs: a few ulps.
     np.testing.assert_allclose(on_device, ref.attention(q, k, v, True), rtol=0, atol=1e-13)
 
