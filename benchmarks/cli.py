@@ -256,17 +256,31 @@ def _preflight(commands) -> None:
 def _generate(commands) -> None:
     p = commands.add_parser(
         "generate",
-        help="generate from a trained checkpoint",
+        help="generate from a trained checkpoint or a Hugging Face model",
         description=(
-            "Load a checkpoint written by `ladder train` and continue an input with the model, "
-            "at any level."
+            "Continue an input at any level: the content symbols of a task with a checkpoint "
+            "written by `ladder train` (--checkpoint, --input), or text with a Hugging Face "
+            "model directory (--hf, --prompt): config.json, model.safetensors and tokenizer.json "
+            "of a Llama, Mistral, Qwen2 or GPT-NeoX model."
         ),
     )
-    p.add_argument("--checkpoint", type=Path, required=True, help="a checkpoint of `ladder train`")
-    p.add_argument("--input", required=True, help='content symbols, e.g. "5 9 4 7" (ids >= 3)')
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--checkpoint", type=Path, help="a checkpoint of `ladder train`")
+    source.add_argument("--hf", type=Path, help="a Hugging Face model directory")
+    p.add_argument("--input", help='with --checkpoint: content symbols, e.g. "5 9 4 7" (ids >= 3)')
+    p.add_argument("--prompt", help="with --hf: the text to continue")
     p.add_argument("--level", type=_level, default="level2_torch_manual", help="level (default 2)")
     p.add_argument(
-        "--max-new-tokens", type=_count(0), default=None, help="at most this many new tokens"
+        "--max-new-tokens",
+        type=_count(0),
+        default=None,
+        help="at most this many new tokens (default: a trained model's length; 32 with --hf)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default=None,
+        help="with --hf: what the level computes in (default float32; level 0 float64)",
     )
     p.add_argument("--device", type=_device, default="cpu", help="cpu (default), cuda or cuda:N")
     p.set_defaults(run="lab.commands:generate")

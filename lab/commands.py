@@ -229,9 +229,16 @@ def _interpreter_quick(spec):
 
 
 def generate(args: argparse.Namespace) -> int:
+    check_device(args.device)
+    if args.hf is not None:
+        return _generate_text(args)
     from .inference import continue_symbols, load_model
 
-    check_device(args.device)
+    for flag, value in (("--prompt", args.prompt), ("--dtype", args.dtype)):
+        if value is not None:
+            raise UsageError(f"{flag} goes with --hf; a trained checkpoint takes --input")
+    if args.input is None:
+        raise UsageError("--checkpoint needs --input, the content symbols to continue")
     try:
         symbols = [int(s) for s in args.input.replace(",", " ").split()]
     except ValueError:
@@ -245,5 +252,63 @@ def generate(args: argparse.Namespace) -> int:
         raise UsageError(f"--input: {exc}") from None
     print(
         f"{spec.kind} {spec.task.name}: {' '.join(map(str, symbols))} -> {' '.join(map(str, out))}"
+    )
+    return 0
+
+
+HF_NEW_TOKENS = 32  # --max-new-tokens when a Hugging Face model is given none
+
+
+def _generate_text(args: argparse.Namespace) -> int:
+    """``ladder generate --hf PATH --prompt TEXT``: greedy text from a Hugging Face model."""
+    import numpy as np
+
+    import levels
+    from levels import hf
+
+    if args.input is not None:
+        raise UsageError("--input goes with --checkpoint; a Hugging Face model takes --prompt")
+    if args.prompt is None:
+        raise UsageError("--hf needs --prompt, the text to continue")
+    if not args.hf.is_dir():
+        raise UsageError(f"--hf {args.hf}: not a directory")
+    level = levels.load(args.level)
+    dtype = args.dtype or ("float32" if "float32" in level.DTYPES else level.DTYPES[0])
+    if dtype not in level.DTYPES:
+        raise UsageError(f"--dtype {dtype}: {args.level} computes in {', '.join(level.DTYPES)}")
+    tokenizer = hf.load_tokenizer(args.hf)
+    prompt = tokenizer.encode(args.prompt).ids
+    if not prompt:
+        raise UsageError(f"--prompt {args.prompt!r} encodes to no tokens")
+    new = HF_NEW_TOKENS if args.max_new_tokens is None else args.max_new_tokens
+    # The model is built for this prompt and continuation only: the KV cache and the
+    # RoPE tables are as long as they need to be, not the checkpoint's whole context.
+    config = hf.load_config(args.hf)
+    if len(prompt) + new > config.max_seq_len:
+        raise UsageError(
+            f"{len(prompt)} prompt tokens + --max-new-tokens {new} exceed the model's "
+            f"context of {config.max_seq_len}"
+        )
+    config, params = hf.load(
+        args.hf,
+        max_seq_len=len(prompt) + new,
+        dtype=np.float64 if dtype == "float64" else np.float32,
+    )
+    kwargs = {}
+    if level.ARRAY == "numpy":
+        kwargs["dtype"] = np.dtype(dtype)
+    elif level.ARRAY == "torch":
+        import torch
+
+        kwargs |= {"dtype": getattr(torch, dtype), "device": args.device}
+    model = level.DecoderOnlyTransformer(config, params, **kwargs)
+    started = time.perf_counter()
+    text = hf.generate_text(model, tokenizer, args.prompt, new)
+    seconds = time.perf_counter() - started
+    print(args.prompt + text)
+    print(
+        f"{new} new tokens in {seconds:.3g} s ({new / seconds:.3g} tok/s) at {args.level}, "
+        f"{dtype}, {args.device}",
+        file=sys.stderr,
     )
     return 0
