@@ -53,9 +53,14 @@ class Plan:
     peak_n: int = 2048  # matmul size for the peak
     # Computed figures (no timing) by scenario group: functions returning records.
     figures: dict[str, list[Callable[[], list[Record]]]] = field(default_factory=dict)
+    # Scenarios whose calls may take longer than the cap, by this factor (the budget's work
+    # cap is unchanged): a comparison that is only worth its longest size.
+    stretch: dict[str, float] = field(default_factory=dict)
 
-    def budget_for(self, backend: Backend) -> Budget:
-        return self.budgets.get(budget_key(backend), Budget())
+    def budget_for(self, backend: Backend, scenario: str = "") -> Budget:
+        budget = self.budgets.get(budget_key(backend), Budget())
+        factor = self.stretch.get(scenario, 1.0)
+        return replace(budget, max_call_s=budget.max_call_s * factor)
 
     def only(self, groups: list[str]) -> Plan:
         """The same plan restricted to some scenario groups."""
@@ -113,7 +118,7 @@ class Sizes:
 CPU = Sizes(
     attn_T=(32, 64, 128, 256, 512, 1024, 2048, 4096),
     bwd_max_T=2048,
-    window=(256, (1024, 2048, 4096, 8192)),
+    window=(256, (1024, 2048, 8192)),
     model_T=(8, 32, 128, 512, 1024, 2048),
     gen=(32, 96),
     varlen=(32, 8, 128, 8),
@@ -202,7 +207,17 @@ def plan_from(sizes: Sizes, *, seq_lens: list[int] | None = None, causal: bool =
         "train": [TrainStep(config, *sizes.train)],
     }
     figures = {"kv-cache": [kv_cache_figures], "varlen": [padding_figures]}
-    return Plan(workloads, sizes.budgets, sizes.timing, peak_n=sizes.peak_n, figures=figures)
+    # Full causal attention at the window's longest T is the point of the comparison; at
+    # level 3 on two cores it takes about 3 s a call, past the CPU cap of 2 s.
+    stretch = {"attention window": 2.0}
+    return Plan(
+        workloads,
+        sizes.budgets,
+        sizes.timing,
+        peak_n=sizes.peak_n,
+        figures=figures,
+        stretch=stretch,
+    )
 
 
 def default_plan(

@@ -20,6 +20,7 @@ Computed figures that involve no timing (padding waste) come from
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,30 +45,49 @@ def _family(workload: Workload) -> str:
     return "attention" if workload.scenario.startswith("attention") else "model"
 
 
+def _series(workload: Workload) -> tuple[str, bool]:
+    """The sizes of one series differ in ``T`` only. A window that binds (``W < T``) and
+    one as long as the sequence (full causal) are two series of one scenario."""
+    window = getattr(workload, "window", None)
+    return workload.scenario, window is not None and window < workload.T
+
+
+GROWTH_EXPONENTS = (1.0, 3.0)  # the range of time ~ FLOPs^p a prediction may assume
+
+
 @dataclass
 class Pace:
     """What each backend has shown so far: the basis of the time budget.
 
-    For a size of a scenario already measured, the prediction is the last time
-    scaled by the FLOP ratio (the previous, smaller size). For a new scenario it
-    is the FLOPs at the *best* rate the backend reached in the same family, an
-    optimistic guess, so a scenario is skipped only when even that is too slow.
+    For a size of a series already measured, the prediction extrapolates the
+    last time along the FLOPs: in proportion after one size, and after two
+    with the growth they showed, ``time ~ FLOPs^p`` with ``p`` in ``[1, 3]``
+    (a level that computes a windowed attention as a full ``(T, S)`` matrix
+    grows faster than the window's FLOPs; one slower than them is read as
+    proportional). For a new scenario it is the FLOPs at the *best* rate the
+    backend reached in the same family, an optimistic guess, so a scenario is
+    skipped only when even that is too slow.
     """
 
-    last: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
+    last: dict[tuple, list[tuple[float, float]]] = field(default_factory=dict)
     best_rate: dict[tuple[str, str], float] = field(default_factory=dict)  # FLOP/s
 
     def predict(self, backend: Backend, workload: Workload) -> float | None:
-        seen = self.last.get((backend.name, workload.scenario))
-        if seen is not None and seen[0] > 0:
-            flops, seconds = seen
-            return seconds * workload.flops() / flops
+        seen = self.last.get((backend.name, _series(workload)), [])
+        if seen and seen[-1][0] > 0:
+            flops, seconds = seen[-1]
+            p = 1.0
+            if len(seen) == 2 and seen[0][0] < flops and seen[0][1] > 0:
+                (f0, t0), lo_hi = seen[0], GROWTH_EXPONENTS
+                p = min(max(math.log(seconds / t0) / math.log(flops / f0), lo_hi[0]), lo_hi[1])
+            return seconds * (workload.flops() / flops) ** p
         rate = self.best_rate.get((backend.name, _family(workload)))
         return workload.flops() / rate if rate else None
 
     def record(self, backend: Backend, workload: Workload, seconds: float) -> None:
         flops = workload.flops()
-        self.last[(backend.name, workload.scenario)] = (flops, seconds)
+        series = self.last.setdefault((backend.name, _series(workload)), [])
+        series[:] = [*series[-1:], (flops, seconds)]  # the last two sizes
         key = (backend.name, _family(workload))
         if seconds > 0:
             self.best_rate[key] = max(self.best_rate.get(key, 0.0), flops / seconds)
@@ -118,7 +138,7 @@ def _timer(backend: Backend):
 
 
 def _over_budget(backend: Backend, workload: Workload, plan: Plan, pace: Pace) -> str | None:
-    budget = plan.budget_for(backend)
+    budget = plan.budget_for(backend, workload.scenario)
     gflop = workload.flops() / 1e9
     if gflop > budget.max_gflop:
         return f"{gflop:.3g} GFLOP per call > cap {budget.max_gflop:g}"
@@ -179,7 +199,7 @@ def run_case(
 def _check_then_measure(
     record: Record, backend: Backend, workload: Workload, plan: Plan, reference: Reference
 ) -> None:
-    policy, budget = plan.timing, plan.budget_for(backend)
+    policy, budget = plan.timing, plan.budget_for(backend, workload.scenario)
     # Level 0 computes in float64 whatever was asked; its reference must know that.
     case = workload.build(backend, record.dtype, reference)
     # 1. The check: one call against the float64 reference (untimed; the first warm-up).

@@ -162,6 +162,24 @@ def test_budget_skips_over_the_work_cap_without_running():
     assert record.median_s is None and "GFLOP" in record.note
 
 
+def test_pace_extrapolates_the_growth_two_sizes_showed():
+    from benchmarks.runner import Pace
+
+    backend = level_backend("level1_numpy", _load("level1_numpy"), "cpu")
+    # A window of 4: FLOPs grow with T, twice per doubling.
+    a, b, c = (Attention(B=1, H=1, T=T, Dh=8, window=4) for T in (64, 128, 256))
+    pace = Pace()
+    pace.record(backend, a, 1.0)
+    assert pace.predict(backend, b) == pytest.approx(1.0 * b.flops() / a.flops())  # one size
+    pace.record(backend, b, 4.0)  # but time quadrupled: a (T, S) matrix, not the window
+    p = math.log(4.0) / math.log(b.flops() / a.flops())
+    assert pace.predict(backend, c) == pytest.approx(4.0 * (c.flops() / b.flops()) ** p)
+    # Full causal attention is another series: nothing measured there yet, so the guess
+    # is its FLOPs at the best rate seen.
+    full = Attention(B=1, H=1, T=256, Dh=8, window=256)
+    assert pace.predict(backend, full) == pytest.approx(full.flops() / (a.flops() / 1.0))
+
+
 def test_budget_skips_a_size_predicted_too_slow():
     from benchmarks.runner import Pace
 
