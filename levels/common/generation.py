@@ -11,8 +11,16 @@ the model call. It asks the model for logits in one of two ways:
 
 The two must give identical tokens; the test suite holds every level to that.
 Every argument is checked before the first model call (also when there is
-nothing to generate), with the same messages at every level. Ties in the
-argmax go to the lowest token id (``np.argmax``'s rule).
+nothing to generate), with the same messages at every level. Tokens are
+chosen by ``levels.common.sampling`` (greedy by default: ties in the argmax
+go to the lowest token id) from float64 copies of the logits, so every level
+picks the same tokens from the same logits.
+
+Prompts of different lengths share one batch: right-padded, with ``valid``.
+The cache holds one slot per step for every row, so a short row's new tokens
+sit after its padding; its positions count real tokens only
+(``levels.common.positions``), which is what makes each row equal the row
+generated alone.
 """
 
 from __future__ import annotations
@@ -23,15 +31,11 @@ from typing import Any
 import numpy as np
 
 from . import checks
+from .sampling import Sampling, pick
 
 Native = Any  # a level's array type (nested lists, np.ndarray, torch.Tensor)
 ToNative = Callable[[np.ndarray], Native]
 ToNumpy = Callable[[Native], np.ndarray]
-
-
-def _pick(logits_last: np.ndarray) -> np.ndarray:
-    """Greedy choice from ``(B, V)`` logits -> ``(B,)`` int64 token ids."""
-    return np.asarray(logits_last).argmax(axis=-1).astype(np.int64)
 
 
 def checked_ids(tokens: np.ndarray, vocab_size: int, what: str) -> np.ndarray:
@@ -48,52 +52,109 @@ def checked_ids(tokens: np.ndarray, vocab_size: int, what: str) -> np.ndarray:
     return tokens.astype(np.int64)
 
 
+def prompt_lengths(valid: np.ndarray | None, shape: tuple[int, int]) -> np.ndarray:
+    """``(B,)`` real tokens per row of a right-padded prompt ``valid (B, P)`` (None: all real).
+
+    Every row needs a real token, and padding only after its real tokens
+    (the project's convention), else a ``ValueError``.
+    """
+    B, P = shape
+    if valid is None:
+        return np.full(B, P, dtype=np.int64)
+    checks.check_valid_shape(valid.shape, shape, valid.dtype == np.bool_, what="valid")
+    lengths = valid.sum(axis=1)  # (B,)
+    if not (lengths > 0).all():
+        raise ValueError(f"valid: {checks.NO_VALID_TOKEN_MESSAGE}")
+    if not (valid == (np.arange(P)[None, :] < lengths[:, None])).all():
+        rows = np.flatnonzero((valid != (np.arange(P) < lengths[:, None])).any(axis=1))
+        raise ValueError(
+            f"valid: prompts must be right-padded (real tokens first, then padding); "
+            f"row(s) {rows.tolist()} are not"
+        )
+    return lengths.astype(np.int64)
+
+
+def _check_eos(eos_id: object, vocab_size: int) -> None:
+    if isinstance(eos_id, bool) or not isinstance(eos_id, int | np.integer):
+        raise TypeError(f"eos_id must be an integer token id, got {eos_id!r}")
+    checks.check_tokens(int(eos_id), int(eos_id), vocab_size, what="eos_id")
+
+
 def generate_decoder_only(
     model: Any,
     prefix: Native,
     max_new_tokens: int,
     *,
-    use_cache: bool,
+    valid: Native | None = None,
+    use_cache: bool = True,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | list[int] | None = None,
+    eos_id: int | None = None,
     to_native: ToNative | None = None,
     to_numpy: ToNumpy | None = None,
 ) -> Native:
-    """Extend every row of ``prefix (B, P)`` by ``max_new_tokens`` greedy tokens.
+    """Continue every row of ``prefix (B, P)`` by ``max_new_tokens`` tokens.
 
-    Every prefix token is taken as real (``valid`` all True).
-    Returns ``(B, P + max_new_tokens)`` in the level's native type.
+    ``valid (B, P)`` marks right-padded prompts of different lengths (None:
+    every token is real). Each row continues from its own last real token,
+    at its own positions, and the result ``(B, P + max_new_tokens)`` holds
+    each row's prompt, its continuation, then ``pad_id``: row ``b`` equals
+    that row generated alone. ``temperature``, ``top_k``, ``top_p`` and
+    ``seed`` choose the tokens (``levels.common.sampling``; the default is
+    greedy). With ``eos_id``, a row stops after producing it and is filled
+    with ``pad_id``; without, every row gets ``max_new_tokens`` tokens. The
+    longest prompt plus ``max_new_tokens`` must fit in ``max_seq_len``.
     ``to_native`` / ``to_numpy`` default to ``model.ops.asarray`` / ``model.ops.to_numpy``.
     """
     to_native = to_native or model.ops.asarray
     to_numpy = to_numpy or model.ops.to_numpy
     config = model.config
+    sampling = Sampling(temperature, top_k, top_p, seed)
     tokens = checked_ids(to_numpy(prefix), config.vocab_size, "prefix")  # (B, P)
     checks.check_new_tokens(max_new_tokens)
     B, P = tokens.shape
-    if P + max_new_tokens > config.max_seq_len:
+    lengths = prompt_lengths(None if valid is None else np.asarray(to_numpy(valid)), (B, P))
+    if eos_id is not None:
+        _check_eos(eos_id, config.vocab_size)
+    longest = int(lengths.max())
+    if longest + max_new_tokens > config.max_seq_len:
         raise ValueError(
-            f"prefix length {P} + max_new_tokens {max_new_tokens} exceeds "
+            f"prefix length {longest} + max_new_tokens {max_new_tokens} exceeds "
             f"max_seq_len={config.max_seq_len}"
         )
-    if max_new_tokens == 0:
-        return to_native(tokens)
+    generators = sampling.generators(B)
+    rows = np.arange(B)
+    out = np.full((B, P + max_new_tokens), config.pad_id, dtype=np.int64)  # (B, P + N)
+    real = np.arange(P)[None, :] < lengths[:, None]  # (B, P)
+    out[:, :P] = np.where(real, tokens, config.pad_id)
+    tokens = tokens[:, :longest]  # trailing columns of padding only: never computed
+    done = np.zeros(B, dtype=bool)
 
-    def all_valid(n: int) -> Native:
-        return to_native(np.ones((B, n), dtype=bool))
+    def next_logits(step: int, cache) -> tuple[np.ndarray, Any]:
+        """``(B, V)`` logits of each row's next token, and the cache."""
+        if use_cache and step == 0:
+            logits, cache = model.prefill(to_native(tokens), valid=to_native(real[:, :longest]))
+            return to_numpy(logits)[rows, lengths - 1], cache  # each row's last real token
+        if use_cache:
+            return to_numpy(model.decode_step(to_native(last_tokens), cache)), cache
+        # Without a cache, everything so far, each row right-padded after its own tokens.
+        width = longest + step
+        seq_valid = np.arange(width)[None, :] < (lengths + step)[:, None]  # (B, width)
+        logits = model.forward(to_native(out[:, :width]), valid=to_native(seq_valid))
+        return to_numpy(logits)[rows, lengths + step - 1], None
 
-    if use_cache:
-        logits, cache = model.prefill(to_native(tokens), valid=all_valid(P))
-        nxt = _pick(to_numpy(logits)[:, -1])  # (B,)
-        out = [tokens, nxt[:, None]]
-        for _ in range(max_new_tokens - 1):
-            nxt = _pick(to_numpy(model.decode_step(to_native(nxt), cache)))
-            out.append(nxt[:, None])
-        return to_native(np.concatenate(out, axis=1))
-
-    for _ in range(max_new_tokens):
-        logits = model.forward(to_native(tokens), valid=all_valid(tokens.shape[1]))
-        nxt = _pick(to_numpy(logits)[:, -1])
-        tokens = np.concatenate([tokens, nxt[:, None]], axis=1)
-    return to_native(tokens)
+    cache = None
+    for step in range(max_new_tokens):
+        logits, cache = next_logits(step, cache)  # (B, V)
+        last_tokens = np.where(done, config.pad_id, pick(logits, sampling, generators, ~done))
+        out[rows, lengths + step] = last_tokens  # (B,); a finished row writes its padding
+        if eos_id is not None:
+            done |= last_tokens == eos_id
+            if done.all():
+                break
+    return to_native(out)
 
 
 def generate_seq2seq(
@@ -104,21 +165,27 @@ def generate_seq2seq(
     bos_id: int | None = None,
     eos_id: int | None = None,
     max_new_tokens: int | None = None,
-    use_cache: bool,
+    use_cache: bool = True,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | list[int] | None = None,
     to_native: ToNative | None = None,
     to_numpy: ToNumpy | None = None,
 ) -> Native:
-    """Decode greedily from BOS for every row of ``src (B, S)``; each row stops at its EOS.
+    """Decode from BOS for every row of ``src (B, S)``; each row stops at its EOS.
 
     Returns ``(B, 1 + n)`` tokens starting with BOS, where ``n <= max_new_tokens``
     is the number of steps until every row has produced EOS; a finished row is
     filled with ``pad_id`` after its EOS. ``max_new_tokens`` defaults to
     ``max_seq_len - 1``, the longest target that fits; ``bos_id`` and
-    ``eos_id`` default to the config's.
+    ``eos_id`` default to the config's. ``temperature``, ``top_k``, ``top_p``
+    and ``seed`` choose the tokens as for the decoder-only model (greedy by default).
     """
     to_native = to_native or model.ops.asarray
     to_numpy = to_numpy or model.ops.to_numpy
     config = model.config
+    sampling = Sampling(temperature, top_k, top_p, seed)
     bos_id = config.bos_id if bos_id is None else bos_id
     eos_id = config.eos_id if eos_id is None else eos_id
     for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
@@ -137,6 +204,7 @@ def generate_seq2seq(
         valid = np.asarray(to_numpy(src_valid))
         checks.check_valid_shape(valid.shape, ids.shape, valid.dtype == np.bool_, what="src_valid")
     B = ids.shape[0]
+    generators = sampling.generators(B)
     pad = config.pad_id
     out = np.full((B, 1), bos_id, dtype=np.int64)  # (B, 1)
     done = np.zeros(B, dtype=bool)
@@ -162,7 +230,7 @@ def generate_seq2seq(
                 tgt_valid=to_native(np.ones_like(out, bool)),
             )
             last = to_numpy(logits)[:, -1]
-        nxt = np.where(done, pad, _pick(last))
+        nxt = np.where(done, pad, pick(last, sampling, generators, ~done))
         done |= nxt == eos_id
         out = np.concatenate([out, nxt[:, None]], axis=1)
     return to_native(out)

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..common.config import TransformerConfig
 from ..common.params import attention_shapes, check_params, feed_forward_shapes, norm_shapes
+from ..common.positions import window_by_position
 from . import ops as loops
 
 Native = Any  # the level's array type: nested lists here, np.ndarray at level 1
@@ -229,10 +230,14 @@ class EncoderLayer(Module):
 
     def _self_attention(self, x, valid, causal, position_offset, cache, index) -> Native:
         """``x + SelfAttn(norm1(x))``: ``x (B,T,D)`` over the cached keys and its own."""
-        window = self.config.window
+        window, T = self.config.window, len(x[0])
+        mask = self._key_mask(valid, T=T, window=window)
+        if window is not None and cache is not None and cache.ragged:
+            # Padding sits between a ragged row's slots: the window counts positions.
+            mask, window = self.ops.asarray(window_by_position(valid, T, window)), None
         h = self.self_attn(
             self.norm1(x),
-            mask=self._key_mask(valid, T=len(x[0]), window=window),
+            mask=mask,
             causal=causal,
             window=window,
             position_offset=position_offset,

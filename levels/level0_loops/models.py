@@ -21,12 +21,13 @@ import numpy as np
 from ..common import checks
 from ..common.generation import generate_decoder_only, generate_seq2seq
 from ..common.params import check_params, param_shapes
+from ..common.positions import RowPositions
 from .layers import DecoderLayer, EncoderLayer, Module, norm_class
 
 Native = Any
 
 
-class KVCache:
+class KVCache(RowPositions):
     """What incremental decoding keeps between steps; capacity ``max_seq_len``.
 
     Per layer the self-attention keys and values of the positions decoded so
@@ -40,7 +41,9 @@ class KVCache:
     new positions: ``check_room(T)`` before anything is written;
     ``key_valid(valid_new)``; ``append(index, k_new, v_new)`` once per layer;
     then ``advance(valid_new)``. Appended keys stay pending until ``advance``,
-    so a step that fails half-way leaves the cache as it was.
+    so a step that fails half-way leaves the cache as it was. After a prefill
+    of prompts of different lengths, ``position_offset()`` gives each row's
+    next position (``levels.common.positions``).
     """
 
     def __init__(self, config, batch: int, *, ops):
@@ -77,6 +80,7 @@ class KVCache:
         for index, kv in self._pending.items():
             self._kv[index] = kv
         self._pending.clear()
+        self._count_real(valid_new)
         self._valid = self.key_valid(valid_new)
         self.length += valid_new.shape[1]
 
@@ -143,7 +147,7 @@ class _Model(Module):
         positions are not zeroed here (``_zero_padding`` does that).
         """
         key_valid = valid if cache is None else cache.key_valid(valid)  # (B, length + T)
-        offset = 0 if cache is None else cache.length
+        offset = 0 if cache is None else cache.position_offset()  # an int, or (B,) when ragged
         # sqrt(D) (by default) so that the stream starts at unit variance.
         x = self.ops.embed(embedding, self.ops.asarray(ids), self.config.embedding_scale)  # (B,T,D)
         logits = head(blocks(x, key_valid, offset))  # (B,T,V)
@@ -221,9 +225,13 @@ class DecoderOnlyTransformer(_Model):
         ids = self._ids(tokens, ndim=1)[:, None]  # (B,) -> (B,1)
         return self._last(self._step(ids, np.ones(ids.shape, dtype=bool), cache))
 
-    def generate(self, prefix, max_new_tokens, *, use_cache=True):
-        """Greedy continuation of ``prefix (B,P)`` -> ``(B, P + max_new_tokens)``."""
-        return generate_decoder_only(self, prefix, max_new_tokens, use_cache=use_cache)
+    def generate(self, prefix, max_new_tokens, **options):
+        """Continue ``prefix (B,P)`` -> ``(B, P + max_new_tokens)``; greedy by default.
+
+        ``options``: ``valid``, ``use_cache``, ``temperature``, ``top_k``, ``top_p``,
+        ``seed``, ``eos_id``, as ``levels.common.generation.generate_decoder_only`` takes them.
+        """
+        return generate_decoder_only(self, prefix, max_new_tokens, **options)
 
 
 class Seq2SeqTransformer(_Model):
@@ -334,19 +342,12 @@ class Seq2SeqTransformer(_Model):
         valid = np.ones(ids.shape, dtype=bool)
         return self._last(self._decode(ids, valid, None, cache, cache.memory_valid))
 
-    def generate(
-        self, src, *, src_valid=None, bos_id=None, eos_id=None, max_new_tokens=None, use_cache=True
-    ):
-        """Greedy decoding from BOS -> ``(B, 1 + n)``; each row stops at its EOS, then pads.
+    def generate(self, src, **options):
+        """Decoding from BOS -> ``(B, 1 + n)``; each row stops at its EOS, then pads.
 
-        ``max_new_tokens`` defaults to ``max_seq_len - 1``, the longest target that fits.
+        ``options``: ``src_valid``, ``bos_id``, ``eos_id``, ``max_new_tokens`` (default
+        ``max_seq_len - 1``, the longest target that fits), ``use_cache``, ``temperature``,
+        ``top_k``, ``top_p``, ``seed``, as ``levels.common.generation.generate_seq2seq``
+        takes them.
         """
-        return generate_seq2seq(
-            self,
-            src,
-            src_valid=src_valid,
-            bos_id=bos_id,
-            eos_id=eos_id,
-            max_new_tokens=max_new_tokens,
-            use_cache=use_cache,
-        )
+        return generate_seq2seq(self, src, **options)

@@ -173,8 +173,9 @@ def embed(table: Nested, tokens: Nested, scale: float) -> Nested:
     return [[[scale * e for e in table[t]] for t in row] for row in tokens]
 
 
-def rope(x: Nested, position_offset: int, base: float) -> Nested:
-    """Rotary position embedding of ``x (B, H, T, Dh)``; time step ``t`` sits at ``position_offset + t``.
+def rope(x: Nested, position_offset, base: float) -> Nested:
+    """Rotary position embedding of ``x (B, H, T, Dh)``; time step ``t`` sits at ``position_offset + t``
+    (an int, or one per row for prompts of different lengths).
 
     Features are rotated in adjacent pairs: pair ``i`` = ``(a, b) = (x[2i], x[2i+1])``
     turns by the angle ``pos * base^(-2i/Dh)``, i.e.
@@ -192,9 +193,12 @@ def rope(x: Nested, position_offset: int, base: float) -> Nested:
             out += [a * c - b * s, b * c + a * s]
         return out
 
+    def start(b: int) -> int:  # one offset for the batch, or one per row
+        return int(position_offset[b]) if hasattr(position_offset, "__len__") else position_offset
+
     return [
-        [[rotate(vec, position_offset + t) for t, vec in enumerate(head)] for head in seq]
-        for seq in x
+        [[rotate(vec, start(b) + t) for t, vec in enumerate(head)] for head in seq]
+        for b, seq in enumerate(x)
     ]
 
 

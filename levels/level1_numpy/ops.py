@@ -112,12 +112,15 @@ def embed(table: np.ndarray, tokens: np.ndarray, scale: float) -> np.ndarray:
     return table[tokens] * scale  # (V, D) gathered by (B, T) -> (B, T, D)
 
 
-def rope_angles(T: int, Dh: int, position_offset: int, base: float, dtype) -> tuple:
+def rope_angles(T: int, Dh: int, position_offset, base: float, dtype) -> tuple:
     """``(cos, sin)``, each ``(T, Dh/2)``: pair ``i`` at time step ``t`` turns by
-    ``(position_offset + t) * base^(-2i/Dh)``. Angles are computed in float64, then cast."""
+    ``(position_offset + t) * base^(-2i/Dh)``. Angles are computed in float64, then cast.
+    With one offset per row, ``position_offset (B,)``, each is ``(B, 1, T, Dh/2)``."""
     inv_freq = base ** (-2 * np.arange(Dh // 2) / Dh)  # (Dh/2,)
-    pos = position_offset + np.arange(T)  # (T,)
-    angle = pos[:, None] * inv_freq[None, :]  # (T, 1) * (1, Dh/2) -> (T, Dh/2)
+    pos = np.asarray(position_offset)[..., None] + np.arange(T)  # (T,) or (B, T)
+    angle = pos[..., None] * inv_freq  # (T, Dh/2) or (B, T, Dh/2)
+    if angle.ndim == 3:
+        angle = angle[:, None]  # (B, 1, T, Dh/2): the same for every head of a row
     return np.cos(angle).astype(dtype), np.sin(angle).astype(dtype)
 
 

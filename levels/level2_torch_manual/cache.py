@@ -14,6 +14,9 @@ which the models call in this order for every step of ``T`` new positions:
    prefix plus the new positions, ``(B,H,length + T,Dh)``;
 4. ``advance(valid_new)``: only now ``length`` grows by ``T``.
 
+After a prefill of prompts of different lengths, ``position_offset()`` is
+each row's next position, ``(B,)`` (``levels.common.positions``).
+
 Entries past ``length`` are never read, so a step that fails half-way (an
 error in a later layer) leaves the cache logically unchanged.
 ``cross[index]`` holds a seq2seq decoder layer's cross-attention ``(k, v)``,
@@ -26,9 +29,10 @@ import torch
 
 from ..common.checks import check_cache_room
 from ..common.config import TransformerConfig
+from ..common.positions import RowPositions
 
 
-class KVCache:
+class KVCache(RowPositions):
     """Per-layer keys and values of the positions decoded so far; capacity ``max_seq_len``."""
 
     def __init__(self, config: TransformerConfig, batch: int, *, device=None, dtype=None):
@@ -61,5 +65,6 @@ class KVCache:
         return k, v
 
     def advance(self, valid_new: torch.Tensor) -> None:
+        self._count_real(valid_new)
         self._valid = self.key_valid(valid_new)  # (B, length + T)
         self.length += valid_new.shape[1]

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..common.config import TransformerConfig
+from ..common.positions import window_by_position
 from .kernels import LEVEL2_KERNELS, Kernels
 from .parameters import fetch, linear
 
@@ -34,12 +35,13 @@ def rope_tables(
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate adjacent feature pairs of ``x (B,H,T,Dh)`` by the angles of ``cos, sin (T, Dh/2)``.
+    """Rotate adjacent feature pairs of ``x (B,H,T,Dh)`` by the angles of ``cos, sin (T, Dh/2)``
+    (or ``(B,1,T,Dh/2)``, one set of positions per row).
 
     Pair ``i`` is ``(x[2i], x[2i+1]) = (a, b)``, mapped to ``(a cos - b sin, a sin + b cos)``.
     """
-    cos = cos.to(device=x.device, dtype=x.dtype)  # (T, Dh/2)
-    sin = sin.to(device=x.device, dtype=x.dtype)  # (T, Dh/2)
+    cos = cos.to(device=x.device, dtype=x.dtype)  # (T, Dh/2) or (B,1,T,Dh/2)
+    sin = sin.to(device=x.device, dtype=x.dtype)
     pairs = x.unflatten(-1, (x.shape[-1] // 2, 2))  # (B,H,T,Dh) -> (B,H,T,Dh/2,2)
     a, b = pairs[..., 0], pairs[..., 1]  # (B,H,T,Dh/2) each
     rotated = torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1)  # (B,H,T,Dh/2,2)
@@ -164,10 +166,15 @@ class MultiHeadAttention(nn.Module):
         n = width // self.d_head
         return y.view(B, L, n, self.d_head).transpose(1, 2)  # (B,L,n,Dh) -> (B,n,L,Dh)
 
-    def _rotate(self, x: torch.Tensor, position_offset: int) -> torch.Tensor:
-        """RoPE on ``x (B,n,L,Dh)`` at positions ``position_offset + t``, when RoPE is on."""
+    def _rotate(self, x: torch.Tensor, position_offset: int | torch.Tensor) -> torch.Tensor:
+        """RoPE on ``x (B,n,L,Dh)`` at positions ``position_offset + t``, when RoPE is on;
+        ``position_offset`` is an int, or one per row ``(B,)`` (prompts of different lengths)."""
         if self.rope_base is None:
             return x
+        if isinstance(position_offset, torch.Tensor):
+            positions = position_offset[:, None] + torch.arange(x.shape[-2], device=x.device)
+            cos = self.rope_cos[positions][:, None]  # (B,L) -> (B,1,L,Dh/2)
+            return apply_rope(x, cos, self.rope_sin[positions][:, None])
         end = position_offset + x.shape[-2]
         if end > self.rope_cos.shape[0]:  # only a bare piece can go past max_seq_len
             return rope(x, position_offset, self.rope_base)
@@ -290,12 +297,16 @@ class EncoderLayer(nn.Module):
 
     def _self_attention(self, x, valid, causal, cache, index) -> torch.Tensor:
         """``x + dropout(SelfAttn(norm1(x)))`` over the cached keys and ``x``'s own."""
-        offset = 0 if cache is None else cache.length
+        offset = 0 if cache is None else cache.position_offset()  # an int, or (B,) when ragged
+        window, mask = self.window, key_mask(valid, T=x.shape[1], window=self.window)
+        if window is not None and cache is not None and cache.ragged:
+            # Padding sits between a ragged row's slots: the window counts positions.
+            mask, window = window_by_position(valid, x.shape[1], window), None
         h = self.self_attn(
             self.norm1(x),
-            mask=key_mask(valid, T=x.shape[1], window=self.window),
+            mask=mask,
             causal=causal,
-            window=self.window,
+            window=window,
             position_offset=offset,
             cache=cache,
             index=index,

@@ -108,6 +108,10 @@ class _Model(nn.Module):
     def device(self) -> torch.device:
         return next(self.parameters()).device
 
+    def _converters(self) -> dict:
+        """What the shared generation loop needs to move tokens between numpy and here."""
+        return {"to_native": partial(asarray, device=self.device), "to_numpy": to_numpy}
+
     def new_cache(self, batch: int):
         """An empty KV cache of capacity ``max_seq_len`` for ``batch`` rows."""
         return self.kernels.kv_cache(self.config, batch, device=self.device, dtype=self.dtype)
@@ -217,16 +221,15 @@ class DecoderOnlyTransformer(_Model):
         tokens = self._ids(tokens, ndim=1)
         return self._step(*_one_position(tokens), cache)[:, 0]  # (B,V)
 
-    def generate(self, prefix, max_new_tokens: int, *, use_cache: bool = True) -> torch.Tensor:
-        """Greedy continuation of ``prefix (B,P)`` -> ``(B, P + max_new_tokens)``."""
+    def generate(self, prefix, max_new_tokens: int, **options) -> torch.Tensor:
+        """Continue ``prefix (B,P)`` -> ``(B, P + max_new_tokens)``; greedy by default.
+
+        ``options``: ``valid``, ``use_cache``, ``temperature``, ``top_k``, ``top_p``,
+        ``seed``, ``eos_id``, as ``levels.common.generation.generate_decoder_only`` takes them.
+        """
         with torch.no_grad():
             return generate_decoder_only(
-                self,
-                prefix,
-                max_new_tokens,
-                use_cache=use_cache,
-                to_native=partial(asarray, device=self.device),
-                to_numpy=to_numpy,
+                self, prefix, max_new_tokens, **self._converters(), **options
             )
 
 
@@ -344,29 +347,13 @@ class Seq2SeqTransformer(_Model):
         self._check_step(tokens, cache, "target tokens")
         return self._decode(tokens, valid, None, cache.memory_valid, cache)[:, 0]  # (B,V)
 
-    def generate(
-        self,
-        src,
-        *,
-        src_valid=None,
-        bos_id: int | None = None,
-        eos_id: int | None = None,
-        max_new_tokens: int | None = None,
-        use_cache: bool = True,
-    ) -> torch.Tensor:
-        """Greedy decoding from BOS -> ``(B, 1 + n)``; each row stops at EOS, then ``pad_id``.
+    def generate(self, src, **options) -> torch.Tensor:
+        """Decoding from BOS -> ``(B, 1 + n)``; each row stops at its EOS, then ``pad_id``.
 
-        ``max_new_tokens`` defaults to ``max_seq_len - 1``, the longest target that fits.
+        ``options``: ``src_valid``, ``bos_id``, ``eos_id``, ``max_new_tokens`` (default
+        ``max_seq_len - 1``, the longest target that fits), ``use_cache``, ``temperature``,
+        ``top_k``, ``top_p``, ``seed``, as ``levels.common.generation.generate_seq2seq``
+        takes them.
         """
         with torch.no_grad():
-            return generate_seq2seq(
-                self,
-                src,
-                src_valid=src_valid,
-                bos_id=bos_id,
-                eos_id=eos_id,
-                max_new_tokens=max_new_tokens,
-                use_cache=use_cache,
-                to_native=partial(asarray, device=self.device),
-                to_numpy=to_numpy,
-            )
+            return generate_seq2seq(self, src, **self._converters(), **options)

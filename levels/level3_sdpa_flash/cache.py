@@ -14,9 +14,10 @@ import torch
 
 from ..common.checks import check_cache_room
 from ..common.config import TransformerConfig
+from ..common.positions import RowPositions
 
 
-class StaticKVCache:
+class StaticKVCache(RowPositions):
     """Keys and values ``(n_layers, B, Hkv, C, Dh)`` and key validity ``(B, C)``, preallocated.
 
     ``Hkv`` is the model's key/value heads: grouped-query attention shrinks the
@@ -59,4 +60,5 @@ class StaticKVCache:
 
     def advance(self, valid_new: torch.Tensor) -> None:
         """Commit the step: the ``T`` written slots now count as filled."""
+        self._count_real(valid_new)
         self.length += valid_new.shape[1]

@@ -1,0 +1,140 @@
+"""Choosing the next token from logits: greedy, or sampled with temperature, top-k, top-p.
+
+Written once, in numpy and float64, for every level: a level hands over its
+logits ``(B, V)`` and gets token ids back, so the same logits give the same
+tokens at every rung, and a seed gives the same draws.
+
+The rule, per row, for ``temperature > 0``:
+
+1. ``z = logits / temperature`` (in float64, whatever the level computed in);
+2. ``top_k``: keep the tokens whose ``z`` is at least the ``k``-th largest
+   (all of a tie at the ``k``-th value are kept, so no tie is broken by id);
+3. ``top_p``: keep the smallest set of most probable tokens whose
+   probabilities sum to at least ``top_p`` (again with all of a tie at the
+   boundary), the nucleus of Holtzman et al.;
+4. draw ``u`` uniform in ``[0, 1)`` from the row's generator and take the
+   first token id whose cumulative probability, in id order, exceeds
+   ``u`` times the kept total: inverse-CDF sampling, one draw per row and step.
+
+``temperature = 0`` is greedy: the argmax, the lowest id on a tie, and no
+draw. Each row has its own generator, ``numpy.random.default_rng(seed + b)``
+for row ``b`` (or the ``b``-th of a list of seeds), so a row's tokens do not
+depend on the other rows of the batch: row ``b`` of a batch equals that row
+generated alone with seed ``seed + b``.
+
+In float64 the levels' logits agree to about 1e-15, so a draw lands on a
+different token only when ``u`` falls within that of a boundary of the
+cumulative distribution. In float32 they agree to about 1e-6, and a near-tie
+(two tokens within that of the argmax, or of the top-k or top-p boundary, or
+a ``u`` that close to a boundary) may resolve differently at different levels.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How ``generate`` picks tokens; checked on construction (``ValueError``, ``TypeError``)."""
+
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | Sequence[int] | None = None
+
+    def __post_init__(self) -> None:
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
+        k = self.top_k
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1):
+            raise ValueError(f"top_k must be a positive integer (or None), got {k!r}")
+        p = self.top_p
+        if p is not None and (
+            isinstance(p, bool) or not isinstance(p, int | float) or not 0.0 < p <= 1.0
+        ):
+            raise ValueError(f"top_p must be a number in (0, 1] (or None), got {p!r}")
+        if self.seed is not None:
+            seeds = [self.seed] if _is_int(self.seed) else self.seed
+            if not isinstance(seeds, Sequence | np.ndarray) or not all(
+                _is_int(s) and s >= 0 for s in seeds
+            ):
+                raise ValueError(
+                    f"seed must be a non-negative integer or a sequence of them, got {self.seed!r}"
+                )
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def generators(self, batch: int) -> list[np.random.Generator] | None:
+        """One generator per row (None when greedy): ``default_rng(seed + b)``, or the
+        ``b``-th seed of a list (which must have one per row); no seed: fresh entropy."""
+        if self.greedy:
+            return None
+        if self.seed is None:
+            return [np.random.default_rng() for _ in range(batch)]
+        if _is_int(self.seed):
+            return [np.random.default_rng(int(self.seed) + b) for b in range(batch)]
+        if len(self.seed) != batch:
+            raise ValueError(f"seed has {len(self.seed)} entries for a batch of {batch} rows")
+        return [np.random.default_rng(int(s)) for s in self.seed]
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool)
+
+
+def keep_mask(z: np.ndarray, top_k: int | None, top_p: float | None) -> np.ndarray:
+    """``z (B, V)`` scaled logits -> ``(B, V)`` bool, the tokens top-k and top-p keep."""
+    keep = np.isfinite(z)  # (B, V); a -inf logit is never drawn
+    if top_k is not None and top_k < z.shape[-1]:
+        kth = np.sort(z, axis=-1)[:, -top_k][:, None]  # (B, 1): the k-th largest
+        keep &= z >= kth
+    if top_p is not None and top_p < 1.0:
+        probs = _softmax(np.where(keep, z, -np.inf))  # (B, V)
+        order = np.argsort(-probs, axis=-1, kind="stable")  # (B, V) most probable first
+        ranked = np.take_along_axis(probs, order, axis=-1)  # (B, V) descending
+        before = np.cumsum(ranked, axis=-1) - ranked  # (B, V) mass of the more probable
+        # The last kept rank is the first whose cumulative mass reaches top_p; every token
+        # at least as probable as it is kept, ties included.
+        last = np.argmax(before + ranked >= top_p, axis=-1)  # (B,)
+        threshold = ranked[np.arange(len(ranked)), last][:, None]  # (B, 1)
+        keep &= probs >= threshold
+    return keep
+
+
+def _softmax(z: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis in float64 (rows of -inf stay 0 where -inf)."""
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def pick(
+    logits: np.ndarray,
+    sampling: Sampling,
+    generators: list[np.random.Generator] | None,
+    rows: np.ndarray | None = None,
+) -> np.ndarray:
+    """Next tokens ``(B,)`` int64 from ``logits (B, V)``; only ``rows`` (bool ``(B,)``,
+    default all) draw from their generators, the others take the greedy choice."""
+    logits = np.asarray(logits, dtype=np.float64)  # (B, V)
+    greedy = logits.argmax(axis=-1).astype(np.int64)  # (B,) lowest id on a tie
+    if sampling.greedy:
+        return greedy
+    z = logits / sampling.temperature  # (B, V)
+    keep = keep_mask(z, sampling.top_k, sampling.top_p)  # (B, V)
+    probs = np.where(keep, _softmax(np.where(keep, z, -np.inf)), 0.0)  # (B, V)
+    cdf = np.cumsum(probs, axis=-1)  # (B, V), in id order
+    out = greedy.copy()
+    for b in np.flatnonzero(np.ones(len(z), bool) if rows is None else rows):
+        u = generators[b].random() * cdf[b, -1]
+        # u < total, but the product may round up to it: then the last kept token.
+        last_kept = int(np.flatnonzero(keep[b])[-1])
+        out[b] = min(int(np.searchsorted(cdf[b], u, side="right")), last_kept)
+    return out
