@@ -139,9 +139,14 @@ class _Model(nn.Module):
         and run ``_check_step``; the cache's length grows only after the last layer.
         """
         key_valid = valid if cache is None else cache.key_valid(valid)  # (B, length + T)
-        logits = head(blocks(embedding(tokens), key_valid))  # (B,T) -> (B,T,D) -> (B,T,V)
+        # A decode step (only those follow filled positions) of a cache with no padding:
+        # every key and the new token are real, so there is no mask to build or apply.
+        all_real = cache is not None and cache.length > 0 and not cache.ragged
+        logits = head(blocks(embedding(tokens), None if all_real else key_valid))  # (B,T,V)
         if cache is not None:
             cache.advance(valid)
+        if all_real:
+            return logits
         # masked_fill gives exact zeros and a zero (finite) gradient at padding.
         return logits.masked_fill(~valid[..., None], 0.0)  # (B,T,V)
 

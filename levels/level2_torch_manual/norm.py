@@ -9,6 +9,11 @@ from ..common.config import TransformerConfig
 from .parameters import fetch
 
 
+def _statistics_dtype(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in at least float32: float16 and bfloat16 promoted, float32 and float64 as they are."""
+    return x if x.dtype in (torch.float32, torch.float64) else x.to(torch.float32)
+
+
 class LayerNorm(nn.Module):
     """``(x - mean) / sqrt(var + eps) * weight + bias`` over the last axis: ``(..., D) -> (..., D)``.
 
@@ -31,15 +36,14 @@ class LayerNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Statistics in at least float32: a half-precision sum of D squares loses
         # digits fast. The variance is the biased one (divide by D), as nn.LayerNorm.
-        acc = torch.promote_types(x.dtype, torch.float32)
-        xf = x.to(acc)  # (..., D)
+        xf = _statistics_dtype(x)  # (..., D)
         mean = xf.mean(dim=-1, keepdim=True)  # (..., 1)
         centred = xf - mean  # (..., D)
         var = (centred * centred).mean(dim=-1, keepdim=True)  # (..., 1)
         y = centred * torch.rsqrt(var + self.eps) * self.weight  # (..., D)
         if self.bias is not None:
             y = y + self.bias
-        return y.to(x.dtype)
+        return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
 class RMSNorm(nn.Module):
@@ -60,7 +64,6 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # The mean of squares in at least float32, as LayerNorm's statistics above.
-        acc = torch.promote_types(x.dtype, torch.float32)
-        xf = x.to(acc)  # (..., D)
+        xf = _statistics_dtype(x)  # (..., D)
         y = xf * torch.rsqrt((xf * xf).mean(dim=-1, keepdim=True) + self.eps) * self.weight
-        return y.to(x.dtype)  # (..., D)
+        return y if y.dtype == x.dtype else y.to(x.dtype)  # (..., D)

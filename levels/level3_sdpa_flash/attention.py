@@ -75,16 +75,19 @@ def sdpa_mask(
     causal: bool,
     mask: torch.Tensor | None,
     window: int | None = None,
+    checked: bool = False,
 ) -> tuple[torch.Tensor | CausalBias | None, bool]:
     """Translate the ladder's ``(causal, mask, window)`` into SDPA's ``(attn_mask, is_causal)``.
 
-    Validates shapes and the mask, and raises ``ValueError`` for a query row
-    with no allowed key, so SDPA never sees one. Returns what to pass as
-    ``attn_mask`` (a boolean mask, True = may attend, broadcastable to
-    ``(B,H,T,S)``; a lower-right ``CausalBias``; or ``None``) and whether to
-    set SDPA's (top-left) ``is_causal``.
+    Validates shapes and the mask (unless the caller has: ``checked=True``), and
+    raises ``ValueError`` for a query row with no allowed key, so SDPA never
+    sees one. Returns what to pass as ``attn_mask`` (a boolean mask, True = may
+    attend, broadcastable to ``(B,H,T,S)``; a lower-right ``CausalBias``; or
+    ``None``) and whether to set SDPA's (top-left) ``is_causal``.
     """
-    B, H, T, S, _, _ = check_inputs(q, k, v, mask, window=window)
+    if not checked:
+        check_inputs(q, k, v, mask, window=window)
+    T, S = q.shape[-2], k.shape[-2]
     if window is not None and not window_binds(T, S, causal=causal, window=window):
         window = None  # a window wider than the sequence changes nothing
     if mask is not None:
@@ -179,7 +182,7 @@ def attention(
             q, k, v, causal=causal, mask=mask, scale=scale, window=window,
             call=lambda *args, **kw: sdpa(*args, **kw, dropout_p=dropout_p, backend=backend),
         )  # fmt: skip
-    attn_mask, is_causal = sdpa_mask(q, k, v, causal=causal, mask=mask, window=window)
+    attn_mask, is_causal = sdpa_mask(q, k, v, causal=causal, mask=mask, window=window, checked=True)
     return sdpa(
         q, k, v, attn_mask, is_causal, scale=scale, dropout_p=dropout_p, backend=backend
     )  # (B,H,T,Dv)

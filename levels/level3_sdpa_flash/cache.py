@@ -52,11 +52,12 @@ class StaticKVCache(RowPositions):
         self, index: int, k_new: torch.Tensor, v_new: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write ``k_new, v_new (B,Hkv,T,Dh)`` into layer ``index`` -> views ``(B,Hkv,length+T,Dh)``."""
-        end = self.length + k_new.shape[2]
-        self.k[index, :, :, self.length : end] = k_new  # (B,Hkv,T,Dh) into (B,Hkv,C,Dh), in place
-        self.v[index, :, :, self.length : end] = v_new
+        T, k, v = k_new.shape[2], self.k[index], self.v[index]  # (B,Hkv,C,Dh) views
+        k.narrow(2, self.length, T).copy_(k_new)  # (B,Hkv,T,Dh) into slots [length, length+T)
+        v.narrow(2, self.length, T).copy_(v_new)
         # Views of the filled prefix: strided along C, contiguous in Dh, which SDPA accepts.
-        return self.k[index, :, :, :end], self.v[index, :, :, :end]  # (B,Hkv,length+T,Dh)
+        end = self.length + T
+        return k.narrow(2, 0, end), v.narrow(2, 0, end)  # (B,Hkv,length+T,Dh)
 
     def advance(self, valid_new: torch.Tensor) -> None:
         """Commit the step: the ``T`` written slots now count as filled."""
