@@ -24,6 +24,8 @@ SCENARIOS = (
     "kv-cache",
     "decoder",
     "generate",
+    "batching",
+    "transformers",
     "varlen",
     "train",
 )

@@ -41,6 +41,7 @@ class Backend:
     module: ModuleType
     attention: Callable[..., Any]  # (q, k, v, *, causal, ...) -> out
     models: bool = True  # False for an SDPA peer: attention only
+    only: tuple[str, ...] = ()  # a peer's scenarios (none: every scenario it can run)
     context: Callable[[], contextlib.AbstractContextManager] = field(
         default=contextlib.nullcontext
     )  # entered around every call
@@ -189,3 +190,81 @@ def sdpa_peers(device: str, dtype: str = "float32") -> list[Backend]:
             continue
         peers.append(sdpa_backend(which, device))
     return peers
+
+
+class _HuggingFaceDecoder:
+    """``transformers``' own model on the canonical parameters, with the ladder's
+    ``generate(prefix, n, use_cache=...)``: greedy, exactly ``n`` new tokens.
+
+    The parameters go through ``levels.hf.save`` into a temporary directory and
+    back through ``from_pretrained``, the way a user loads a checkpoint.
+    """
+
+    def __init__(self, config, params, *, device="cpu", dtype=None):
+        import shutil
+        import tempfile
+
+        import transformers
+
+        from levels import hf
+
+        folder = tempfile.mkdtemp(prefix="ladder-peer-")
+        try:
+            hf.save(folder, config, params)
+            self.model = transformers.AutoModelForCausalLM.from_pretrained(
+                folder, dtype=dtype, attn_implementation="sdpa"
+            )
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        self.model = self.model.to(device).eval()
+
+    def generate(self, prefix, max_new_tokens, *, use_cache=True):
+        import torch
+
+        with torch.no_grad():
+            return self.model.generate(
+                prefix,
+                attention_mask=torch.ones_like(prefix),
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+                min_new_tokens=max_new_tokens,
+                eos_token_id=None,
+                pad_token_id=0,
+                use_cache=use_cache,
+            )  # (B, P + max_new_tokens)
+
+
+TRANSFORMERS_SCENARIOS = ("generate llama",)
+
+
+def transformers_peer(device: str) -> Backend | None:
+    """Hugging Face ``transformers``' ``generate``, a peer in ``TRANSFORMERS_SCENARIOS``;
+    None when transformers (an optional extra) is not installed."""
+    try:
+        import transformers
+    except ImportError:
+        return None
+    transformers.logging.set_verbosity_error()  # no advice about generation settings
+    transformers.utils.logging.disable_progress_bar()  # nor a bar for loading the weights
+    level2 = levels.load("level2_torch_manual")  # torch arrays in and out, as level 2's
+    module = type(
+        "transformers_peer",
+        (),
+        {
+            "DecoderOnlyTransformer": _HuggingFaceDecoder,
+            "asarray": staticmethod(level2.asarray),
+            "to_numpy": staticmethod(level2.to_numpy),
+        },
+    )
+    return Backend(
+        name="transformers",
+        description=f"Hugging Face transformers {transformers.__version__} generate (SDPA, its own cache)",
+        kind="torch",
+        device=device,
+        dtypes=("float64", "float32", "float16", "bfloat16"),
+        gradients=None,
+        interpreted=False,
+        module=module,
+        attention=None,
+        only=TRANSFORMERS_SCENARIOS,
+    )

@@ -89,6 +89,12 @@ def _run(args: argparse.Namespace) -> int:
     backends, unavailable = B.load_backends(args.levels, device, dtype)
     if not args.no_peers and plan.workloads.get("attention"):
         backends += B.sdpa_peers(device, dtype)
+    if not args.no_peers and plan.workloads.get("transformers"):
+        peer = B.transformers_peer(device)
+        if peer is None:
+            unavailable["transformers"] = "not installed (pip install transformers)"
+        else:
+            backends.append(peer)
     machine = describe_machine(device)
     load, cores = os.getloadavg()[0], os.cpu_count() or 1
     if not cuda and load >= 1.0:

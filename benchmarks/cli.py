@@ -165,7 +165,9 @@ def _bench(commands) -> None:
     p.add_argument("--json", metavar="PATH", type=Path, help="write the records as a JSON list")
     p.add_argument("--plot", metavar="PATH", type=Path, help="write time and GFLOP/s against T")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--no-peers", action="store_true", help="leave out the SDPA backends as peers")
+    p.add_argument(
+        "--no-peers", action="store_true", help="leave out the peers (SDPA backends, transformers)"
+    )
     p.set_defaults(run="benchmarks.bench:run")
 
 

@@ -179,6 +179,21 @@ def render_scenarios(records: list[dict], *, scenarios: str, value: str, levels:
     )
 
 
+def render_window(records: list[dict], *, value: str = "median_ms", levels: str = "") -> str:
+    """The window scenario: a row per level, a column per ``(T, W)``, the window of
+    each length beside full causal attention (a window of ``T``)."""
+    rows = _only(records, ["attention window"], levels)
+    pairs = sorted({(r["shape"]["T"], r["shape"]["W"]) for r in rows})
+    return _table(
+        f"attention window ({UNITS[value]})",
+        pairs,
+        lambda level, tw: _cell(_one(rows, level=level, T=tw[0], W=tw[1]), value),
+        rows,
+        "T",
+        label=lambda tw: f"T={tw[0]} " + ("full" if tw[1] == tw[0] else f"W={tw[1]}"),
+    )
+
+
 def _times(ratio: float) -> str:
     """``2210.4`` -> ``"2,210x"``, ``0.183`` -> ``"0.18x"``."""
     return f"{ratio:,.0f}x" if ratio >= 10 else f"{ratio:.2g}x"
@@ -224,6 +239,7 @@ RENDERERS: dict[str, Callable[..., str]] = {
     "bench": render_bench,
     "ladder": render_ladder,
     "scenarios": render_scenarios,
+    "window": render_window,
 }
 
 

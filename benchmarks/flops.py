@@ -27,6 +27,7 @@ sees every cached key) for a decode step.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from levels.common.config import TransformerConfig
@@ -91,6 +92,32 @@ def generation_flops(
         steps = (decode_step_flops(config, B, prompt + j) for j in range(1, new_tokens))
         return decoder_forward_flops(config, B, prompt) + sum(steps)
     return sum(decoder_forward_flops(config, B, prompt + j) for j in range(new_tokens))
+
+
+def weight_bytes_per_step(config: TransformerConfig, bytes_per_element: int) -> int:
+    """Bytes of parameters one decode step reads: every weight once, whatever the batch
+    (an untied embedding table is only gathered from, a row per token: left out)."""
+    from levels.common.params import param_shapes
+
+    shapes = param_shapes(config, "decoder_only")
+    gathered = () if config.tie_embeddings else ("token_embedding.weight",)
+    count = sum(math.prod(shape) for name, shape in shapes.items() if name not in gathered)
+    return count * bytes_per_element
+
+
+def generation_bytes(
+    config: TransformerConfig, B: int, prompt: int, new_tokens: int, bytes_per_element: int
+) -> float:
+    """Bytes read by cached generation: the weights at every step (the prefill and
+    ``new_tokens - 1`` decode steps) and, at decode step ``j``, the ``prompt + j`` cached
+    positions of every row (``kv_bytes_per_token`` each). Decoding is bound by these
+    bytes, not by FLOPs: the figure gpt-fast prints as "bandwidth achieved"."""
+    from levels.common.params import kv_bytes_per_token
+
+    weights = weight_bytes_per_step(config, bytes_per_element)
+    per_position = kv_bytes_per_token(config, bytes_per_element)
+    cache = sum(B * (prompt + j) * per_position for j in range(1, new_tokens))
+    return float(weights * max(new_tokens, 1) + cache)
 
 
 def batches_forward_flops(config: TransformerConfig, shapes: Iterable[tuple[int, int]]) -> float:

@@ -1,10 +1,15 @@
-"""What the machine is, and what its matmul peak is in this run.
+"""What the machine is, and what its matmul peak and copy bandwidth are in this run.
 
 The "% peak" column divides a level's GFLOP/s by the rate of one large dense
 matmul measured in the same process, just before the levels run: a float32
 ``torch.matmul`` on the CPU, a bf16 one on CUDA. That is an *achieved* peak,
 not the datasheet's, so a level can be compared with the best this machine
 did on the same day under the same load.
+
+Decoding one token reads every weight and the whole KV cache for a handful of
+FLOPs, so its ceiling is memory bandwidth, not the matmul peak: the "% bw"
+column divides the bytes a generation reads per second by the rate of one
+large ``copy_`` (bytes read plus bytes written), measured the same way.
 """
 
 from __future__ import annotations
@@ -69,3 +74,33 @@ def measure_matmul_peak(device: str, dtype: str, n: int, policy: TimingPolicy) -
     timer = cuda_timer() if device.startswith("cuda") else cpu_timer()
     stats = measure(lambda: torch.matmul(a, b), timer, policy)
     return Peak(n=n, dtype=dtype, device=device, stats=stats)
+
+
+COPY_BYTES = 256 * 2**20  # far past any cache, so the copy streams from memory
+
+
+@dataclass(frozen=True)
+class Bandwidth:
+    """The measured copy rate: ``2 * nbytes`` moved (read and written) per call."""
+
+    nbytes: int
+    device: str
+    stats: Stats
+
+    @property
+    def gbs(self) -> float:
+        """GB/s of the fastest sample (1 GB = 1e9 bytes), read plus written."""
+        return 2 * self.nbytes / self.stats.min / 1e9
+
+
+def measure_copy_bandwidth(
+    device: str, policy: TimingPolicy, nbytes: int = COPY_BYTES
+) -> Bandwidth:
+    """Time ``dst.copy_(src)`` of ``nbytes`` float32 on ``device`` with the harness's rules."""
+    import torch
+
+    src = torch.ones(nbytes // 4, device=device)
+    dst = torch.empty_like(src)
+    timer = cuda_timer() if device.startswith("cuda") else cpu_timer()
+    stats = measure(lambda: dst.copy_(src), timer, policy)
+    return Bandwidth(nbytes=nbytes, device=device, stats=stats)

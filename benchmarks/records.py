@@ -40,6 +40,9 @@ class Record:
     gflops: float | None = None  # flops / median_s / 1e9
     peak_fraction: float | None = None  # gflops / the matmul peak measured in this run
     tokens_per_s: float | None = None
+    bytes_read: float | None = None  # bytes a call reads from memory (generation: flops.py)
+    gbs: float | None = None  # bytes_read / median_s / 1e9
+    bandwidth_fraction: float | None = None  # gbs / the copy bandwidth measured in this run
     peak_memory_bytes: int | None = None
     memory_method: str = "n/a"
     max_error: float | None = None  # against the float64 reference (scenarios.scaled_error)

@@ -19,7 +19,7 @@ from .records import FIGURE, Record
 # A table wider than the console drops columns in this order until it fits, and
 # then shortens level names ("level2_torch_manual" -> "level2"): no number is ever
 # broken across lines or cropped. --json keeps every field.
-DROP_ORDER = ("note", "IQR", "peak mem", "% peak", "waste", "dtype", "GFLOP/s")
+DROP_ORDER = ("note", "IQR", "peak mem", "% peak", "% bw", "waste", "dtype", "GB/s", "GFLOP/s")
 
 
 def fmt_time(seconds: float | None) -> str:
@@ -96,15 +96,22 @@ def machine_table(records: list[Record], machine: str) -> Table:
                     f"{fmt_time(r.median_s)}) = the 100% of '% peak'"
                 ),
             )
+        elif r.scenario == "copy bandwidth":
+            table.add_row(
+                _text(r.level),
+                _text(f"{r.description}: {r.gbs:.3g} GB/s = the 100% of '% bw'"),
+            )
     seen: set[str] = set()
     for r in records:
-        if r.scenario == "matmul peak" or r.status == FIGURE or r.level in seen:
+        if r.scenario in CEILINGS or r.status == FIGURE or r.level in seen:
             continue
         seen.add(r.level)
         what = r.status if r.status.startswith("unavailable") else r.description
         table.add_row(_text(r.level), _text(what))
     return table
 
+
+CEILINGS = ("matmul peak", "copy bandwidth")  # measured limits, not levels
 
 COLUMNS = (
     # (header, right-justified); a column empty in every row of a table is left out
@@ -116,6 +123,8 @@ COLUMNS = (
     ("GFLOP/s", True),
     ("% peak", True),
     ("tok/s", True),
+    ("GB/s", True),
+    ("% bw", True),
     ("waste", True),
     ("KV/token", True),
     ("peak mem", True),
@@ -129,14 +138,14 @@ def _cells(r: Record, varying: list[str]) -> list[str]:
     waste = "" if r.padding_waste is None else f"{r.padding_waste:.2f}"
     if r.status == FIGURE:
         per_token = "" if r.cache_bytes_per_token is None else fmt_bytes(r.cache_bytes_per_token)
-        return [size, r.level, "", "", "", "", "", "", waste, per_token, "", "", r.note]
+        return [size, r.level, "", "", "", "", "", "", "", "", waste, per_token, "", "", r.note]
     if not r.ok:
         # "skipped: no gradients at this level" -> "skipped" here, the reason in the note;
         # a wrong case shows its error, which is why it was not timed.
         short, _, why = r.status.partition(": ")
         short = "budget" if short == "skipped (budget)" else short
         error = fmt_error(r) if r.max_error is not None else ""
-        cells = [size, r.level, dtype, short, *[""] * 7, error]
+        cells = [size, r.level, dtype, short, *[""] * 9, error]
         return [*cells, "; ".join(filter(None, (why, r.note)))]
     return [
         size,
@@ -147,6 +156,8 @@ def _cells(r: Record, varying: list[str]) -> list[str]:
         fmt_rate(r.gflops),
         "" if r.peak_fraction is None else f"{100 * r.peak_fraction:.2g}%",
         "" if r.tokens_per_s is None else fmt_rate(r.tokens_per_s),
+        "" if r.gbs is None else fmt_rate(r.gbs),
+        "" if r.bandwidth_fraction is None else f"{100 * r.bandwidth_fraction:.2g}%",
         waste,
         "",
         fmt_bytes(r.peak_memory_bytes),
@@ -304,6 +315,29 @@ def window_ratios(records: list[Record]) -> list[Ratio]:
     return out
 
 
+def peer_ratios(records: list[Record], scenario: str, peer: str) -> list[Ratio]:
+    """Each level's tokens/s over ``peer``'s at every size both ran (above 1: the level
+    is faster)."""
+    ok = _ok(records, scenario)
+    theirs = {_size(r): r for r in ok if r.level == peer}
+    out = []
+    for r in ok:
+        other = theirs.get(_size(r))
+        if r.level != peer and other is not None:
+            out.append(
+                Ratio(
+                    f"{scenario} {size_label(r.shape, ['B'])}: {r.level} / {peer} tok/s",
+                    r.tokens_per_s / other.tokens_per_s,
+                    f"{r.tokens_per_s:.3g} / {other.tokens_per_s:.3g} tok/s",
+                )
+            )
+    return out
+
+
+def _size(r: Record) -> tuple:
+    return tuple(sorted(r.shape.items()))
+
+
 def kv_cache_ratios(records: list[Record]) -> list[Ratio]:
     """KV-cache bytes per token of multi-head attention over the grouped and multi-query."""
     figures = {r.note.split(";")[0]: r for r in records if r.scenario == "kv cache"}
@@ -348,7 +382,7 @@ def best_peak_fractions(records: list[Record]) -> list[Ratio]:
     """Each level's best fraction of the measured matmul peak, and where it reached it."""
     best: dict[str, Record] = {}
     for r in records:
-        if r.ok and r.scenario != "matmul peak" and r.peak_fraction is not None:
+        if r.ok and r.scenario not in CEILINGS and r.peak_fraction is not None:
             if r.level not in best or r.peak_fraction > best[r.level].peak_fraction:
                 best[r.level] = r
     return [
@@ -369,6 +403,8 @@ def summary(records: list[Record]) -> list[Ratio]:
         *level_ratios(records, "generate cached"),
         *level_ratios(records, "train step"),
         *pair_ratios(records, "generate uncached", "generate cached", "KV-cache speed-up"),
+        *pair_ratios(records, "generate one at a time", "generate batched", "batching speed-up"),
+        *peer_ratios(records, "generate llama", "transformers"),
         *pair_ratios(
             records, "varlen padded", "varlen bucketed", "bucketing tokens/s gain", throughput=True
         ),
@@ -398,7 +434,7 @@ def print_report(records: list[Record], machine: str, console: Console | None = 
     console = console or make_console()
     console.print(machine_table(records, machine))
     scenarios = list(
-        dict.fromkeys(r.scenario for r in records if r.scenario not in ("matmul peak", "-"))
+        dict.fromkeys(r.scenario for r in records if r.scenario not in (*CEILINGS, "-"))
     )
     narrowed = False
     for scenario in scenarios:

@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 
 from .backends import Backend
 from .flops import matmul_flops
-from .machine import Peak, describe_machine, measure_matmul_peak
+from .machine import Bandwidth, Peak, describe_machine, measure_copy_bandwidth, measure_matmul_peak
 from .memory import peak_memory
 from .plan import Plan
 from .records import OK, SKIPPED_BUDGET, WRONG, Record
@@ -119,6 +119,23 @@ def peak_record(peak: Peak) -> Record:
     return record
 
 
+def bandwidth_record(bandwidth: Bandwidth) -> Record:
+    """The copy bandwidth as a record (level ``torch copy_``), the 100% of "% bw"."""
+    return Record(
+        level="torch copy_",
+        scenario="copy bandwidth",
+        device=bandwidth.device,
+        dtype="float32",
+        shape={"MiB": bandwidth.nbytes // 2**20},
+        bytes_read=2.0 * bandwidth.nbytes,
+        gbs=bandwidth.gbs,
+        bandwidth_fraction=1.0,
+        description=f"copy_ of {bandwidth.nbytes // 2**20} MiB (bytes read + written)",
+        note="rate of the fastest sample",
+        **_times(bandwidth.stats),
+    )
+
+
 def _times(stats: Stats) -> dict:
     return {
         "median_s": stats.median,
@@ -193,6 +210,8 @@ def run_case(
     tokens = workload.tokens()
     if tokens:
         record.tokens_per_s = tokens / record.median_s
+    if record.bytes_read:
+        record.gbs = record.bytes_read / record.median_s / 1e9
     return record
 
 
@@ -231,6 +250,7 @@ def _check_then_measure(
         setattr(record, key, value)
     record.status = OK
     record.padding_waste = case.extras.get("padding_waste")
+    record.bytes_read = case.extras.get("bytes_read")
 
 
 def case_count(backends: list[Backend], plan: Plan) -> int:
@@ -240,13 +260,16 @@ def case_count(backends: list[Backend], plan: Plan) -> int:
 def _pairs(backends: list[Backend], plan: Plan):
     """(backend, workload) in sweep order: scenario, then size, then level.
 
-    Backends without models (the SDPA peers) take part in attention only.
+    Backends without models (the SDPA peers) take part in attention only, and
+    a peer with ``only`` scenarios (transformers) in those.
     """
     for workloads in plan.workloads.values():
         for workload in workloads:
             for backend in backends:
                 if workload.unsupported(backend) == "attention only":
                     continue
+                if backend.only and workload.scenario not in backend.only:
+                    continue  # a peer outside the comparison it is here for
                 yield backend, workload
 
 
@@ -297,7 +320,14 @@ def run(
     for record in measured:
         if record.gflops is not None:
             record.peak_fraction = record.gflops / peak.gflops
-    everything = [peak_record(peak), *records, *measured, *figures]
+    ceilings = [peak_record(peak)]
+    if any(record.gbs for record in measured):  # only generation reads enough to ask
+        bandwidth = measure_copy_bandwidth(device, plan.timing)
+        ceilings.append(bandwidth_record(bandwidth))
+        for record in measured:
+            if record.gbs is not None:
+                record.bandwidth_fraction = record.gbs / bandwidth.gbs
+    everything = [*ceilings, *records, *measured, *figures]
     for record in everything:
         record.machine, record.date = stamp["machine"], stamp["date"]
     return everything

@@ -14,7 +14,12 @@ Scenario names (the ``scenario`` field of every record):
   has gradients (autograd at the torch levels, level 1's hand-written one);
 * ``decoder fwd``: one forward of the decoder-only model over ``(B, T)`` tokens;
 * ``generate cached`` / ``generate uncached``: greedy generation from a prompt,
-  with and without the KV cache (tokens/s counts new tokens);
+  with and without the KV cache (tokens/s counts new tokens; GB/s the bytes a
+  cached generation reads, weights and cache, per second);
+* ``generate batched`` / ``generate one at a time``: prompts of different
+  lengths right-padded into one batch, or each generated alone;
+* ``generate llama``: a Llama-shaped model (RMSNorm, SwiGLU, RoPE) beside
+  Hugging Face ``transformers``' own ``generate`` on the same weights;
 * ``varlen padded`` / ``varlen bucketed``: a batch of sequences of mixed
   lengths, batched in arrival order or by length (tokens/s counts real tokens);
 * ``train step``: one optimisation step of the decoder-only model (loss,
@@ -236,7 +241,12 @@ class DecoderForward:
 
 @dataclass(frozen=True)
 class Generate:
-    """Greedy generation of ``new_tokens`` after a ``(B, prompt)`` prefix."""
+    """Greedy generation of ``new_tokens`` after a ``(B, prompt)`` prefix.
+
+    With ``lengths``, ``B`` prompts of those lengths: right-padded to the longest
+    in one batch (``valid``), or each generated alone (``one_at_a_time``). A
+    ``label`` names a scenario of its own (the comparison with a peer).
+    """
 
     config: TransformerConfig
     B: int
@@ -244,26 +254,48 @@ class Generate:
     new_tokens: int
     use_cache: bool
     seed: int = 0
+    lengths: tuple[int, ...] | None = None
+    one_at_a_time: bool = False
+    label: str = ""
 
     @property
     def scenario(self) -> str:
+        if self.label:
+            return self.label
+        if self.lengths is not None:
+            return "generate one at a time" if self.one_at_a_time else "generate batched"
         return "generate cached" if self.use_cache else "generate uncached"
+
+    def _rows(self) -> list[int]:
+        """The prompt length of every row."""
+        return list(self.lengths) if self.lengths is not None else [self.prompt] * self.B
 
     def shape(self) -> dict[str, int]:
         c = self.config
-        return {
-            "B": self.B,
-            "P": self.prompt,
-            "new": self.new_tokens,
-            "T": self.prompt + self.new_tokens,
-            "D": c.d_model,
-            "L": c.n_layers,
-        }
+        shape = {"B": self.B, "P": self.prompt, "new": self.new_tokens}
+        if self.lengths is not None:
+            shape["Pmin"] = min(self.lengths)
+        return shape | {"T": self.prompt + self.new_tokens, "D": c.d_model, "L": c.n_layers}
+
+    def _per_call(self, per_batch) -> float:
+        """A figure of one call: of the whole batch, or summed over rows one at a time."""
+        if self.one_at_a_time:
+            return sum(per_batch(1, P) for P in self._rows())
+        return per_batch(self.B, self.prompt)
 
     def flops(self) -> float:
-        return F.generation_flops(
-            self.config, self.B, self.prompt, self.new_tokens, use_cache=self.use_cache
+        n, cache = self.new_tokens, self.use_cache
+        return self._per_call(
+            lambda B, P: F.generation_flops(self.config, B, P, n, use_cache=cache)
         )
+
+    def bytes_read(self, dtype: str) -> float | None:
+        """What cached generation reads from memory (None without the cache)."""
+        if not self.use_cache:
+            return None
+        size = np.dtype(dtype).itemsize if dtype != "bfloat16" else 2
+        n = self.new_tokens
+        return self._per_call(lambda B, P: F.generation_bytes(self.config, B, P, n, size))
 
     def tokens(self) -> int:
         return self.B * self.new_tokens  # tokens/s counts generated tokens
@@ -274,18 +306,45 @@ class Generate:
     def build(self, backend: Backend, dtype: str, reference: Reference) -> Case:
         params, model = _model(backend, self.config, self.seed, dtype)
         rng = np.random.default_rng(self.seed)
+        rows = self._rows()
+        valid64 = np.arange(self.prompt)[None, :] < np.array(rows)[:, None]  # (B, P)
         prefix64 = _random_tokens(rng, self.config, (self.B, self.prompt))
-        prefix = backend.asarray(prefix64)
+        prefix64 = np.where(valid64, prefix64, self.config.pad_id)
         n, cache = self.new_tokens, self.use_cache
-        fn = _calls(backend, lambda: model.generate(prefix, n, use_cache=cache), grad=False)
+        if self.one_at_a_time:
+            singles = [backend.asarray(prefix64[b : b + 1, :P]) for b, P in enumerate(rows)]
+
+            def run():
+                return [model.generate(one, n, use_cache=cache) for one in singles]
+
+        else:
+            prefix = backend.asarray(prefix64)
+            ragged = {} if self.lengths is None else {"valid": backend.asarray(valid64)}
+
+            def run():
+                return model.generate(prefix, n, use_cache=cache, **ragged)
+
+        fn = _calls(backend, run, grad=False)
 
         def error() -> float:
-            want = reference.generate(self.config, params, dtype, prefix64, n)
-            got = backend.to_numpy(fn()).astype(np.int64)
-            return float(np.count_nonzero(got != want))
+            out = fn()
+            got = [backend.to_numpy(x)[0] for x in out] if self.one_at_a_time else None
+            if got is None:
+                full = backend.to_numpy(out).astype(np.int64)
+                got = [full[b, : P + n] for b, P in enumerate(rows)]
+            # The reference generates each row alone: a batched row must equal it.
+            want = [
+                reference.generate(self.config, params, dtype, prefix64[b : b + 1, :P], n)[0]
+                for b, P in enumerate(rows)
+            ]
+            return float(sum(np.count_nonzero(g != w) for g, w in zip(got, want, strict=True)))
 
         return Case(
-            fn=fn, error=error, error_of="tokens != ref", bound=token_bound(dtype, self.B * n)
+            fn=fn,
+            error=error,
+            error_of="tokens != ref",
+            bound=token_bound(dtype, self.B * n),
+            extras={"bytes_read": self.bytes_read(dtype)},
         )
 
 

@@ -55,6 +55,7 @@ PIECES: dict[str, dict[str, tuple[Source, ...] | Reuse]] = {
         "level4_triton_kernel": (
             Source("level4_triton_kernel/flash_attention.py", "attention"),
             Source("level4_triton_kernel/flash_forward.py", "_attn_fwd_kernel"),
+            Source("level4_triton_kernel/flash_forward.py", "attend_keys"),
         ),
     },
     "layer_norm": {

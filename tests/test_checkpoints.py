@@ -159,7 +159,7 @@ SAVER = textwrap.dedent(
     path, n = sys.argv[1], 0
     while True:  # rewrite the checkpoint with a new step, until killed
         n += 1
-        save_checkpoint(path, {"step": n, "w": np.full((512, 512), n, np.float32)})
+        save_checkpoint(path, {"step": n, "w": np.full((1024, 1024), n, np.float32)})
         print(n, flush=True)
     """
 )
@@ -173,8 +173,13 @@ def test_kill_9_during_saves_never_loses_the_previous_checkpoint(tmp_path):
     ``save_checkpoint``, so the kills land mid-save (their temporary files show it)."""
     path = tmp_path / "run.pt"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    leftovers = 0
-    for delay in (0.0, 0.003, 0.011, 0.029, 0.05):
+    leftovers, kills = 0, 0
+    # At least five kills; more (up to 20) until one has landed mid-save, which most do.
+    delays = [0.0, 0.003, 0.011, 0.029, 0.05] + [0.002 * i for i in range(1, 16)]
+    for delay in delays:
+        if kills >= 5 and leftovers:
+            break
+        kills += 1
         proc = subprocess.Popen(
             [sys.executable, "-c", SAVER, str(path)],
             cwd=root,

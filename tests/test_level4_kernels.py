@@ -229,6 +229,113 @@ def test_grouped_heads_and_windows_forward_backward(
         check_fp32(g, w, f"{name} Hkv={Hkv} W={window}")
 
 
+# ---------------------------------------------------------------------------
+# flash-decoding: the keys in slices, merged by their log-sum-exps
+# ---------------------------------------------------------------------------
+
+# (B, H, Hkv, T, S, window, causal, mask kind): one to three queries against caches of
+# odd lengths, so slices end mid-tile and, with a window, some slices see no key at all.
+DECODE = [
+    (2, 4, 2, 1, 50, None, True, "padding"),
+    (1, 4, 1, 3, 77, 9, True, "general"),
+    (2, 2, 2, 2, 45, None, False, "general"),
+    (1, 3, 3, 1, 100, 30, True, "none"),
+]
+
+
+@pytest.mark.parametrize("splits", [2, 3, 5])
+@pytest.mark.parametrize("B,H,Hkv,T,S,window,causal,mask_kind", DECODE)
+def test_flash_decoding_matches_float64(device, B, H, Hkv, T, S, window, causal, mask_kind, splits):
+    from levels.level4_triton_kernel import flash_decode
+
+    gen = torch.Generator().manual_seed(S + T + splits)
+    q = torch.randn(B, H, T, 16, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(B, Hkv, S, 16, generator=gen, dtype=torch.float64) for _ in range(2))
+    mask = make_mask(mask_kind, B, H, T, S, gen)
+    kw = dict(causal=causal, window=window, mask=None if mask is None else mask.to(device))
+    launched = []
+    real = flash_decode._decode_split_kernel
+
+    class Spy:  # records the grid, so the test knows the keys really were split
+        def __getitem__(self, grid):
+            launched.append(grid)
+            return real[grid]
+
+    flash_decode._decode_split_kernel = Spy()
+    try:
+        with torch.no_grad():
+            out, lse = L4.attention(
+                *(x.to(device, torch.float32) for x in (q, k, v)),
+                splits=splits,
+                return_lse=True,
+                **kw,
+            )
+    finally:
+        flash_decode._decode_split_kernel = real
+    assert launched and launched[0][0] > 1 and launched[0][1] == B * H
+    want = reference_attention(q, k, v, causal=causal, mask=mask, window=window)
+    check_fp32(out, want, f"flash-decoding, {splits} splits")
+    # The merged log-sum-exp is that of all the keys (natural log, as return_lse promises).
+    scores = (q @ k.repeat_interleave(H // Hkv, 1).transpose(-1, -2)) / 4.0  # scale 1/sqrt(16)
+    allowed = allowed_pairs(T, S, causal, mask, window)
+    want_lse = scores.masked_fill(~allowed, float("-inf")).logsumexp(-1)  # (B,H,T)
+    check_fp32(lse, want_lse, "flash-decoding lse")
+
+
+def test_decoding_with_gradients_takes_the_differentiable_kernel(device):
+    q, k, v, d_out = random_qkv(3, 1, 2, 1, 40, 16)
+    kw = dict(causal=True, splits=4)
+    got = with_grads(ours(device, **kw), q, k, v, d_out, dtype=torch.float32, device=device)
+    want = with_grads(reference(causal=True), q, k, v, d_out)
+    for name, g, w in zip(GRAD_NAMES, got, want, strict=True):
+        check_fp32(g, w, name)
+
+
+def test_split_choice_fills_the_gpu_and_keeps_slices_long(monkeypatch):
+    from types import SimpleNamespace
+
+    from levels.level4_triton_kernel import flash_decode
+
+    monkeypatch.setattr(flash_decode, "interpreting", lambda: False)
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda d: SimpleNamespace(multi_processor_count=132)
+    )
+    gpu = torch.device("cuda")
+    # Batch 1, 16 heads: 2 * 132 / 16 -> 17 slices, if the cache is long enough for them.
+    assert flash_decode.choose_splits(16384, 16, gpu) == 17
+    assert flash_decode.choose_splits(1024, 16, gpu) == 4  # slices of 256 keys at least
+    assert flash_decode.choose_splits(200, 16, gpu) == 1
+    assert flash_decode.choose_splits(16384, 512, gpu) == 1  # B * H fills the GPU already
+    monkeypatch.setattr(flash_decode, "interpreting", lambda: True)
+    assert flash_decode.choose_splits(16384, 1, gpu) == 1
+
+
+def test_model_decode_steps_with_split_keys_give_the_forward_logits(device, monkeypatch):
+    from levels import TransformerConfig, init_params
+    from levels.level4_triton_kernel import flash_attention
+
+    monkeypatch.setattr(flash_attention, "choose_splits", lambda S, BH, dev: 3)
+    config = TransformerConfig(
+        vocab_size=17, d_model=32, n_heads=2, d_ff=24, n_layers=1, max_seq_len=40, n_kv_heads=1
+    )
+    params = init_params(config, "decoder_only", seed=2, scheme="random")
+    model = L4.DecoderOnlyTransformer(config, params, device=device)
+    tokens = torch.randint(3, 17, (2, 38), generator=torch.Generator().manual_seed(2)).to(device)
+    with torch.no_grad():
+        full = model(tokens)  # (B, 38, V)
+        _, cache = model.prefill(tokens[:, :35])
+        steps = [model.decode_step(tokens[:, t], cache) for t in range(35, 38)]
+    for t, step in zip(range(35, 38), steps, strict=True):
+        check_fp32(step, full[:, t].double(), f"decode step at {t}")
+
+
+def test_splits_must_be_a_positive_integer(device):
+    q = torch.zeros(1, 1, 1, 16, device=device)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="splits"):
+            L4.attention(q, q, q, splits=bad)
+
+
 # The interpreter's numpy reductions warn about the NaN rows these probes create on purpose.
 @pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")
 def test_windowed_tiles_before_the_window_are_never_loaded(device):

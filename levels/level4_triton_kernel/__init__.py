@@ -18,9 +18,12 @@ the fused kernels themselves, written out so they can be read.
   ``autograd.Function``.
 - ``flash_attention.py``: the host side: the shared checks, refusing empty query
   rows before launch, and attention's ``autograd.Function``.
+- ``flash_decode.py``: flash-decoding for a decode step (T <= 16 queries)
+  without gradients: the keys in slices, one program each running the
+  forward's loop, then a kernel merging the slices by their log-sum-exps;
+  taken when ``B * H`` programs alone would leave the GPU idle.
 - ``tiles.py``: tile sizes, autotuned on a GPU, fixed under the interpreter;
-  decoding (T <= 16 queries against a KV cache) goes through the forward kernel
-  with a 16-row query tile.
+  decoding (T <= 16 queries against a KV cache) uses a 16-row query tile.
 - ``models.py``: level 2's modules with only the attention core and the
   LayerNorm swapped, and level 3's static KV cache (level 2's ``Kernels``
   hook); no model code is repeated.

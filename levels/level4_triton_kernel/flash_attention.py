@@ -18,8 +18,9 @@ import torch
 from ..common.checks import EMPTY_ROW_MESSAGE, causal_offset, rows_without_keys, window_binds
 from ..level2_torch_manual.attention import as_4d, check_inputs
 from .flash_backward import flash_backward
+from .flash_decode import choose_splits, flash_decode
 from .flash_forward import flash_forward
-from .tiles import Tiles, interpreting
+from .tiles import DECODE_MAX_T, Tiles, interpreting
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 LN2 = math.log(2.0)  # the kernels keep log-sum-exps in base 2
@@ -103,6 +104,7 @@ def attention(
     window: int | None = None,
     return_lse: bool = False,
     tiles: Tiles | None = None,
+    splits: int | None = None,
 ):
     """Fused attention: ``q (B,H,T,Dh)``, ``k (B,Hkv,S,Dh)``, ``v (B,Hkv,S,Dv)`` -> ``(B,H,T,Dv)``.
 
@@ -114,6 +116,11 @@ def attention(
     ``return_lse`` also returns ``lse (B,H,T)`` fp32 (natural log). Differentiable
     in q, k and v (through both outputs). ``tiles`` pins the tile sizes (tests;
     default: autotuned on a GPU, fixed under the interpreter).
+
+    A decode step (``T <= 16`` queries) without gradients runs flash-decoding
+    (flash_decode.py) when ``choose_splits`` finds the GPU would be under-filled:
+    the keys in slices, one program each, merged by their log-sum-exps.
+    ``splits`` overrides that choice (1: the plain forward kernel).
     """
     B, H, T, S, Dh, Dv = check_inputs(q, k, v, mask, scale=scale, window=window)
     if not (q.dtype == k.dtype == v.dtype) or q.dtype not in SUPPORTED_DTYPES:
@@ -125,6 +132,10 @@ def attention(
         raise ValueError(f"head widths up to {MAX_HEAD_WIDTH} are supported; got Dh={Dh}, Dv={Dv}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v live on different devices: {q.device}, {k.device}, {v.device}")
+    if splits is not None and (
+        isinstance(splits, bool) or not isinstance(splits, int) or splits < 1
+    ):
+        raise ValueError(f"splits must be a positive integer (or None), got {splits!r}")
     if (q.device.type == "cuda") == interpreting():
         where = "CPU tensors (TRITON_INTERPRET=1)" if interpreting() else "CUDA tensors"
         raise ValueError(f"the Triton kernels here run on {where}; got tensors on {q.device}")
@@ -141,5 +152,12 @@ def attention(
     if mask is not None:
         mask = mask.expand(B, H, T, S)  # a view: stride 0 on every broadcast dimension
     scale = 1.0 / math.sqrt(Dh) if scale is None else float(scale)
+    needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+    if T <= DECODE_MAX_T and not needs_grad:
+        if splits is None:
+            splits = choose_splits(S, B * H, q.device)
+        if splits > 1:
+            out, lse = flash_decode(q, k, v, mask, bool(causal), scale, window, splits)
+            return (out, (lse * LN2).view(B, H, T)) if return_lse else out
     out, lse = FlashAttention.apply(q, k, v, mask, bool(causal), scale, window, tiles)
     return (out, lse) if return_lse else out

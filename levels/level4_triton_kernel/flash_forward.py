@@ -155,6 +155,52 @@ def allowed_tile(
     return ok
 
 
+@triton.jit
+def attend_keys(
+    q,  # (BLOCK_M, BLOCK_DH) the query tile, in registers
+    offs_m,  # (BLOCK_M,) its query indices
+    k_base, v_base, mask_base,  # this (batch, head)'s K, V and mask
+    stride_ks, stride_kd, stride_vs, stride_vd, stride_mt, stride_ms,
+    T, S, DH, DV, WINDOW, qk_scale,
+    key_start, key_end,  # the keys [key_start, key_end) to walk, key_start on a tile boundary
+    m_i, l_i, acc,  # the online-softmax state so far (base-2 units)
+    CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_MASK: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, BLOCK_DH: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """The online softmax over the keys ``[key_start, key_end)``: ``(m_i, l_i, acc)`` updated.
+
+    The loop of the forward kernel, shared with flash-decoding's split kernel
+    (flash_decode.py), which walks one slice of the keys per program.
+    """
+    offs_n0 = tl.arange(0, BLOCK_N)  # (BLOCK_N,) key offsets inside a tile
+    offs_dh = tl.arange(0, BLOCK_DH)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    for start_n in range(key_start, key_end, BLOCK_N):
+        offs_n = start_n + offs_n0
+        kT = load_tile(k_base, offs_dh, offs_n, stride_kd, stride_ks, DH, S)  # (BLOCK_DH, BLOCK_N)
+        s = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N) fp32
+        ok = allowed_tile(
+            offs_m[:, None], offs_n[None, :], T, S, WINDOW, mask_base, stride_mt, stride_ms,
+            CAUSAL, HAS_WINDOW, HAS_MASK,
+        )  # (BLOCK_M, BLOCK_N)  # fmt: skip
+        s = tl.where(ok, s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # (BLOCK_M,)
+        # Rows with no allowed key yet have m_new = -inf; shift them by 0 instead,
+        # so exp2(-inf - 0) = 0 rather than exp2(-inf + inf) = NaN.
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_shift[:, None])  # (BLOCK_M, BLOCK_N), in [0, 1]
+        alpha = tl.math.exp2(m_i - m_shift)  # rescales the old state to the new max
+        l_i = l_i * alpha + tl.sum(p, 1)
+
+        v = load_tile(v_base, offs_n, offs_dv, stride_vs, stride_vd, S, DV)  # (BLOCK_N, BLOCK_DV)
+        # p is cast to v's dtype for the tensor cores (fp16/bf16); the sum stays fp32.
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return m_i, l_i, acc
+
+
 # Lengths are not specialised: by default Triton compiles a separate variant when
 # an integer argument is 1 or a multiple of 16. T and S only enter comparisons,
 # loop bounds and row offsets, so such variants would buy nothing and cost a
@@ -199,7 +245,6 @@ def _attn_fwd_kernel(
     off_hkv = off_h // GROUP  # the key/value head of this query head's group
 
     offs_m = start_m + tl.arange(0, BLOCK_M)  # (BLOCK_M,) query indices
-    offs_n0 = tl.arange(0, BLOCK_N)  # (BLOCK_N,) key offsets inside a tile
     offs_dh = tl.arange(0, BLOCK_DH)
     offs_dv = tl.arange(0, BLOCK_DV)
 
@@ -217,28 +262,11 @@ def _attn_fwd_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)  # running sum of exp2(score - m_i) * v
 
     key_start, key_end = key_bounds(start_m, T, S, WINDOW, BLOCK_M, BLOCK_N, CAUSAL, HAS_WINDOW)
-    for start_n in range(key_start, key_end, BLOCK_N):
-        offs_n = start_n + offs_n0
-        kT = load_tile(k_base, offs_dh, offs_n, stride_kd, stride_ks, DH, S)  # (BLOCK_DH, BLOCK_N)
-        s = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N) fp32
-        ok = allowed_tile(
-            offs_m[:, None], offs_n[None, :], T, S, WINDOW, mask_base, stride_mt, stride_ms,
-            CAUSAL, HAS_WINDOW, HAS_MASK,
-        )  # (BLOCK_M, BLOCK_N)  # fmt: skip
-        s = tl.where(ok, s, float("-inf"))
-
-        m_new = tl.maximum(m_i, tl.max(s, 1))  # (BLOCK_M,)
-        # Rows with no allowed key yet have m_new = -inf; shift them by 0 instead,
-        # so exp2(-inf - 0) = 0 rather than exp2(-inf + inf) = NaN.
-        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_shift[:, None])  # (BLOCK_M, BLOCK_N), in [0, 1]
-        alpha = tl.math.exp2(m_i - m_shift)  # rescales the old state to the new max
-        l_i = l_i * alpha + tl.sum(p, 1)
-
-        v = load_tile(v_base, offs_n, offs_dv, stride_vs, stride_vd, S, DV)  # (BLOCK_N, BLOCK_DV)
-        # p is cast to v's dtype for the tensor cores (fp16/bf16); the sum stays fp32.
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+    m_i, l_i, acc = attend_keys(
+        q, offs_m, k_base, v_base, mask_base, stride_ks, stride_kd, stride_vs, stride_vd,
+        stride_mt, stride_ms, T, S, DH, DV, WINDOW, qk_scale, key_start, key_end, m_i, l_i, acc,
+        CAUSAL, HAS_WINDOW, HAS_MASK, DOT_PRECISION, BLOCK_DH, BLOCK_DV, BLOCK_N,
+    )  # fmt: skip
 
     # Every stored row has l_i > 0 (the host refused empty rows); only padded rows
     # (offs_m >= T) may have l_i = 0, and the guard keeps them free of NaN.

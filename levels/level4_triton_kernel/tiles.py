@@ -57,16 +57,13 @@ class Tiles:
 # The one configuration used under the interpreter.
 INTERPRETER_TILES = Tiles(block_m=16, block_n=16)
 
-# Decoding (T = 1, or a few queries) against a KV cache goes through the same
-# forward kernel with a 16-row query tile. The work is reading the cached keys
-# and values, S x (Dh + Dv) elements per head; the query tile is padded to 16
-# rows because tl.dot needs 16, and the 15 idle rows cost MMA slots that are
-# free next to that memory traffic. A long key tile keeps many loads in flight.
-# The kernel made for this case ("flash-decoding") also splits the cache length
-# across programs and merges their partial softmaxes with their log-sum-exps;
-# that pays when B * H alone cannot fill the GPU's multiprocessors (batch 1, a
-# long cache). It is a second kernel and a merge step for one regime, so it is
-# left out here: one program per (batch, head) streams its whole cache.
+# Decoding (T = 1, or a few queries) against a KV cache uses a 16-row query
+# tile. The work is reading the cached keys and values, S x (Dh + Dv) elements
+# per head; the query tile is padded to 16 rows because tl.dot needs 16, and the
+# 15 idle rows cost MMA slots that are free next to that memory traffic. A long
+# key tile keeps many loads in flight. When B * H programs alone cannot fill the
+# GPU (batch 1, a long cache), flash_decode.py also splits the cache across
+# programs and merges their partial softmaxes by their log-sum-exps.
 DECODE_TILES = Tiles(block_m=16, block_n=64, num_warps=4, num_stages=3)
 DECODE_MAX_T = 16  # at or below this many queries, the forward uses DECODE_TILES
 
