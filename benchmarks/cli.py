@@ -238,6 +238,17 @@ def _train(commands) -> None:
     p.add_argument("--resume", action="store_true", help="continue the run saved in --checkpoint")
     p.add_argument("--json", type=Path, default=None, help="write the metrics here")
     p.add_argument("--plot", type=Path, default=None, help="write the loss curve (PNG) here")
+    p.add_argument(
+        "--nproc",
+        type=_count(1),
+        default=1,
+        help="data-parallel processes (torchrun; gloo on the CPU, nccl on CUDA; default 1)",
+    )
+    p.add_argument(
+        "--fsdp",
+        action="store_true",
+        help="with --nproc: shard parameters, gradients and optimiser state (FSDP2) instead of DDP",
+    )
     p.set_defaults(run="lab.commands:train")
 
 

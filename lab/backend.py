@@ -85,17 +85,19 @@ class TrainerBackend(ABC):
         """A context for evaluation (no gradient tape, no dropout)."""
         yield
 
-    def forward(self, batch: Batch) -> Any:
-        """Teacher-forced logits ``(B, T, V)`` in the level's array type."""
+    def forward(self, batch: Batch, model: Any = None) -> Any:
+        """Teacher-forced logits ``(B, T, V)`` in the level's array type, from ``model``
+        (default: the level's model; the data-parallel wrapper when training on several ranks)."""
+        model = self.model if model is None else model
         inputs, valid = self.to_native(batch.inputs), self.to_native(batch.valid)
         if self.kind == "seq2seq":
-            return self.model.forward(
+            return model(
                 self.to_native(batch.src),
                 inputs,
                 src_valid=self.to_native(batch.src_valid),
                 tgt_valid=valid,
             )
-        return self.model.forward(inputs, valid=valid)
+        return model(inputs, valid=valid)
 
     def logits(self, batch: Batch) -> np.ndarray:
         """Teacher-forced logits ``(B, T, V)`` as numpy (call inside ``inference()``)."""
@@ -150,12 +152,30 @@ class TorchAutogradBackend(TrainerBackend):
         *,
         device: str | torch.device | None = None,
         dtype: torch.dtype | None = None,
+        world=None,
+        fsdp: bool = False,
     ):
         self.level, self.config, self.kind, self.settings = level, config, kind, settings
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.model = _model_class(level, kind)(
             config, dict(params), device=self.device, dtype=dtype
         )
+        # Data parallel (lab/distributed.py): training goes through the wrapper, which
+        # averages the gradients over the ranks; FSDP2 shards the parameters themselves,
+        # so it must come before the optimiser sees them.
+        self.world, self.fsdp = world, fsdp
+        self.trained = self.model
+        if world is not None and fsdp:
+            from torch.distributed.fsdp import fully_shard
+
+            for module in self.model.modules():
+                if isinstance(module, (level.EncoderLayer, getattr(level, "DecoderLayer", ()))):
+                    fully_shard(module)
+            fully_shard(self.model)
+        elif world is not None:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.trained = DistributedDataParallel(self.model)
         self.named = dict(self.model.named_parameters())
         expected = param_shapes(config, kind)
         if set(self.named) != set(expected):
@@ -192,14 +212,18 @@ class TorchAutogradBackend(TrainerBackend):
     def inference(self) -> Iterator[None]:
         was_training = self.model.training
         self.model.eval()
+        if self.fsdp:  # prefill / decode_step are not forward: gather the root's parameters
+            self.model.unshard()
         try:
             with torch.no_grad():
                 yield
         finally:
+            if self.fsdp:
+                self.model.reshard()
             self.model.train(was_training)
 
-    def _loss(self, batch: Batch) -> torch.Tensor:
-        logits = self.forward(batch)  # (B, T, V)
+    def _loss(self, batch: Batch, model=None) -> torch.Tensor:
+        logits = self.forward(batch, model)  # (B, T, V)
         return masked_cross_entropy(
             logits, self.to_native(batch.targets), self.to_native(batch.scored)
         )
@@ -212,15 +236,25 @@ class TorchAutogradBackend(TrainerBackend):
         if not self.model.training:
             self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self._loss(batch)
-        loss.backward()
-        return float(loss.detach())
+        if self.world is None:
+            loss = self._loss(batch)
+            loss.backward()
+            return float(loss.detach())
+        # This rank's rows of the global batch, weighted so that the gradient average
+        # over ranks is the gradient of the global mean (lab/distributed.py).
+        from . import distributed
+
+        local = distributed.shard(batch, self.world)
+        loss = self._loss(local, self.trained)
+        (loss * distributed.loss_scale(local, batch, self.world)).backward()
+        share = float(loss.detach()) * local.n_scored / batch.n_scored
+        return distributed.all_sum(share)  # the global batch's mean loss, on every rank
 
     def gradients(self) -> dict[str, np.ndarray]:
         missing = [name for name, p in self.named.items() if p.grad is None]
         if missing:
             raise ValueError(f"no gradient reached: {', '.join(missing)}")
-        return {name: p.grad.detach().cpu().numpy().copy() for name, p in self.named.items()}
+        return {name: _whole(p.grad) for name, p in self.named.items()}
 
     def step(self, lr: float) -> float:
         params = list(self.named.values())
@@ -231,7 +265,7 @@ class TorchAutogradBackend(TrainerBackend):
         return float(norm)
 
     def state(self) -> dict[str, Any]:
-        params = {n: p.detach().cpu().numpy().copy() for n, p in self.named.items()}
+        params = {n: _whole(p) for n, p in self.named.items()}
         moments: dict[str, dict[str, np.ndarray]] = {"exp_avg": {}, "exp_avg_sq": {}}
         step = 0
         for name, p in self.named.items():
@@ -239,7 +273,7 @@ class TorchAutogradBackend(TrainerBackend):
             if st:
                 step = int(st["step"])
                 for key in moments:
-                    moments[key][name] = st[key].detach().cpu().numpy().copy()
+                    moments[key][name] = _whole(st[key])
         return {
             "params": params,
             "optimizer": {"step": step, **moments},
@@ -255,7 +289,7 @@ class TorchAutogradBackend(TrainerBackend):
             )
         with torch.no_grad():
             for name, p in self.named.items():
-                p.copy_(torch.as_tensor(np.asarray(params[name])))
+                p.copy_(_like(p, params[name]))
         opt = state["optimizer"]
         torch_state = {}
         if opt["step"] > 0:
@@ -263,13 +297,31 @@ class TorchAutogradBackend(TrainerBackend):
                 torch_state[index] = {
                     # torch keeps the step as a float32 scalar tensor; only its value matters.
                     "step": torch.tensor(float(opt["step"]), dtype=torch.float32),
-                    "exp_avg": torch.as_tensor(np.asarray(opt["exp_avg"][name])),
-                    "exp_avg_sq": torch.as_tensor(np.asarray(opt["exp_avg_sq"][name])),
+                    "exp_avg": _like(self.named[name], opt["exp_avg"][name]),
+                    "exp_avg_sq": _like(self.named[name], opt["exp_avg_sq"][name]),
                 }
         groups = self.optimizer.state_dict()["param_groups"]
         self.optimizer.load_state_dict({"state": torch_state, "param_groups": groups})
         if state.get("rng") is not None:
             torch.set_rng_state(torch.as_tensor(np.asarray(state["rng"]), dtype=torch.uint8))
+
+
+def _whole(t: torch.Tensor) -> np.ndarray:
+    """A parameter or moment as one numpy array (an FSDP shard gathered from every rank)."""
+    t = t.detach()
+    if hasattr(t, "full_tensor"):  # a DTensor: this rank holds a shard
+        t = t.full_tensor()
+    return t.cpu().numpy().copy()
+
+
+def _like(p: torch.Tensor, array) -> torch.Tensor:
+    """``array`` as a tensor laid out as ``p``: sharded like it when ``p`` is a DTensor."""
+    t = torch.as_tensor(np.asarray(array))
+    if hasattr(p, "device_mesh"):
+        from torch.distributed.tensor import distribute_tensor
+
+        return distribute_tensor(t.to(p.device, p.dtype), p.device_mesh, p.placements)
+    return t
 
 
 class NumpyBackend(TrainerBackend):
@@ -394,6 +446,8 @@ def make_backend(
     *,
     device: str | None = None,
     dtype=None,
+    world=None,
+    fsdp: bool = False,
 ) -> TrainerBackend:
     """The backend that trains ``level``: autograd for torch levels (``GRADIENTS ==
     "autograd"``); the level's own ``loss_and_grads`` and numpy optimiser for a level
@@ -402,7 +456,20 @@ def make_backend(
     check_trainable(level, kind)
     if level.GRADIENTS == "autograd":
         return TorchAutogradBackend(
-            level, config, kind, params, settings, device=device, dtype=dtype
+            level,
+            config,
+            kind,
+            params,
+            settings,
+            device=device,
+            dtype=dtype,
+            world=world,
+            fsdp=fsdp,
+        )
+    if world is not None:
+        raise ValueError(
+            f"{level.__name__.rsplit('.', 1)[-1]} trains with its own numpy backward; "
+            "data-parallel training needs a torch level (2, 3 or 4)"
         )
     if device not in (None, "cpu"):
         raise ValueError(f"{level.__name__} runs on the CPU only, not {device!r}")

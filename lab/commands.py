@@ -10,6 +10,8 @@ is verified and belongs to the run asked for.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
 import time
 from pathlib import Path
@@ -118,6 +120,76 @@ def _estimate(spec, level, device) -> float:
 
 
 def train(args: argparse.Namespace) -> int:
+    from . import distributed
+
+    world = distributed.from_environment()
+    if args.fsdp and args.nproc == 1 and world is None:
+        raise UsageError("--fsdp shards across processes: give --nproc 2 or more")
+    for flag, path in (
+        ("--checkpoint", args.checkpoint),
+        ("--json", args.json),
+        ("--plot", args.plot),
+    ):
+        check_output_path(path, flag)
+    level = _level(args)
+    if args.nproc > 1 and world is None:
+        return _launch_ranks(args, level)
+    if world is not None:
+        distributed.start(world, args.device)
+        try:
+            return _train(args, level, world)
+        finally:
+            distributed.stop()
+    return _train(args, level, None)
+
+
+def _launch_ranks(args: argparse.Namespace, level) -> int:
+    """``--nproc N``: check what can be checked here, then run this command in N processes."""
+    from . import distributed
+
+    if level.GRADIENTS != "autograd":
+        raise UsageError(
+            f"--nproc: {level.__name__.rsplit('.', 1)[-1]} trains with its own numpy backward; "
+            "data-parallel training needs a torch level (2, 3 or 4)"
+        )
+    if args.device.startswith("cuda"):
+        import torch
+
+        if torch.cuda.device_count() < args.nproc:
+            raise UsageError(
+                f"--nproc {args.nproc} on CUDA needs a GPU per process; torch sees "
+                f"{torch.cuda.device_count()}"
+            )
+    spec = (
+        _resumed_spec(args)[0] if args.resume else _spec(args, quick=args.quick, steps=args.steps)
+    )
+    try:
+        distributed.check_batch_size(spec.settings.batch_size, distributed.World(0, args.nproc))
+    except ValueError as exc:
+        raise UsageError(f"--nproc: {exc}") from None
+    argv = _argv_without_nproc(sys.argv[1:])
+    status = distributed.launch(argv, args.nproc)
+    if status in (130, -signal.SIGINT):
+        raise Interrupted(f"interrupted; {args.nproc} processes stopped")
+    if status != 0:
+        raise RuntimeError(f"a training process failed (torchrun exit status {status}); see above")
+    return 0
+
+
+def _argv_without_nproc(argv: list[str]) -> list[str]:
+    """The command line each rank runs: this one without ``--nproc N`` (or ``--nproc=N``)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            out.append(arg)
+    return out
+
+
+def _train(args: argparse.Namespace, level, world) -> int:
     from rich.progress import (
         BarColumn,
         Progress,
@@ -130,13 +202,7 @@ def train(args: argparse.Namespace) -> int:
     from .train import TrainingInterrupted, plot_losses, write_json
     from .train import train as run_training
 
-    for flag, path in (
-        ("--checkpoint", args.checkpoint),
-        ("--json", args.json),
-        ("--plot", args.plot),
-    ):
-        check_output_path(path, flag)
-    level = _level(args)
+    main = world is None or world.main
     console = make_console()
     start_step = 0
     if args.resume:
@@ -152,7 +218,7 @@ def train(args: argparse.Namespace) -> int:
         if level.INTERPRETED and args.quick:
             spec = _interpreter_quick(spec)
     name = level.__name__.rsplit(".", 1)[-1]
-    if level.INTERPRETED:
+    if level.INTERPRETED and main:
         seconds = _estimate(spec, level, args.device)
         if seconds > INTERPRETER_WARNING_S:
             print(
@@ -174,12 +240,15 @@ def train(args: argparse.Namespace) -> int:
         transient=False,
     )
     resuming = f", resuming at step {start_step}" if start_step else ""
-    print(
-        f"training {name} {spec.kind} {spec.task.name}: {spec.settings.steps} steps{resuming}",
-        flush=True,
-    )
+    ranks = f" on {world.size} processes ({'FSDP2' if args.fsdp else 'DDP'})" if world else ""
+    if main:
+        print(
+            f"training {name} {spec.kind} {spec.task.name}: {spec.settings.steps} steps"
+            f"{ranks}{resuming}",
+            flush=True,
+        )
     started = time.perf_counter()
-    with bar:
+    with bar if main else contextlib.nullcontext():
         job = bar.add_task(
             f"{name} {spec.kind} {spec.task.name}",
             total=spec.settings.steps,
@@ -197,6 +266,8 @@ def train(args: argparse.Namespace) -> int:
                 progress=lambda step, loss, tps: bar.update(
                     job, completed=step, loss=loss, tps=tps
                 ),
+                world=world,
+                fsdp=args.fsdp,
             )
         except PreflightError as exc:
             raise UsageError(
@@ -204,6 +275,8 @@ def train(args: argparse.Namespace) -> int:
             ) from None
         except TrainingInterrupted as exc:
             raise Interrupted(str(exc)) from None
+    if not main:
+        return 0  # rank 0 reports and writes the outputs
     print(
         f"held-out: loss {result['heldout_loss']:.4f}  token acc {result['token_accuracy']:.4f}  "
         f"teacher-forced exact {result['teacher_forced_exact']:.4f}  "

@@ -137,11 +137,21 @@ def spec_from_dict(d: dict[str, Any]) -> RunSpec:
     )
 
 
-def build_backend(spec: RunSpec, level: ModuleType, *, device: str | None = None) -> TrainerBackend:
-    """A backend holding a fresh model, initialised from ``spec.settings.seed``."""
+def build_backend(
+    spec: RunSpec, level: ModuleType, *, device: str | None = None, world=None, fsdp: bool = False
+) -> TrainerBackend:
+    """A backend holding a fresh model, initialised from ``spec.settings.seed`` (one
+    replica of a data-parallel run when ``world`` is given; ``lab.distributed``)."""
     params = init_params(spec.config, spec.kind, spec.settings.seed)
     return make_backend(
-        level, spec.config, spec.kind, params, spec.settings.optimizer, device=device
+        level,
+        spec.config,
+        spec.kind,
+        params,
+        spec.settings.optimizer,
+        device=device,
+        world=world,
+        fsdp=fsdp,
     )
 
 
@@ -195,6 +205,8 @@ def train(
     evaluation: bool = True,
     progress: Progress | None = None,
     device: str | None = None,
+    world=None,
+    fsdp: bool = False,
 ) -> dict[str, Any]:
     """Train ``level`` on ``spec``; return the metrics, the per-step ``losses``
     and, under ``"backend"``, the trained backend itself (left out of the JSON).
@@ -204,10 +216,20 @@ def train(
     (it must have been written for the same spec). ``stop_after`` ends the run
     after that many steps *of the schedule of ``spec.settings.steps``*, as an
     interruption would.
+
+    With ``world`` (a ``lab.distributed.World``, the process group started) this
+    process is one rank of a data-parallel run: it computes its shard of every
+    batch, and only rank 0 reports progress, writes the checkpoint and (with
+    DDP) evaluates; the result of another rank holds no evaluation.
     """
+    from . import distributed
+
     started = time.perf_counter()
     settings = spec.settings
-    backend = build_backend(spec, level, device=device)
+    main = world is None or world.main
+    if world is not None:
+        distributed.check_batch_size(settings.batch_size, world)
+    backend = build_backend(spec, level, device=device, world=world, fsdp=fsdp)
     checks = run_preflight(backend, spec.task, seed=settings.seed) if preflight else []
     require(checks)
 
@@ -243,15 +265,17 @@ def train(
             losses.append(loss)
             real_tokens += batch.n_real
             done = step + 1
-            if progress is not None:
+            if progress is not None and main:
                 progress(done, loss, real_tokens / (time.perf_counter() - train_started))
             if checkpoint is not None and (
                 done == stop or (checkpoint_every and done % checkpoint_every == 0)
             ):
-                save_checkpoint(
-                    checkpoint,
-                    {**backend.state(), "spec": spec_to_dict(spec), "step": done, "losses": losses},
-                )
+                state = backend.state()  # with FSDP every rank takes part in gathering it
+                if main:
+                    save_checkpoint(
+                        checkpoint,
+                        {**state, "spec": spec_to_dict(spec), "step": done, "losses": losses},
+                    )
                 saved_step = done
     except KeyboardInterrupt:
         raise TrainingInterrupted(done, checkpoint, saved_step) from None
@@ -278,8 +302,12 @@ def train(
         "losses": losses,
         "grad_norms": grad_norms,  # before clipping, from this session's steps
     }
-    if evaluation:
+    if world is not None:
+        result["processes"] = world.size
+    # FSDP's parameters are sharded: evaluating gathers them, which every rank must join.
+    if evaluation and (main or fsdp):
         result |= evaluate(backend, heldout, settings.eval_batch_size, seen=seen)
+    distributed.barrier()  # the others wait while rank 0 evaluates and writes
     result["seconds"] = time.perf_counter() - started
     result["backend"] = backend
     return result

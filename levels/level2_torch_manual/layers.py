@@ -317,9 +317,11 @@ class EncoderLayer(nn.Module):
             return x  # what F.dropout returns then, without the call
         return F.dropout(x, p=self.dropout_p, training=True)
 
-    def _self_attention(self, x, valid, causal, cache, index) -> torch.Tensor:
+    def _self_attention(self, x, valid, causal, cache, index, position_offset=0) -> torch.Tensor:
         """``x + dropout(SelfAttn(norm1(x)))`` over the cached keys and ``x``'s own."""
-        offset = 0 if cache is None else cache.position_offset()  # an int, or (B,) when ragged
+        # Where x's first position sits: after the cache's (an int, or (B,) when ragged), or
+        # at ``position_offset`` (a shard of a longer sequence, as context parallelism runs it).
+        offset = position_offset if cache is None else cache.position_offset()
         window, mask = self.window, key_mask(valid, T=x.shape[1], window=self.window)
         if window is not None and cache is not None and cache.ragged:
             # Padding sits between a ragged row's slots: the window counts positions.
@@ -343,13 +345,15 @@ class EncoderLayer(nn.Module):
         causal: bool = False,
         cache=None,
         index: int = 0,
+        position_offset: int = 0,
     ) -> torch.Tensor:
         """``x (B,T,D)``; ``valid (B,S)`` marks real keys (``S = T``, or cache length + T).
 
         With ``cache``, ``x`` holds the ``T`` newest positions, which follow the
-        ``cache.length`` positions already in layer ``index`` of the cache.
+        ``cache.length`` positions already in layer ``index`` of the cache; without,
+        they start at ``position_offset``.
         """
-        x = self._self_attention(x, valid, causal, cache, index)
+        x = self._self_attention(x, valid, causal, cache, index, position_offset)
         return x + self._dropout(feed_forward(self, self.norm2(x)))  # (B,T,D)
 
 

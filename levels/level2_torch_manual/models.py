@@ -190,12 +190,22 @@ class DecoderOnlyTransformer(_Model):
                 params, "output_projection.weight", (config.vocab_size, config.d_model), **kw
             )
 
-    def _step(self, tokens: torch.Tensor, valid: torch.Tensor, cache) -> torch.Tensor:
-        """Logits ``(B,T,V)`` for checked ``tokens (B,T)`` following the cache's filled positions."""
+    def _step(
+        self, tokens: torch.Tensor, valid: torch.Tensor, cache, position_offset: int = 0
+    ) -> torch.Tensor:
+        """Logits ``(B,T,V)`` for checked ``tokens (B,T)`` following the cache's filled positions
+        (or, without a cache, starting at ``position_offset``)."""
 
         def blocks(x: torch.Tensor, key_valid: torch.Tensor) -> torch.Tensor:
             for i, layer in enumerate(self.layers):
-                x = layer(x, valid=key_valid, causal=True, cache=cache, index=i)  # (B,T,D)
+                x = layer(
+                    x,
+                    valid=key_valid,
+                    causal=True,
+                    cache=cache,
+                    index=i,
+                    position_offset=position_offset,
+                )  # (B,T,D)
             return x
 
         def logits(x: torch.Tensor) -> torch.Tensor:
@@ -208,10 +218,26 @@ class DecoderOnlyTransformer(_Model):
             tokens, valid, cache, embedding=self.token_embedding, blocks=blocks, head=logits
         )
 
-    def forward(self, tokens: torch.Tensor, *, valid: torch.Tensor | None = None) -> torch.Tensor:
-        """``tokens (B,T)`` ints, ``valid (B,T)`` bool (default ``tokens != pad_id``) -> ``(B,T,V)``."""
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        *,
+        valid: torch.Tensor | None = None,
+        position_offset: int = 0,
+    ) -> torch.Tensor:
+        """``tokens (B,T)`` ints, ``valid (B,T)`` bool (default ``tokens != pad_id``) -> ``(B,T,V)``.
+
+        ``position_offset``: the position of the first token, for a shard of a longer
+        sequence (context parallelism, ``levels.parallel``); RoPE rotates from there.
+        """
         tokens = self._ids(tokens)
-        return self._step(tokens, _resolve_valid(tokens, valid, self.config.pad_id), None)
+        if isinstance(position_offset, bool) or not isinstance(position_offset, int):
+            raise TypeError(f"position_offset must be an integer, got {position_offset!r}")
+        if position_offset < 0:
+            raise ValueError(f"position_offset must be >= 0, got {position_offset}")
+        check_length(position_offset + tokens.shape[1], self.config.max_seq_len, what="position")
+        valid = _resolve_valid(tokens, valid, self.config.pad_id)
+        return self._step(tokens, valid, None, position_offset)
 
     def prefill(self, tokens: torch.Tensor, *, valid: torch.Tensor | None = None):
         """Run the prompt ``tokens (B,T)`` and keep its keys and values: ``(logits (B,T,V), cache)``."""

@@ -1,0 +1,162 @@
+"""Data-parallel training on ``torch.distributed``: every rank a replica, a shard of each batch.
+
+``ladder train ... --nproc N`` starts ``N`` processes with ``torchrun
+--standalone --nproc_per_node N`` (which picks a free port and, when one
+process fails, stops the others) and each runs the same training loop. The
+one torchrun line that does the same by hand::
+
+    torchrun --standalone --nproc_per_node 2 -m benchmarks.cli train seq2seq --task reverse
+
+What makes N processes train the model one process would:
+
+* **The same batches.** The batch at step ``n`` is a pure function of the
+  seed and ``n`` (``lab.data.BatchStream``), so every rank builds the whole
+  global batch and keeps its rows ``rank, rank + N, ...`` (``shard``). No data
+  is sent, and a run saved with N processes resumes with any M.
+* **The same loss.** The loss is a mean over the global batch's scored tokens.
+  Each rank sums over its own and divides by the global count; DDP averages
+  the gradients over ranks, so each rank's loss is also multiplied by ``N``,
+  and the averaged gradient is exactly the single-process one, up to the
+  order of the floating-point sums (``loss_scale``).
+* **The same update.** After the all-reduce every rank holds the same
+  gradients, so clipping and AdamW give every replica the same parameters.
+
+Rank 0 alone prints, evaluates and writes the checkpoint (atomically, as
+always); the others wait for it at a barrier. Every collective has a timeout
+(``TIMEOUT``), so a rank that dies takes the others down with an error
+instead of a hang.
+
+FSDP2 (``torch.distributed.fsdp.fully_shard``, ``--fsdp``) shards the
+parameters, gradients and optimiser moments across ranks instead of
+replicating them, each layer gathered for its forward and backward; it runs on
+gloo here. The same loss scaling holds, since FSDP also averages gradients.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, replace
+from datetime import timedelta
+
+import numpy as np
+
+from .data import Batch
+
+TIMEOUT = timedelta(seconds=300)  # any collective: longer than rank 0's evaluation takes
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place among the ranks of a run."""
+
+    rank: int
+    size: int
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def from_environment() -> World | None:
+    """The world ``torchrun`` describes in ``RANK`` and ``WORLD_SIZE``; None outside torchrun."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return None
+    return World(rank=int(os.environ["RANK"]), size=int(os.environ["WORLD_SIZE"]))
+
+
+def start(world: World, device: str) -> None:
+    """Join the process group: gloo on the CPU, nccl on CUDA (one GPU per local rank)."""
+    import torch
+    import torch.distributed as dist
+
+    backend = "gloo"
+    if device.startswith("cuda"):
+        backend = "nccl"
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(backend, rank=world.rank, world_size=world.size, timeout=TIMEOUT)
+
+
+def stop() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def shard(batch: Batch, world: World) -> Batch:
+    """Rows ``rank, rank + size, ...`` of ``batch``: this rank's share of the global batch."""
+    rows = slice(world.rank, None, world.size)
+    pick = lambda a: None if a is None else a[rows]  # noqa: E731
+    return replace(
+        batch,
+        inputs=batch.inputs[rows],
+        valid=batch.valid[rows],
+        targets=batch.targets[rows],
+        scored=batch.scored[rows],
+        src=pick(batch.src),
+        src_valid=pick(batch.src_valid),
+    )
+
+
+def loss_scale(local: Batch, full: Batch, world: World) -> float:
+    """What turns this rank's mean loss into its part of the global mean, times the world
+    size (which the gradient average divides out): ``N * n_local / n_global``."""
+    return world.size * local.n_scored / full.n_scored
+
+
+def check_batch_size(batch_size: int, world: World) -> None:
+    if batch_size < world.size:
+        raise ValueError(
+            f"a batch of {batch_size} rows cannot give each of {world.size} processes a row"
+        )
+
+
+def all_sum(value: float) -> float:
+    """``value`` summed over the ranks (a float64 all-reduce)."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t)
+    return float(t[0])
+
+
+def launch(argv: list[str], nproc: int) -> int:
+    """Run ``ladder <argv>`` in ``nproc`` processes under torchrun; its exit status.
+
+    torchrun's own logging stays on stderr; a failing rank's error and status
+    come back through it.
+    """
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "benchmarks.cli",
+        *argv,
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    return subprocess.call(command, env=env)
+
+
+def same_everywhere(array: np.ndarray) -> bool:
+    """Whether every rank holds the same ``array`` (a check for tests and the end of a run)."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.as_tensor(np.ascontiguousarray(array, dtype=np.float64)).flatten()
+    lo, hi = t.clone(), t.clone()
+    dist.all_reduce(lo, op=dist.ReduceOp.MIN)
+    dist.all_reduce(hi, op=dist.ReduceOp.MAX)
+    return bool(torch.equal(lo, hi))
