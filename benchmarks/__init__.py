@@ -28,6 +28,7 @@ SCENARIOS = (
     "transformers",
     "varlen",
     "train",
+    "ring",
 )
 """Scenario groups selectable with ``--scenario``, in the order they run (here, so that the
 ``ladder`` parser lists them without importing the harness)."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 import numpy as np
 
@@ -31,6 +32,7 @@ from . import SCENARIOS
 from .backends import Backend
 from .figures import kv_cache_figures, padding_figures
 from .records import Record
+from .ring import ring_records
 from .scenarios import Attention, DecoderForward, Generate, TrainStep, VarlenBatch, Workload
 from .timing import TimingPolicy
 
@@ -127,6 +129,7 @@ class Sizes:
     llama: tuple[tuple[int, ...], int, int]  # (batch sizes, prompt, new tokens), vs transformers
     varlen: tuple[int, int, int, int]  # (sequences, shortest, longest, batch size)
     train: tuple[int, int]  # (batch, tokens per row) of the training step
+    ring: tuple[int, ...]  # sequence lengths of ring attention across processes
     B: int
     H: int
     Dh: int
@@ -145,6 +148,7 @@ CPU = Sizes(
     llama=((1, 8), 64, 128),
     varlen=(32, 8, 128, 8),
     train=(8, 128),
+    ring=(1024, 4096),
     B=1,
     H=8,
     Dh=64,
@@ -169,6 +173,7 @@ CPU_QUICK = replace(
     llama=((1, 4), 16, 16),
     varlen=(12, 8, 64, 4),
     train=(4, 32),
+    ring=(512,),
     timing=TimingPolicy(warmup=1, min_repeat=3, max_repeat=10, min_time_s=0.08),
     budgets={
         "python": Budget(max_gflop=0.01, max_call_s=0.5),
@@ -191,6 +196,7 @@ CUDA = Sizes(
     llama=((1, 8, 32), 128, 128),
     varlen=(128, 16, 1024, 16),
     train=(16, 512),
+    ring=(8192, 32768),
     B=4,
     H=16,
     Dh=64,
@@ -208,7 +214,13 @@ CUDA_QUICK = replace(
 )
 
 
-def plan_from(sizes: Sizes, *, seq_lens: list[int] | None = None, causal: bool = True) -> Plan:
+def plan_from(
+    sizes: Sizes,
+    *,
+    seq_lens: list[int] | None = None,
+    causal: bool = True,
+    device: str = "cpu",
+) -> Plan:
     """The workloads of ``sizes``; ``seq_lens`` replaces both T sweeps."""
     attn_T = tuple(seq_lens) if seq_lens else sizes.attn_T
     model_T = tuple(seq_lens) if seq_lens else sizes.model_T
@@ -253,7 +265,11 @@ def plan_from(sizes: Sizes, *, seq_lens: list[int] | None = None, causal: bool =
         "varlen": [VarlenBatch(config, lengths, batch, bucketed=b) for b in (False, True)],
         "train": [TrainStep(config, *sizes.train)],
     }
-    figures = {"kv-cache": [kv_cache_figures], "varlen": [padding_figures]}
+    figures = {
+        "kv-cache": [kv_cache_figures],
+        "varlen": [padding_figures],
+        "ring": [partial(ring_records, sizes.ring, device)],
+    }
     # Full causal attention at the window's longest T is the point of the comparison; at
     # level 3 on two cores it takes about 3 s a call, past the CPU cap of 2 s. A batch of 8
     # is predicted from the batch of 1 by its FLOPs, 8x, but decoding reads the same
@@ -277,4 +293,4 @@ def default_plan(
         sizes = CUDA_QUICK if quick else CUDA
     else:
         sizes = CPU_QUICK if quick else CPU
-    return plan_from(sizes, seq_lens=seq_lens, causal=causal)
+    return plan_from(sizes, seq_lens=seq_lens, causal=causal, device=device)

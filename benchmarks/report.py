@@ -338,6 +338,27 @@ def _size(r: Record) -> tuple:
     return tuple(sorted(r.shape.items()))
 
 
+def ring_ratios(records: list[Record]) -> list[Ratio]:
+    """Per method, one process's time over two's at the longest T both ran (on a machine
+    of two cores that mostly says what communication and a shared CPU cost)."""
+    ok = _ok(records, "ring")
+    by = {(r.level, r.shape["W"], r.shape["T"]): r for r in ok}
+    out = []
+    for level in dict.fromkeys(r.level for r in ok):
+        common = [T for (n, w, T) in by if n == level and w == 1 and (level, 2, T) in by]
+        if common:
+            T = max(common)
+            one, two = by[(level, 1, T)], by[(level, 2, T)]
+            out.append(
+                Ratio(
+                    f"ring, 1 process / 2: {level}",
+                    one.median_s / two.median_s,
+                    f"T={T}: {fmt_time(one.median_s)} / {fmt_time(two.median_s)}",
+                )
+            )
+    return out
+
+
 def kv_cache_ratios(records: list[Record]) -> list[Ratio]:
     """KV-cache bytes per token of multi-head attention over the grouped and multi-query."""
     figures = {r.note.split(";")[0]: r for r in records if r.scenario == "kv cache"}
@@ -411,6 +432,7 @@ def summary(records: list[Record]) -> list[Ratio]:
         *window_ratios(records),
         *figure_ratios(records),
         *kv_cache_ratios(records),
+        *ring_ratios(records),
         *best_peak_fractions(records),
     ]
 
