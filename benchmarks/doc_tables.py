@@ -74,6 +74,8 @@ def _cell(record: dict | None, value: str) -> str:
         return f"{record['tokens_per_s']:,.0f}"
     if value == "gflops":
         return f"{record['gflops']:.3g}"
+    if value == "gbs":
+        return "" if record.get("gbs") is None else f"{record['gbs']:.3g}"
     if value == "peak_mib":
         peak = record["peak_memory_bytes"]
         return "n/a" if peak is None else f"{peak / 2**20:.3g}"
@@ -85,6 +87,7 @@ UNITS = {
     "tokens_per_s": "tokens/s",
     "gflops": "GFLOP/s",
     "peak_mib": "peak MiB allocated per call",
+    "gbs": "GB/s read: weights and KV cache",
 }
 
 

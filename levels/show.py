@@ -202,14 +202,3 @@ def run(args: argparse.Namespace) -> int:
         # Point stdout at devnull so the interpreter's final flush does not fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m levels.show [piece] [--levels ...]``, the same as ``ladder show``."""
-    from benchmarks.cli import main as ladder
-
-    return ladder(["show", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

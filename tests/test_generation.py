@@ -311,3 +311,18 @@ def test_generate_refuses_bad_arguments_before_any_work(level, kwargs, error, ma
         kwargs = kwargs | {"valid": level.arr(kwargs["valid"])}
     with pytest.raises(error, match=match):
         model.generate(level.arr(np.array([[3, 4, 5], [6, 7, 8]])), 2, **kwargs)
+
+
+def test_position_offset_moves_rope_but_not_what_attention_sees(case):
+    """RoPE scores depend on distances only, so one sequence placed at position 5 gives the
+    same logits to rounding (its effect shows when a shard attends to other shards' keys,
+    tests/test_parallel.py); out-of-range offsets are refused."""
+    config = small_config(case.tiny)
+    model = case.build("DecoderOnlyTransformer", config, init_params(config, "decoder_only", 2))
+    tokens = case.arr(random_tokens(np.random.default_rng(2), config, 2, 4))
+    here = case.np(model.forward(tokens))
+    there = case.np(model.forward(tokens, position_offset=5))
+    case.assert_close(there, here, what="logits at offset 5")
+    for bad, error in ((-1, ValueError), (config.max_seq_len, ValueError), (1.0, TypeError)):
+        with pytest.raises(error, match="position_offset"):
+            model.forward(tokens, position_offset=bad)

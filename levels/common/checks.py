@@ -198,6 +198,15 @@ def check_length(length: int, max_seq_len: int, *, what: str = "sequence length"
         raise ValueError(f"{what} must be positive, got {length}")
 
 
+def check_position_offset(offset: object, T: int, max_seq_len: int) -> None:
+    """``position_offset`` of a forward: an integer >= 0 with ``offset + T <= max_seq_len``."""
+    if isinstance(offset, bool) or not isinstance(offset, int):
+        raise TypeError(f"position_offset must be an integer, got {offset!r}")
+    if offset < 0:
+        raise ValueError(f"position_offset must be >= 0, got {offset}")
+    check_length(offset + T, max_seq_len, what="position_offset + length")
+
+
 def check_batch(got: int, expected: int, *, what: str) -> None:
     """Two inputs of one call must have the same number of rows."""
     if got != expected:

@@ -138,16 +138,20 @@ class _Model(Module):
         """An empty KV cache of capacity ``max_seq_len`` for ``batch`` rows."""
         return KVCache(self.config, batch, ops=self.ops)
 
-    def _causal_step(self, ids, valid, cache, *, embedding, blocks, head) -> Native:
+    def _causal_step(
+        self, ids, valid, cache, *, embedding, blocks, head, position_offset: int = 0
+    ) -> Native:
         """Logits ``(B,T,V)`` for ``ids (B,T)`` placed after the cache's filled positions.
 
         ``blocks(x (B,T,D), key_valid (B, length+T), position_offset) -> (B,T,D)`` runs the layers
         and ``head`` maps ``(B,T,D) -> (B,T,V)``. Inputs are checked already;
         the cache's length grows only after the last layer. The logits at padded
-        positions are not zeroed here (``_zero_padding`` does that).
+        positions are not zeroed here (``_zero_padding`` does that). Without a
+        cache the first position is ``position_offset`` (a shard of a longer sequence).
         """
         key_valid = valid if cache is None else cache.key_valid(valid)  # (B, length + T)
-        offset = 0 if cache is None else cache.position_offset()  # an int, or (B,) when ragged
+        # An int, or (B,) when ragged.
+        offset = position_offset if cache is None else cache.position_offset()
         # sqrt(D) (by default) so that the stream starts at unit variance.
         x = self.ops.embed(embedding, self.ops.asarray(ids), self.config.embedding_scale)  # (B,T,D)
         logits = head(blocks(x, key_valid, offset))  # (B,T,V)
@@ -182,7 +186,9 @@ class DecoderOnlyTransformer(_Model):
         name = "token_embedding.weight" if config.tie_embeddings else "output_projection.weight"
         self.output_projection = self._native(params[name])  # (V, D)
 
-    def _step(self, ids: np.ndarray, valid: np.ndarray, cache: KVCache | None) -> Native:
+    def _step(
+        self, ids: np.ndarray, valid: np.ndarray, cache: KVCache | None, position_offset: int = 0
+    ) -> Native:
         """Raw logits ``(B,T,V)`` for ``ids (B,T)`` following the cache's filled positions."""
 
         def blocks(x, key_valid, offset):
@@ -197,18 +203,28 @@ class DecoderOnlyTransformer(_Model):
 
         self._check_step(ids, cache, "tokens")
         return self._causal_step(
-            ids, valid, cache, embedding=self.token_embedding, blocks=blocks, head=logits
+            ids,
+            valid,
+            cache,
+            embedding=self.token_embedding,
+            blocks=blocks,
+            head=logits,
+            position_offset=position_offset,
         )
 
-    def logits(self, tokens, *, valid=None) -> tuple[Native, np.ndarray]:
+    def logits(self, tokens, *, valid=None, position_offset=0) -> tuple[Native, np.ndarray]:
         """``(logits (B,T,V), valid (B,T))`` without zeroing the padded positions (for training)."""
         ids = self._ids(tokens)
+        checks.check_position_offset(position_offset, ids.shape[1], self.config.max_seq_len)
         valid = self._valid(ids, valid)
-        return self._step(ids, valid, None), valid
+        return self._step(ids, valid, None, position_offset), valid
 
-    def forward(self, tokens, *, valid=None) -> Native:
-        """``tokens (B,T)`` ints, ``valid (B,T)`` bool (default ``tokens != pad_id``) -> ``(B,T,V)``."""
-        return self._zero_padding(*self.logits(tokens, valid=valid))
+    def forward(self, tokens, *, valid=None, position_offset=0) -> Native:
+        """``tokens (B,T)`` ints, ``valid (B,T)`` bool (default ``tokens != pad_id``) -> ``(B,T,V)``;
+        ``position_offset``: the first token's position (RoPE starts there)."""
+        return self._zero_padding(
+            *self.logits(tokens, valid=valid, position_offset=position_offset)
+        )
 
     __call__ = forward
 

@@ -16,6 +16,7 @@ from ..common.checks import (
     NO_VALID_TOKEN_MESSAGE,
     check_batch,
     check_length,
+    check_position_offset,
     check_token_ids,
     check_valid_shape,
 )
@@ -231,11 +232,7 @@ class DecoderOnlyTransformer(_Model):
         sequence (context parallelism, ``levels.parallel``); RoPE rotates from there.
         """
         tokens = self._ids(tokens)
-        if isinstance(position_offset, bool) or not isinstance(position_offset, int):
-            raise TypeError(f"position_offset must be an integer, got {position_offset!r}")
-        if position_offset < 0:
-            raise ValueError(f"position_offset must be >= 0, got {position_offset}")
-        check_length(position_offset + tokens.shape[1], self.config.max_seq_len, what="position")
+        check_position_offset(position_offset, tokens.shape[1], self.config.max_seq_len)
         valid = _resolve_valid(tokens, valid, self.config.pad_id)
         return self._step(tokens, valid, None, position_offset)
 

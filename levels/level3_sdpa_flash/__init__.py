@@ -19,7 +19,9 @@ re-parameterised through its ``Kernels`` hook; no code is copied):
 - ``levels.common.bucketing`` batches sequences of similar length, so less
   of that attention is spent on padding (``ladder bench --scenario varlen``).
 
-``LayerNorm``, ``RMSNorm``, ``FeedForward`` and ``merge_attention`` are level 2's unchanged.
+``LayerNorm``, ``RMSNorm``, ``FeedForward`` and ``merge_attention`` are level 2's unchanged
+(``LayerNorm`` and ``FeedForward`` are declared here as level 2's, so every rung names its
+pieces in its own files).
 
 The tutorial chapter for this level is docs/level3_sdpa_flash.md.
 """
@@ -33,9 +35,7 @@ import torch
 
 from .. import level2_torch_manual as level2
 from ..level2_torch_manual import (
-    FeedForward,
     Kernels,
-    LayerNorm,
     RMSNorm,
     asarray,
     merge_attention,
@@ -43,6 +43,15 @@ from ..level2_torch_manual import (
 )
 from .attention import BACKEND_CHOICES, BACKENDS, attention, check_backend, which_backend
 from .cache import StaticKVCache
+
+
+class LayerNorm(level2.LayerNorm):
+    """Level 2's LayerNorm: level 3 changes the attention core and the cache, not the norms."""
+
+
+class FeedForward(level2.FeedForward):
+    """Level 2's feed-forward network, unchanged."""
+
 
 KERNELS = Kernels(attention=attention, layer_norm=LayerNorm, kv_cache=StaticKVCache)
 

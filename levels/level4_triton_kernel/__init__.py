@@ -63,7 +63,7 @@ if not interpreting() and not torch.cuda.is_available():
         "Triton's interpreter was not chosen: set TRITON_INTERPRET=1 before importing levels"
     )
 
-from ..level2_torch_manual import FeedForward, asarray, merge_attention, to_numpy  # noqa: E402
+from ..level2_torch_manual import asarray, merge_attention, to_numpy  # noqa: E402
 from .flash_attention import FlashAttention, attention  # noqa: E402
 from .fused_layer_norm import FusedLayerNorm, layer_norm, rms_norm  # noqa: E402
 from .models import (  # noqa: E402
@@ -71,6 +71,7 @@ from .models import (  # noqa: E402
     DecoderLayer,
     DecoderOnlyTransformer,
     EncoderLayer,
+    FeedForward,
     LayerNorm,
     MultiHeadAttention,
     RMSNorm,
