@@ -86,15 +86,22 @@ def _resumed_spec(args: argparse.Namespace):
         raise UsageError("--resume continues the saved run as planned: drop --steps/--quick")
     saved = load_checkpoint(args.checkpoint)  # CheckpointError (one line) if unusable
     spec = spec_from_dict(saved["spec"])
-    asked = {"kind": KINDS[args.kind], "task": args.task, "seed": args.seed}
-    there = {"kind": spec.kind, "task": spec.task.name, "seed": spec.settings.seed}
+    asked = {"kind": args.kind, "task": args.task, "seed": args.seed}
+    there = {"kind": _kind_name(spec.kind), "task": spec.task.name, "seed": spec.settings.seed}
     for key, value in asked.items():
         if value is not None and value != there[key]:
             raise UsageError(
                 f"{args.checkpoint} holds a run with {key} {there[key]!r}, the command line asks "
-                f"for {value!r}; leave --{key} out or give another --checkpoint"
+                f"for {value!r}; "
+                + (f"give kind {there[key]}" if key == "kind" else f"leave --{key} out")
+                + " or another --checkpoint"
             )
     return spec, int(saved["step"])
+
+
+def _kind_name(kind: str) -> str:
+    """``decoder_only`` as the command line spells it, ``decoder-only``."""
+    return next(name for name, value in KINDS.items() if value == kind)
 
 
 def _estimate(spec, level, device) -> float:

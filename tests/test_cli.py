@@ -134,7 +134,7 @@ def test_resume_refuses_another_run_and_says_when_it_is_finished(capsys, tmp_pat
     path = _trained(tmp_path, capsys)
     before = path.read_bytes()
     one_line(capsys, 2, ["train", "decoder-only", "--resume", "--checkpoint", str(path)],
-             "holds a run with kind 'seq2seq', the command line asks for 'decoder_only'")  # fmt: skip
+             "holds a run with kind 'seq2seq', the command line asks for 'decoder-only'")  # fmt: skip
     one_line(capsys, 2, ["train", "seq2seq", "--task", "reverse", "--resume", "--checkpoint",
                          str(path)], "task 'copy'")  # fmt: skip
     one_line(capsys, 2, ["train", "seq2seq", "--resume", "--steps", "9", "--checkpoint",
