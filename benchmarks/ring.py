@@ -97,6 +97,7 @@ def _worker(rank: int, world: int, port: int, lengths, device: str, out: str) ->
                         torch.cuda.synchronize()
                     samples.append(time.perf_counter() - start)
                 results[f"{method} {T}"] = {"samples": samples, "out": got.cpu().double().tolist()}
+        dist.barrier()  # nobody tears the group down while another rank still talks
     finally:
         Path(out, f"rank{rank}.json").write_text(json.dumps(results))
         dist.destroy_process_group()

@@ -86,8 +86,9 @@ def attention_cases(rank: int, world: int, port: int, out_dir: str) -> None:
                                 (g - parallel.shard(w, 2, rank, world, layout)).abs().max()
                                 for g, w in zip(my_grads, grads, strict=True)
                             ]
-                            worst[name] = max(float(e) for e in errors)
+                            worst[name] = max(float(e.detach()) for e in errors)
                             assert worst[name] < F64_TOL, (name, [float(e) for e in errors])
+        dist.barrier()  # nobody tears the group down while another rank still talks
     finally:
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(worst))
         dist.destroy_process_group()
@@ -139,6 +140,7 @@ def model_case(rank: int, world: int, port: int, out_dir: str) -> None:
                 errors[f"grad {name}"] = (grad - want).abs().max()
             worst[f"model {method}"] = max(float(e.detach()) for e in errors.values())
             assert worst[f"model {method}"] < F64_TOL, {k: float(e) for k, e in errors.items()}
+        dist.barrier()  # nobody tears the group down while another rank still talks
     finally:
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(worst))
         dist.destroy_process_group()
@@ -160,6 +162,7 @@ def refusal_case(rank: int, world: int, port: int, out_dir: str) -> None:
             parallel.ring_attention(q, q, q, mask=valid, causal=True)
         except ValueError as exc:
             messages["empty"] = str(exc)
+        dist.barrier()
     finally:
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(messages))
         dist.destroy_process_group()
@@ -187,5 +190,6 @@ def train_part_case(rank: int, world: int, port: int, out_dir: str) -> None:
             world=distributed.World(rank, world),
         )
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"losses": result["losses"]}))
+        dist.barrier()
     finally:
         dist.destroy_process_group()
