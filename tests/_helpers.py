@@ -175,6 +175,18 @@ def random_mask(rng: np.random.Generator, shape, *, p=0.6) -> np.ndarray:
     return rows.reshape(shape)
 
 
+def small_config(tiny: bool, **overrides):
+    """A tiny model for the slow levels (``case.tiny``), a small one elsewhere."""
+    from levels import TransformerConfig
+
+    base = (
+        dict(vocab_size=13, d_model=8, n_heads=2, d_ff=12, n_layers=1, max_seq_len=12)
+        if tiny
+        else dict(vocab_size=31, d_model=16, n_heads=2, d_ff=24, n_layers=2, max_seq_len=24)
+    )
+    return TransformerConfig(**(base | overrides))
+
+
 def right_padded(lengths, T: int) -> np.ndarray:
     """``valid (B, T)``: row ``b`` has ``lengths[b]`` real tokens, then padding."""
     return np.arange(T)[None, :] < np.asarray(lengths)[:, None]

@@ -15,9 +15,9 @@ import itertools
 import numpy as np
 import pytest
 import reference as ref
-from _helpers import random_tokens, right_padded
+from _helpers import random_tokens, right_padded, small_config
 
-from levels import TransformerConfig, init_params
+from levels import init_params
 from levels.common.sampling import Sampling, keep_mask, pick
 
 pytestmark = pytest.mark.no_lowp
@@ -142,15 +142,6 @@ MODES = {
     "sampled": dict(temperature=0.9, top_k=8, top_p=0.95, seed=5),
     "hot": dict(temperature=2.0, seed=[3, 1, 4]),
 }
-
-
-def small_config(tiny: bool, **overrides) -> TransformerConfig:
-    base = (
-        dict(vocab_size=13, d_model=8, n_heads=2, d_ff=12, n_layers=1, max_seq_len=12)
-        if tiny
-        else dict(vocab_size=31, d_model=16, n_heads=2, d_ff=24, n_layers=2, max_seq_len=24)
-    )
-    return TransformerConfig(**(base | overrides))
 
 
 def _alone(mode: dict, b: int) -> dict:

@@ -15,23 +15,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import reference as ref
-from _helpers import random_mask, random_tokens, right_padded
+from _helpers import random_mask, random_tokens, right_padded, small_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from levels import TransformerConfig, init_params
+from levels import init_params
 
 pytestmark = pytest.mark.no_lowp
-
-
-def small_config(tiny: bool, **overrides) -> TransformerConfig:
-    """A tiny model for the slow levels, a small one elsewhere."""
-    base = (
-        dict(vocab_size=13, d_model=8, n_heads=2, d_ff=12, n_layers=1, max_seq_len=12)
-        if tiny
-        else dict(vocab_size=31, d_model=16, n_heads=2, d_ff=24, n_layers=2, max_seq_len=24)
-    )
-    return TransformerConfig(**(base | overrides))
 
 
 def _decoder(case, config, seed):

@@ -62,3 +62,16 @@ def window_by_position(valid: Array, T: int, window: int) -> Array:
     q_pos = pos[:, -T:]  # (B,T): the queries are the last T slots
     near = pos[:, None, None, :] > q_pos[:, None, :, None] - window  # (B,1,T,S)
     return valid[:, None, None, :] & near  # (B,1,T,S)
+
+
+def ragged_window(valid: Array, T: int, window: int | None, cache) -> tuple[Array | None, int | None]:
+    """A self-attention step's window, as ``(mask by position, window)``.
+
+    After a prefill of prompts of different lengths (``cache.ragged``) the window
+    counts positions: ``(window_by_position(valid, T, window), None)``, the mask
+    carrying it. Otherwise ``(None, window)``, and attention applies the window
+    by slot as always.
+    """
+    if window is not None and cache is not None and cache.ragged:
+        return window_by_position(valid, T, window), None
+    return None, window

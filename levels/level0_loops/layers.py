@@ -22,7 +22,7 @@ import numpy as np
 
 from ..common.config import TransformerConfig
 from ..common.params import attention_shapes, check_params, feed_forward_shapes, norm_shapes
-from ..common.positions import window_by_position
+from ..common.positions import ragged_window
 from . import ops as loops
 
 Native = Any  # the level's array type: nested lists here, np.ndarray at level 1
@@ -230,11 +230,13 @@ class EncoderLayer(Module):
 
     def _self_attention(self, x, valid, causal, position_offset, cache, index) -> Native:
         """``x + SelfAttn(norm1(x))``: ``x (B,T,D)`` over the cached keys and its own."""
-        window, T = self.config.window, len(x[0])
-        mask = self._key_mask(valid, T=T, window=window)
-        if window is not None and cache is not None and cache.ragged:
-            # Padding sits between a ragged row's slots: the window counts positions.
-            mask, window = self.ops.asarray(window_by_position(valid, T, window)), None
+        T = len(x[0])
+        # Padding may sit between a ragged row's slots: then the window counts positions.
+        by_position, window = ragged_window(valid, T, self.config.window, cache)
+        if by_position is None:
+            mask = self._key_mask(valid, T=T, window=window)
+        else:
+            mask = self.ops.asarray(by_position)
         h = self.self_attn(
             self.norm1(x),
             mask=mask,

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..common.config import TransformerConfig
-from ..common.positions import window_by_position
+from ..common.positions import ragged_window
 from .kernels import LEVEL2_KERNELS, Kernels
 from .parameters import fetch, linear
 
@@ -322,10 +322,10 @@ class EncoderLayer(nn.Module):
         # Where x's first position sits: after the cache's (an int, or (B,) when ragged), or
         # at ``position_offset`` (a shard of a longer sequence, as context parallelism runs it).
         offset = position_offset if cache is None else cache.position_offset()
-        window, mask = self.window, key_mask(valid, T=x.shape[1], window=self.window)
-        if window is not None and cache is not None and cache.ragged:
-            # Padding sits between a ragged row's slots: the window counts positions.
-            mask, window = window_by_position(valid, x.shape[1], window), None
+        # Padding may sit between a ragged row's slots: then the window counts positions.
+        mask, window = ragged_window(valid, x.shape[1], self.window, cache)
+        if mask is None:
+            mask = key_mask(valid, T=x.shape[1], window=window)
         h = self.self_attn(
             self.norm1(x),
             mask=mask,

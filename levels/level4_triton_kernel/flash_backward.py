@@ -49,7 +49,7 @@ from .flash_forward import (
     LOG2E,
     TUNING_KEY,
     allowed_tile,
-    dot_precision,
+    kernel_constants,
     key_bounds,
     load_tile,
     mask_strides,
@@ -294,14 +294,7 @@ def flash_backward(
         H, H // Hkv, T, S, Dh, Dv, window or 0, scale, scale * LOG2E,
         length_key(T), length_key(S),
     )  # fmt: skip
-    constants = dict(
-        CAUSAL=causal,
-        HAS_WINDOW=window is not None,
-        HAS_MASK=mask is not None,
-        DOT_PRECISION=dot_precision(q.dtype),
-        BLOCK_DH=head_block(Dh),
-        BLOCK_DV=head_block(Dv),
-    )
+    constants = kernel_constants(q, Dh, Dv, causal, window, mask)
     mask_ptr = mask if mask is not None else q
     inputs = (q, k, v, mask_ptr, d_out, lse, delta)
 

@@ -35,7 +35,7 @@ import triton.language as tl
 from .flash_forward import (
     LOG2E,
     attend_keys,
-    dot_precision,
+    kernel_constants,
     key_bounds,
     load_tile,
     mask_strides,
@@ -177,16 +177,8 @@ def flash_decode(
     n = triton.cdiv(S, split_keys)  # slices that hold keys (rounding may leave fewer)
     out_part = torch.empty((B * H, n, T, Dv), device=q.device, dtype=torch.float32)
     lse_part = torch.empty((B * H, n, T), device=q.device, dtype=torch.float32)
-    constants = dict(
-        CAUSAL=causal,
-        HAS_WINDOW=window is not None,
-        HAS_MASK=mask is not None,
-        DOT_PRECISION=dot_precision(q.dtype),
-        BLOCK_DH=head_block(Dh),
-        BLOCK_DV=head_block(Dv),
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-    )
+    constants = kernel_constants(q, Dh, Dv, causal, window, mask)
+    constants |= dict(BLOCK_M=block_m, BLOCK_N=block_n)
     _decode_split_kernel[(n, B * H)](
         q, k, v, mask if mask is not None else q, out_part, lse_part,
         *q.stride(), *k.stride(), *v.stride(), *mask_strides(mask),

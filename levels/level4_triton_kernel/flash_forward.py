@@ -288,6 +288,18 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+def kernel_constants(q, Dh: int, Dv: int, causal: bool, window, mask) -> dict:
+    """The compile-time constants every attention kernel takes (forward, backward, decode)."""
+    return dict(
+        CAUSAL=causal,
+        HAS_WINDOW=window is not None,
+        HAS_MASK=mask is not None,
+        DOT_PRECISION=dot_precision(q.dtype),
+        BLOCK_DH=head_block(Dh),
+        BLOCK_DV=head_block(Dv),
+    )
+
+
 def mask_strides(mask: torch.Tensor | None) -> tuple[int, int, int, int]:
     """Strides of the (B, H, T, S) mask view; zeros when there is no mask."""
     return tuple(mask.stride()) if mask is not None else (0, 0, 0, 0)
@@ -323,14 +335,7 @@ def flash_forward(
         H, H // k.shape[1], T, S, Dh, Dv, window or 0, scale * LOG2E,
         length_key(T), length_key(S),
     )  # fmt: skip
-    constants = dict(
-        CAUSAL=causal,
-        HAS_WINDOW=window is not None,
-        HAS_MASK=mask is not None,
-        DOT_PRECISION=dot_precision(q.dtype),
-        BLOCK_DH=head_block(Dh),
-        BLOCK_DV=head_block(Dv),
-    )
+    constants = kernel_constants(q, Dh, Dv, causal, window, mask)
 
     def grid(block_m: int, block_n: int) -> tuple[int, int]:
         return (triton.cdiv(T, block_m), B * H)
