@@ -64,7 +64,9 @@ def window_by_position(valid: Array, T: int, window: int) -> Array:
     return valid[:, None, None, :] & near  # (B,1,T,S)
 
 
-def ragged_window(valid: Array, T: int, window: int | None, cache) -> tuple[Array | None, int | None]:
+def ragged_window(
+    valid: Array, T: int, window: int | None, cache
+) -> tuple[Array | None, int | None]:
     """A self-attention step's window, as ``(mask by position, window)``.
 
     After a prefill of prompts of different lengths (``cache.ragged``) the window
