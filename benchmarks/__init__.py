@@ -21,6 +21,7 @@ SCENARIOS = (
     "attention",
     "attention-bwd",
     "window",
+    "decode",
     "kv-cache",
     "decoder",
     "generate",

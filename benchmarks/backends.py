@@ -192,6 +192,27 @@ def sdpa_peers(device: str, dtype: str = "float32") -> list[Backend]:
     return peers
 
 
+def unsplit_decode_peer(device: str, dtype: str = "bfloat16") -> Backend | None:
+    """Level 4's attention with flash-decoding off (``splits=1``: one program per batch
+    and head streams the whole cache), beside level 4 in ``decode attention``; None when
+    level 4 cannot load or would not split anyway (the interpreter)."""
+    try:
+        level4 = levels.load("level4_triton_kernel")
+    except levels.LevelUnavailable:
+        return None
+    if level4.INTERPRETED:
+        return None
+    backend = level_backend("level4_triton_kernel", level4, device, dtype)
+
+    def attention(q, k, v, **kwargs):
+        return level4.attention(q, k, v, splits=1, **kwargs)
+
+    backend.name = "level4:no-split"
+    backend.description = "level 4's forward kernel for decoding, the keys not split"
+    backend.attention, backend.models, backend.only = attention, False, ("decode attention",)
+    return backend
+
+
 class _HuggingFaceDecoder:
     """``transformers``' own model on the canonical parameters, with the ladder's
     ``generate(prefix, n, use_cache=...)``: greedy, exactly ``n`` new tokens.

@@ -89,6 +89,10 @@ def _run(args: argparse.Namespace) -> int:
     backends, unavailable = B.load_backends(args.levels, device, dtype)
     if not args.no_peers and plan.workloads.get("attention"):
         backends += B.sdpa_peers(device, dtype)
+    if not args.no_peers and cuda and plan.workloads.get("decode"):
+        peer = B.unsplit_decode_peer(device, dtype)
+        if peer is not None:
+            backends.append(peer)
     if not args.no_peers and plan.workloads.get("transformers"):
         peer = B.transformers_peer(device)
         if peer is None:

@@ -123,6 +123,7 @@ class Sizes:
     attn_T: tuple[int, ...]  # attention sweep
     bwd_max_T: int  # forward + backward only up to here
     window: tuple[int, tuple[int, ...]]  # (W, the T sweep) of sliding-window attention
+    decode: tuple[int, tuple[int, ...]]  # (H, the S sweep) of one query against S keys, B = 1
     model_T: tuple[int, ...]  # decoder forward sweep
     gen: tuple[int, int]  # (prompt, new tokens)
     batching: tuple[int, int, int, int]  # (prompts, shortest, longest, new tokens)
@@ -142,6 +143,7 @@ CPU = Sizes(
     attn_T=(32, 64, 128, 256, 512, 1024, 2048, 4096),
     bwd_max_T=2048,
     window=(256, (1024, 2048, 8192)),
+    decode=(8, (1024, 8192)),
     model_T=(8, 32, 128, 512, 1024, 2048),
     gen=(64, 128),
     batching=(8, 8, 64, 128),
@@ -167,6 +169,7 @@ CPU_QUICK = replace(
     attn_T=(32, 128, 512, 1024),
     bwd_max_T=512,
     window=(256, (1024, 4096)),
+    decode=(8, (1024,)),
     model_T=(8, 128, 512),
     gen=(8, 16),
     batching=(4, 4, 16, 8),
@@ -190,6 +193,7 @@ CUDA = Sizes(
     attn_T=(256, 512, 1024, 2048, 4096, 8192, 16384),
     bwd_max_T=16384,
     window=(256, (2048, 8192, 32768)),
+    decode=(16, (4096, 16384, 65536)),
     model_T=(128, 512, 1024, 2048, 4096),
     gen=(128, 128),
     batching=(32, 16, 512, 128),
@@ -241,6 +245,7 @@ def plan_from(
         "attention": attention,
         "attention-bwd": [replace(a, backward=True) for a in attention if a.T <= sizes.bwd_max_T],
         "window": window,
+        "decode": [Attention(1, sizes.decode[0], 1, sizes.Dh, S=S) for S in sizes.decode[1]],
         "decoder": [DecoderForward(config, 1, T) for T in model_T],
         # Uncached first: its time at the best rate of the decoder forward is the honest
         # budget estimate; the cached run's per-step overhead would overstate it.

@@ -40,6 +40,12 @@ def fmt_bytes(n: int | None) -> str:
     return f"{n} B"
 
 
+def fmt_percent(fraction: float) -> str:
+    """``0.0712 -> "7.1%"``, ``1.004 -> "100%"``: two figures, never an exponent."""
+    percent = 100 * fraction
+    return f"{percent:.2g}%" if percent < 99.5 else f"{percent:.0f}%"
+
+
 def fmt_rate(x: float | None) -> str:
     return "-" if x is None else f"{x:.3g}"
 
@@ -154,10 +160,10 @@ def _cells(r: Record, varying: list[str]) -> list[str]:
         fmt_time(r.median_s),
         fmt_time(r.q3_s - r.q1_s),
         fmt_rate(r.gflops),
-        "" if r.peak_fraction is None else f"{100 * r.peak_fraction:.2g}%",
+        "" if r.peak_fraction is None else fmt_percent(r.peak_fraction),
         "" if r.tokens_per_s is None else fmt_rate(r.tokens_per_s),
         "" if r.gbs is None else fmt_rate(r.gbs),
-        "" if r.bandwidth_fraction is None else f"{100 * r.bandwidth_fraction:.2g}%",
+        "" if r.bandwidth_fraction is None else fmt_percent(r.bandwidth_fraction),
         waste,
         "",
         fmt_bytes(r.peak_memory_bytes),
@@ -255,20 +261,23 @@ def level_ratios(records: list[Record], scenario: str = "attention fwd") -> list
     return _time_ratios(ok, pairs, scenario)
 
 
-def _time_ratios(ok: list[Record], pairs: list[tuple[str, str]], scenario: str) -> list[Ratio]:
-    by = {(r.level, r.shape.get("T")): r for r in ok}
+def _time_ratios(
+    ok: list[Record], pairs: list[tuple[str, str]], scenario: str, length: str = "T"
+) -> list[Ratio]:
+    """Time of ``slow`` over ``fast`` at the longest ``length`` (a shape key) both ran."""
+    by = {(r.level, r.shape.get(length)): r for r in ok}
     out = []
     for slow, fast in pairs:
-        common = [t for (n, t) in by if n == slow and (fast, t) in by]
+        common = [n for (name, n) in by if name == slow and (fast, n) in by]
         if not common:
             continue
-        T = max(common)
-        a, b = by[(slow, T)], by[(fast, T)]
+        n = max(common)
+        a, b = by[(slow, n)], by[(fast, n)]
         out.append(
             Ratio(
                 f"{scenario}: {slow} / {fast}",
                 a.median_s / b.median_s,
-                f"T={T}: {fmt_time(a.median_s)} / {fmt_time(b.median_s)}",
+                f"{length}={n}: {fmt_time(a.median_s)} / {fmt_time(b.median_s)}",
             )
         )
     return out
@@ -426,6 +435,12 @@ def summary(records: list[Record]) -> list[Ratio]:
         *pair_ratios(records, "generate uncached", "generate cached", "KV-cache speed-up"),
         *pair_ratios(records, "generate one at a time", "generate batched", "batching speed-up"),
         *peer_ratios(records, "generate llama", "transformers"),
+        *_time_ratios(
+            _ok(records, "decode attention"),
+            [("level4:no-split", "level4_triton_kernel")],
+            "decode attention, flash-decoding",
+            length="S",
+        ),
         *pair_ratios(
             records, "varlen padded", "varlen bucketed", "bucketing tokens/s gain", throughput=True
         ),
@@ -444,7 +459,7 @@ def summary_table(records: list[Record]) -> Table:
     table.add_column("from")
     for ratio in summary(records):
         shown = (
-            f"{100 * ratio.value:.2g}%"
+            fmt_percent(ratio.value)
             if ratio.label.startswith("best fraction")
             else f"{ratio.value:.3g}x"
         )

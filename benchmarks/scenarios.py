@@ -9,6 +9,8 @@ checks a case before it times it, and does not time a wrong one.
 
 Scenario names (the ``scenario`` field of every record):
 
+* ``decode attention``: one query against ``S`` cached keys (GB/s: K and V read),
+  where level 4 splits the keys on a GPU (flash-decoding) and, as a peer, does not;
 * ``attention fwd`` / ``attention fwd+bwd``: the attention core on random
   ``q, k, v (B,H,T,Dh)``, ``S = T``, causal; the backward pass where a level
   has gradients (autograd at the torch levels, level 1's hand-written one);
@@ -97,7 +99,8 @@ def scaled_error(got: np.ndarray, want: np.ndarray) -> float:
 @dataclass(frozen=True)
 class Attention:
     """Attention core, ``q (B,H,T,Dh)``, ``k, v (B,H,S,Dh)`` with ``S = T``; a sliding
-    ``window`` of ``W`` keys makes it the ``attention window`` scenario."""
+    ``window`` of ``W`` keys makes it the ``attention window`` scenario, and a few
+    queries against ``S`` keys (``S`` given, ``T <= 16``) ``decode attention``."""
 
     B: int
     H: int
@@ -107,21 +110,37 @@ class Attention:
     backward: bool = False
     window: int | None = None
     seed: int = 0
+    S: int | None = None  # keys; None: S = T
+
+    @property
+    def keys(self) -> int:
+        return self.T if self.S is None else self.S
 
     @property
     def scenario(self) -> str:
+        if self.S is not None:
+            return "decode attention"
         if self.window is not None:
             return "attention window"
         return "attention fwd+bwd" if self.backward else "attention fwd"
 
     def shape(self) -> dict[str, int]:
-        shape = {"B": self.B, "H": self.H, "T": self.T, "S": self.T, "Dh": self.Dh}
+        shape = {"B": self.B, "H": self.H, "T": self.T, "S": self.keys, "Dh": self.Dh}
         shape |= {"causal": int(self.causal)}
         return shape if self.window is None else shape | {"W": self.window}
 
     def flops(self) -> float:
         f = F.attention_fwd_bwd_flops if self.backward else F.attention_flops
-        return f(self.B, self.H, self.T, self.T, self.Dh, causal=self.causal, window=self.window)
+        # A decode step's few queries see (nearly) every key: not halved for causal.
+        causal = self.causal and self.S is None
+        return f(self.B, self.H, self.T, self.keys, self.Dh, causal=causal, window=self.window)
+
+    def bytes_read(self, dtype: str) -> float | None:
+        """A decode step reads all of K and V, ``2 B H S Dh`` numbers: its real cost."""
+        if self.S is None:
+            return None
+        size = 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
+        return 2.0 * self.B * self.H * self.S * self.Dh * size
 
     def tokens(self) -> int | None:
         return None
@@ -132,9 +151,11 @@ class Attention:
         return None
 
     def inputs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``q, k, v (B,H,T,Dh)`` and the upstream gradient ``dout (B,H,T,Dh)``, float64."""
+        """``q (B,H,T,Dh)``, ``k, v (B,H,S,Dh)`` and the upstream gradient ``dout (B,H,T,Dh)``,
+        float64."""
         rng = np.random.default_rng(self.seed)
-        return tuple(rng.standard_normal((self.B, self.H, self.T, self.Dh)) for _ in range(4))
+        B, H, T, S, Dh = self.B, self.H, self.T, self.keys, self.Dh
+        return tuple(rng.standard_normal((B, H, n, Dh)) for n in (T, S, S, T))
 
     def build(self, backend: Backend, dtype: str, reference: Reference) -> Case:
         q64, k64, v64, dout64 = self.inputs()
@@ -151,7 +172,10 @@ class Attention:
                 want = reference.attention(qr, kr, vr, causal, window=self.window)
                 return scaled_error(backend.to_numpy(fn()), want)
 
-            return Case(fn=fn, error=error, error_of="output", bound=error_bound(dtype))
+            extras = {"bytes_read": self.bytes_read(dtype)}
+            return Case(
+                fn=fn, error=error, error_of="output", bound=error_bound(dtype), extras=extras
+            )
 
         dout = backend.asarray(dout64, dtype)
         if backend.kind == "torch":

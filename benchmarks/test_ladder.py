@@ -42,6 +42,7 @@ _MODEL = bench_model(256)
 WORKLOADS = [
     *(Attention(B=1, H=8, T=T, Dh=64) for T in (32, 256)),
     *(Attention(B=1, H=8, T=T, Dh=64, backward=True) for T in (32, 256)),
+    Attention(B=1, H=8, T=1, Dh=64, S=256),  # a decode step against 256 cached keys
     *(DecoderForward(_MODEL, 1, T) for T in (8, 128)),
     *(Generate(_MODEL, 1, 8, 4, use_cache=c) for c in (True, False)),
     *(VarlenBatch(_MODEL, varlen_lengths(6, 8, 40), 3, bucketed=b) for b in (False, True)),

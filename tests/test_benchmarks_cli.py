@@ -23,7 +23,14 @@ from benchmarks.memory import peak_memory
 from benchmarks.plan import Budget, Plan
 from benchmarks.records import SKIPPED_BUDGET, WRONG, Record
 from benchmarks.reference import Reference
-from benchmarks.report import kv_cache_ratios, level_ratios, pair_ratios, window_ratios
+from benchmarks.report import (
+    fmt_percent,
+    kv_cache_ratios,
+    level_ratios,
+    pair_ratios,
+    summary,
+    window_ratios,
+)
 from benchmarks.runner import run_case
 from benchmarks.scenarios import Attention
 from benchmarks.timing import TimingPolicy, measure, summarize
@@ -282,6 +289,38 @@ def test_window_ratio_is_full_over_window_at_the_longest_common_length():
     records += [rec(4096, 4096, 12.0, 40), rec(8192, 256, 6.0, 80)]  # 8192: no full run
     (ratio,) = window_ratios(records)
     assert ratio.value == 4.0 and "T=4096, W=256" in ratio.detail
+
+
+def test_flash_decoding_ratio_is_keyed_by_the_cache_length():
+    def rec(level, S, median):
+        r = _rec(level, "decode attention", 1, median)
+        r.shape |= {"S": S}
+        return r
+
+    records = [rec("level4:no-split", 4096, 2.0), rec("level4_triton_kernel", 4096, 1.0)]
+    records += [rec("level4:no-split", 65536, 9.0), rec("level4_triton_kernel", 65536, 3.0)]
+    records += [rec("level4:no-split", 131072, 20.0)]  # no split run at this length
+    (ratio,) = [r for r in summary(records) if r.label.startswith("decode attention")]
+    assert ratio.value == 3.0 and ratio.detail.startswith("S=65536")  # 9 s / 3 s
+
+
+def test_decode_attention_reads_k_and_v_once():
+    case = Attention(B=2, H=3, T=1, Dh=4, S=5)
+    # 2 (K and V) * B*H*S*Dh = 2 * 2*3*5*4 = 240 numbers; 4 bytes each in float32.
+    assert case.bytes_read("float32") == 960 and case.bytes_read("bfloat16") == 480
+    # One query sees every key: 4 * B*H*T*S*Dh = 4 * 120, causal or not.
+    assert case.flops() == 480 and case.shape()["S"] == 5
+    assert Attention(B=2, H=3, T=5, Dh=4).bytes_read("float32") is None
+
+
+def test_percentages_keep_two_figures_and_no_exponent():
+    assert [fmt_percent(x) for x in (0.0712, 0.5, 0.996, 1.004, 1.59)] == [
+        "7.1%",
+        "50%",
+        "100%",
+        "100%",
+        "159%",
+    ]
 
 
 def test_kv_cache_figures_are_read_off_allocated_buffers():
