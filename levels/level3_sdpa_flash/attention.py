@@ -36,6 +36,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import CausalBias, causal_lower_right
 
 from ..common.checks import EMPTY_ROW_MESSAGE, rows_without_keys, window_binds
+from ..level2_torch_manual import attention as written_out
 from ..level2_torch_manual.attention import allowed_keys, as_4d, check_inputs
 from .lse import attention_with_lse
 from .windowed import attention_in_chunks, chunking_pays
@@ -176,7 +177,13 @@ def attention(
     if return_lse:
         if dropout_p > 0.0:
             raise ValueError("return_lse with attention dropout is not supported")
-        return attention_with_lse(q, k, v, causal=causal, mask=mask, scale=scale, window=window)
+        if q.device.type != "cpu":  # the fused kernel lse.py calls is the CPU one
+            kw = {"causal": causal, "mask": mask, "scale": scale, "window": window}
+            return written_out(q, k, v, **kw, return_lse=True)
+        attn_mask, is_causal = sdpa_mask(
+            q, k, v, causal=causal, mask=mask, window=window, checked=True
+        )
+        return attention_with_lse(q, k, v, attn_mask, is_causal, scale=scale)
     if window is not None and chunking_pays(T, S, window):
         return attention_in_chunks(
             q, k, v, causal=causal, mask=mask, scale=scale, window=window,

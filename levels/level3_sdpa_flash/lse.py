@@ -24,8 +24,13 @@ score gradient,
 both again the fused kernel, so nothing of size ``T x S`` is ever stored.
 
 Elsewhere (CUDA, say, where the corresponding kernels are private and differ
-per backend) ``return_lse`` runs level 2's written-out attention: the same
-function, with its ``(B, H, T, S)`` memory.
+per backend) ``attention.py`` runs level 2's written-out attention for
+``return_lse``: the same function, with its ``(B, H, T, S)`` memory.
+
+The mask is plain attention's (``attention.sdpa_mask``): none where none
+binds, and the kernel's own causal rule when ``T == S``, so the tiles above
+the diagonal are skipped rather than computed and masked (3x faster at
+``T = S = 4096``, one thread: 233 ms against 694 ms with a materialised mask).
 
 Grouped-query heads are repeated for the kernel (``repeat_heads``), and their
 gradients summed back over each group. The kernel wants one head width for
@@ -40,9 +45,9 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import CausalBias
 
 from ..common.checks import group_size
-from ..level2_torch_manual import attention as written_out
 from ..level2_torch_manual.attention import allowed_keys, repeat_heads
 
 _FORWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
@@ -59,49 +64,50 @@ class FusedAttentionWithLSE(torch.autograd.Function):
     """``(out, lse)`` from the fused CPU kernel; see the module docstring for the backward."""
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, scale: float, group: int):
-        # bias: an additive (0 / -inf) float mask broadcastable to (B,H,T,S), or None.
+    def forward(ctx, q, k, v, bias, is_causal: bool, scale: float, group: int):
+        # bias: an additive (0 / -inf) float mask broadcastable to (B,H,T,S), or None;
+        # is_causal: the kernel's own (top-left) causal rule, which skips masked tiles.
         Dh, Dv = q.shape[-1], v.shape[-1]
         width = max(Dh, Dv)  # one head width for the kernel: zero columns pad the others
         q, k, v = (F.pad(x, (0, width - x.shape[-1])) for x in (q, k, v))
         k, v = repeat_heads(k, group), repeat_heads(v, group)  # (B,H,S,width)
-        out, lse = _FORWARD(q, k, v, 0.0, False, attn_mask=bias, scale=scale)
+        out, lse = _FORWARD(q, k, v, 0.0, is_causal, attn_mask=bias, scale=scale)
         ctx.save_for_backward(q, k, v, out, lse, bias)
-        ctx.scale, ctx.group, ctx.widths = scale, group, (Dh, Dv)
+        ctx.is_causal, ctx.scale, ctx.group, ctx.widths = is_causal, scale, group, (Dh, Dv)
         return out[..., :Dv], lse  # (B,H,T,Dv), (B,H,T) float32 (float64 for float64 inputs)
 
     @staticmethod
     def backward(ctx, g, e):
         q, k, v, out, lse, bias = ctx.saved_tensors
-        scale, group = ctx.scale, ctx.group
+        causal, scale, group = ctx.is_causal, ctx.scale, ctx.group
         Dh, Dv = ctx.widths
         kw = {"attn_mask": bias, "scale": scale}
         g = torch.zeros_like(out) if g is None else F.pad(g, (0, out.shape[-1] - Dv))
-        dq, dk, dv = _BACKWARD(g.contiguous(), q, k, v, out, lse, 0.0, False, **kw)
+        dq, dk, dv = _BACKWARD(g.contiguous(), q, k, v, out, lse, 0.0, causal, **kw)
         if e is not None:
             e = e.to(q.dtype)[..., None]  # (B,H,T,1)
-            pk, _ = _FORWARD(q, k, k, 0.0, False, **kw)  # p k: (B,H,T,Dh)
+            pk, _ = _FORWARD(q, k, k, 0.0, causal, **kw)  # p k: (B,H,T,Dh)
             dq = dq + scale * e * pk
             # A backward fed x = e q as the output gradient returns p^T x as its value gradient.
             eq = (e * q).contiguous()
-            _, _, ptq = _BACKWARD(eq, q, k, k, torch.zeros_like(q), lse, 0.0, False, **kw)
+            _, _, ptq = _BACKWARD(eq, q, k, k, torch.zeros_like(q), lse, 0.0, causal, **kw)
             dk = dk + scale * ptq
         dk, dv = _sum_groups(dk, group), _sum_groups(dv, group)
-        return dq[..., :Dh], dk[..., :Dh], dv[..., :Dv], None, None, None
+        return dq[..., :Dh], dk[..., :Dh], dv[..., :Dv], None, None, None, None
 
 
-def attention_with_lse(q, k, v, *, causal, mask, scale, window):
-    """``(out (B,H,T,Dv), lse (B,H,T))``; inputs already checked (``check_inputs``)."""
-    if q.device.type != "cpu":
-        return written_out(
-            q, k, v, causal=causal, mask=mask, scale=scale, window=window, return_lse=True
-        )
-    allowed = allowed_keys(q, k, v, causal=causal, mask=mask, window=window)  # (.., T, S) or None
+def attention_with_lse(q, k, v, attn_mask, is_causal: bool, *, scale):
+    """``(out (B,H,T,Dv), lse (B,H,T))`` on the CPU, from SDPA's ``(attn_mask, is_causal)``
+    for these inputs (``attention.sdpa_mask``: checked, no empty row): the kernel's own
+    causal rule when ``T == S``, which skips the tiles above the diagonal."""
+    if isinstance(attn_mask, CausalBias):  # 1 < T < S: bottom-right, spelled out for the kernel
+        attn_mask = allowed_keys(q, k, v, causal=True, mask=None)  # (T, S)
     bias = None
-    if allowed is not None:
+    if attn_mask is not None:
         # The kernel takes an additive float mask of q's dtype: 0 where allowed, -inf not
-        # (no row is all -inf: allowed_keys refused empty rows).
-        bias = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device)
-        bias = bias.masked_fill(~allowed, float("-inf"))
+        # (no row is all -inf: empty rows were refused).
+        bias = torch.zeros(attn_mask.shape, dtype=q.dtype, device=q.device)
+        bias = bias.masked_fill(~attn_mask, float("-inf"))
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    return FusedAttentionWithLSE.apply(q, k, v, bias, scale, group_size(q.shape, k.shape))
+    group = group_size(q.shape, k.shape)
+    return FusedAttentionWithLSE.apply(q, k, v, bias, is_causal, scale, group)
