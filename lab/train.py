@@ -161,19 +161,32 @@ Progress = Callable[[int, float, float], None]  # (step, loss, tokens per second
 class TrainingInterrupted(KeyboardInterrupt):
     """Ctrl-C during training: where the run stopped and what is saved.
 
-    ``step`` is the number of steps done; ``saved_step`` the step of the last
-    checkpoint written (None if none was), at ``checkpoint``.
+    ``step`` is the number of steps done, None while the run was still being
+    prepared (the model built, the preflight, the data, a checkpoint read);
+    ``saved_step`` the step of the last checkpoint written (None if none was),
+    at ``checkpoint``; ``resumed``: the run continues ``checkpoint``, which a
+    run stopped while preparing has left as it was.
     """
 
-    def __init__(self, step: int, checkpoint: str | Path | None, saved_step: int | None):
+    def __init__(
+        self,
+        step: int | None,
+        checkpoint: str | Path | None,
+        saved_step: int | None,
+        *,
+        resumed: bool = False,
+    ):
         self.step, self.checkpoint, self.saved_step = step, checkpoint, saved_step
         if checkpoint is None:
             where = "no checkpoint (run with --checkpoint PATH to keep the state)"
-        elif saved_step is None:
-            where = f"no checkpoint written yet to {checkpoint}"
-        else:
+        elif saved_step is not None:
             where = f"last checkpoint: {checkpoint} (step {saved_step})"
-        super().__init__(f"interrupted at step {step}; {where}")
+        elif resumed:
+            where = f"the checkpoint {checkpoint} is as it was"
+        else:
+            where = f"no checkpoint written yet to {checkpoint}"
+        when = "before the first step" if step is None else f"at step {step}"
+        super().__init__(f"interrupted {when}; {where}")
 
 
 def check_resumable(saved_spec: dict, spec: RunSpec, checkpoint: str | Path) -> None:
@@ -229,27 +242,30 @@ def train(
     main = world is None or world.main
     if world is not None:
         distributed.check_batch_size(settings.batch_size, world)
-    backend = build_backend(spec, level, device=device, world=world, fsdp=fsdp)
-    checks = run_preflight(backend, spec.task, seed=settings.seed) if preflight else []
-    require(checks)
+    if resume and checkpoint is None:
+        raise ValueError("resume needs a checkpoint path")
+    try:
+        backend = build_backend(spec, level, device=device, world=world, fsdp=fsdp)
+        checks = run_preflight(backend, spec.task, seed=settings.seed) if preflight else []
+        require(checks)
 
-    train_set = spec.task.sample(settings.n_train, settings.seed, "train")
-    heldout = spec.task.sample(settings.n_heldout, settings.seed, "heldout")
-    stream = BatchStream(
-        train_set, settings.batch_size, seed=settings.seed, pad_id=spec.config.pad_id
-    )
+        train_set = spec.task.sample(settings.n_train, settings.seed, "train")
+        heldout = spec.task.sample(settings.n_heldout, settings.seed, "heldout")
+        stream = BatchStream(
+            train_set, settings.batch_size, seed=settings.seed, pad_id=spec.config.pad_id
+        )
 
-    start, losses, grad_norms = 0, [], []
-    backend.seed(settings.seed)
-    saved_step = None
-    if resume:
-        if checkpoint is None:
-            raise ValueError("resume needs a checkpoint path")
-        saved = load_checkpoint(checkpoint)
-        check_resumable(saved["spec"], spec, checkpoint)
-        backend.load_state(saved)
-        start, losses = int(saved["step"]), [float(x) for x in saved["losses"]]
-        saved_step = start
+        start, losses, grad_norms = 0, [], []
+        backend.seed(settings.seed)
+        saved_step = None
+        if resume:
+            saved = load_checkpoint(checkpoint)
+            check_resumable(saved["spec"], spec, checkpoint)
+            backend.load_state(saved)
+            start, losses = int(saved["step"]), [float(x) for x in saved["losses"]]
+            saved_step = start
+    except KeyboardInterrupt:  # Ctrl-C while preparing: nothing trained, nothing written
+        raise TrainingInterrupted(None, checkpoint, None, resumed=resume) from None
 
     stop = settings.steps if stop_after is None else min(stop_after, settings.steps)
     train_started = time.perf_counter()

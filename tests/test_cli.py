@@ -188,6 +188,31 @@ def test_an_interrupted_run_names_its_step_and_last_checkpoint(tmp_path):
     assert str(info.value) == f"interrupted at step 5; last checkpoint: {path} (step 4)"
 
 
+@pytest.mark.parametrize("resume", [False, True])
+def test_an_interruption_before_the_first_step_says_so(tmp_path, monkeypatch, resume):
+    """Ctrl-C in the preflight (before any step): the message, and the checkpoint untouched."""
+    import levels
+    from lab import train as lab_train
+
+    spec = lab_train.default_spec("seq2seq", "copy", quick=True, steps=4)
+    path = tmp_path / "run.pt"
+    if resume:
+        lab_train.train(spec, levels.load("2"), checkpoint=path, stop_after=2)
+    before = path.read_bytes() if resume else None
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(lab_train, "run_preflight", interrupted)
+    with pytest.raises(lab_train.TrainingInterrupted) as info:
+        lab_train.train(spec, levels.load("2"), checkpoint=path, resume=resume)
+    where = (
+        f"the checkpoint {path} is as it was" if resume else f"no checkpoint written yet to {path}"
+    )
+    assert str(info.value) == f"interrupted before the first step; {where}"
+    assert (path.read_bytes() if resume else path.exists()) == (before if resume else False)
+
+
 def _ladder_process(*argv: str, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "benchmarks.cli", *argv],
@@ -211,7 +236,8 @@ def test_ctrl_c_during_training_exits_130_with_one_line(tmp_path):
         proc.kill()
     assert proc.returncode == 130
     (line,) = err.strip().splitlines()
-    assert line.startswith("ladder train: interrupted at step ") and str(tmp_path) in line
+    # At step N, or before the first one on a loaded machine (still in the preflight).
+    assert line.startswith("ladder train: interrupted ") and str(tmp_path) in line
 
 
 @pytest.mark.slow
