@@ -10,7 +10,6 @@ spawning test reports it.
 from __future__ import annotations
 
 import json
-import os
 from datetime import timedelta
 from pathlib import Path
 
@@ -25,10 +24,17 @@ from levels import parallel
 F64_TOL = 1e-12
 
 
-def start(rank: int, world: int, port: int) -> None:
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+def start(rank: int, world: int, rendezvous: str) -> None:
+    """Join the group through a file the spawning test names: no port to pick, so no race
+    with another process taking it between the pick and the bind."""
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{rendezvous}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=60),
+    )
 
 
 def full_inputs(seed, B, H, Hkv, T, Dh, padded):
@@ -42,8 +48,8 @@ def full_inputs(seed, B, H, Hkv, T, Dh, padded):
     return q, k, v, d_out, valid
 
 
-def attention_cases(rank: int, world: int, port: int, out_dir: str) -> None:
-    start(rank, world, port)
+def attention_cases(rank: int, world: int, rendezvous: str, out_dir: str) -> None:
+    start(rank, world, rendezvous)
     L2 = levels.load("level2_torch_manual")
     L3 = levels.load("level3_sdpa_flash")
     worst: dict[str, float] = {}
@@ -94,11 +100,11 @@ def attention_cases(rank: int, world: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def model_case(rank: int, world: int, port: int, out_dir: str) -> None:
+def model_case(rank: int, world: int, rendezvous: str, out_dir: str) -> None:
     """The decoder-only model over a sharded sequence: logits, loss and gradients."""
     from levels import TransformerConfig, init_params
 
-    start(rank, world, port)
+    start(rank, world, rendezvous)
     worst: dict[str, float] = {}
     try:
         L3 = levels.load("level3_sdpa_flash")
@@ -146,9 +152,9 @@ def model_case(rank: int, world: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def refusal_case(rank: int, world: int, port: int, out_dir: str) -> None:
+def refusal_case(rank: int, world: int, rendezvous: str, out_dir: str) -> None:
     """Shards of different lengths, and a row with no key anywhere: the same error on every rank."""
-    start(rank, world, port)
+    start(rank, world, rendezvous)
     messages = {}
     try:
         q = torch.zeros(1, 1, 4 + rank, 8, dtype=torch.float64)  # rank 1 holds one more
@@ -174,12 +180,12 @@ def resume_spec():
     return default_spec("seq2seq", "reverse", quick=True, steps=30)
 
 
-def train_part_case(rank: int, world: int, port: int, out_dir: str) -> None:
+def train_part_case(rank: int, world: int, rendezvous: str, out_dir: str) -> None:
     """Train the first 15 of 30 steps data-parallel and leave the checkpoint (rank 0 writes it)."""
     from lab import distributed
     from lab.train import train
 
-    start(rank, world, port)
+    start(rank, world, rendezvous)
     try:
         result = train(
             resume_spec(),

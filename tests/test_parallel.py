@@ -1,7 +1,7 @@
 """Beyond one process, on this CPU: ring and all-gather attention, the model over a sharded
 sequence, and data-parallel training, each run in 2 or 3 real processes (gloo).
 
-Processes are spawned with a free port and joined with a deadline; a test that
+Processes are spawned, meet through a rendezvous file, and are joined with a deadline; a test that
 times out terminates them, so none is left behind. The per-rank work is in
 ``parallel_cases.py``; it compares every rank's shard with single-process
 float64 results and writes its worst errors where this file reads them.
@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,17 +27,14 @@ DEADLINE_S = 240  # a whole spawn: imports, process group, the cases; seconds
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def spawn(fn, world: int, tmp_path: Path) -> list[dict]:
-    """Run ``fn(rank, world, port, out_dir)`` in ``world`` processes; each rank's JSON."""
+    """Run ``fn(rank, world, rendezvous, out_dir)`` in ``world`` processes; each rank's JSON.
+    The ranks meet through a fresh file in ``tmp_path`` (not a port: nothing to race for)."""
+    rendezvous = tmp_path / f"rendezvous-{fn.__name__}-{world}-{time.monotonic_ns()}"
     context = mp.start_processes(
-        fn, args=(world, free_port(), str(tmp_path)), nprocs=world, join=False, start_method="spawn"
-    )
+        fn, args=(world, str(rendezvous), str(tmp_path)), nprocs=world, join=False,
+        start_method="spawn",
+    )  # fmt: skip
     deadline = time.monotonic() + DEADLINE_S
     try:
         while not context.join(timeout=1.0):
