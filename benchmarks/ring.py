@@ -20,7 +20,6 @@ processes, are in docs/beyond_one_device.md.
 from __future__ import annotations
 
 import json
-import socket
 import tempfile
 import time
 from datetime import timedelta
@@ -42,33 +41,32 @@ WARMUP, REPEATS = 1, 5
 DEADLINE_S = 300
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _inputs(T: int) -> tuple[np.ndarray, ...]:
     rng = np.random.default_rng(T)
     return tuple(rng.standard_normal((B, H, T, DH)) for _ in range(3))  # float64
 
 
-def _worker(rank: int, world: int, port: int, lengths, device: str, out: str) -> None:
-    """One rank: for each length and method, the fixed samples and the error of its shard."""
-    import os
-
+def _worker(rank: int, world: int, lengths, device: str, out: str) -> None:
+    """One rank: for each length and method, the fixed samples and the error of its shard.
+    The ranks meet through a file in ``out`` (no port to pick, so none to lose to a race)."""
     import torch
     import torch.distributed as dist
 
+    from lab import distributed
     from levels import parallel
 
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     torch.set_num_threads(1)
     backend = "nccl" if device.startswith("cuda") else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(rank)
         device = f"cuda:{rank}"
-    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=120))
+    dist.init_process_group(
+        backend,
+        init_method=f"file://{Path(out, 'rendezvous')}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=120),
+    )
     results = {}
     try:
         for T in lengths:
@@ -101,6 +99,7 @@ def _worker(rank: int, world: int, port: int, lengths, device: str, out: str) ->
     finally:
         Path(out, f"rank{rank}.json").write_text(json.dumps(results))
         dist.destroy_process_group()
+    distributed.leave(0)  # done: past gloo's teardown at exit, which can abort a rank
 
 
 def _spawn(world: int, lengths, device: str) -> list[dict]:
@@ -109,7 +108,7 @@ def _spawn(world: int, lengths, device: str) -> list[dict]:
     with tempfile.TemporaryDirectory() as out:
         context = mp.start_processes(
             _worker,
-            args=(world, _free_port(), list(lengths), device, out),
+            args=(world, list(lengths), device, out),
             nprocs=world,
             join=False,
             start_method="spawn",

@@ -144,9 +144,10 @@ def train(args: argparse.Namespace) -> int:
     if world is not None:
         distributed.start(world, args.device)
         try:
-            return _train(args, level, world)
+            status = _train(args, level, world)
         finally:
             distributed.stop()
+        distributed.leave(status)  # past gloo's teardown at exit, which can abort a rank
     return _train(args, level, None)
 
 

@@ -39,6 +39,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, replace
 from datetime import timedelta
+from typing import NoReturn
 
 import numpy as np
 
@@ -83,6 +84,21 @@ def stop() -> None:
 
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def leave(status: int = 0) -> NoReturn:
+    """End a rank's process once its work is done and its process group destroyed.
+
+    Python's own exit frees gloo's objects in no fixed order, and now and then
+    one whose background thread still runs, which aborts the process (``terminate
+    called without an active exception``, SIGABRT) after every result was written:
+    1 in 25 spawned runs of the model test case here, none in 100 that ended with
+    ``os._exit``, which skips that teardown. The streams are flushed first, and
+    nothing else is left to run.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def barrier() -> None:

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 import levels
+from lab import distributed
 from levels import parallel
 
 # float64 blocks merged by log-sum-exp against one float64 softmax: only the order of
@@ -98,6 +99,7 @@ def attention_cases(rank: int, world: int, rendezvous: str, out_dir: str) -> Non
     finally:
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(worst))
         dist.destroy_process_group()
+    distributed.leave(0)  # done: past gloo's teardown at exit, which can abort a rank
 
 
 def model_case(rank: int, world: int, rendezvous: str, out_dir: str) -> None:
@@ -150,6 +152,7 @@ def model_case(rank: int, world: int, rendezvous: str, out_dir: str) -> None:
     finally:
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(worst))
         dist.destroy_process_group()
+    distributed.leave(0)  # done: past gloo's teardown at exit, which can abort a rank
 
 
 def refusal_case(rank: int, world: int, rendezvous: str, out_dir: str) -> None:
@@ -172,6 +175,7 @@ def refusal_case(rank: int, world: int, rendezvous: str, out_dir: str) -> None:
     finally:
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(messages))
         dist.destroy_process_group()
+    distributed.leave(0)  # done: past gloo's teardown at exit, which can abort a rank
 
 
 def resume_spec():
@@ -182,7 +186,6 @@ def resume_spec():
 
 def train_part_case(rank: int, world: int, rendezvous: str, out_dir: str) -> None:
     """Train the first 15 of 30 steps data-parallel and leave the checkpoint (rank 0 writes it)."""
-    from lab import distributed
     from lab.train import train
 
     start(rank, world, rendezvous)
@@ -199,3 +202,4 @@ def train_part_case(rank: int, world: int, rendezvous: str, out_dir: str) -> Non
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    distributed.leave(0)  # done: past gloo's teardown at exit, which can abort a rank
