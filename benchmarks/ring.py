@@ -46,9 +46,8 @@ def _inputs(T: int) -> tuple[np.ndarray, ...]:
     return tuple(rng.standard_normal((B, H, T, DH)) for _ in range(3))  # float64
 
 
-def _worker(rank: int, world: int, lengths, device: str, out: str) -> None:
-    """One rank: for each length and method, the fixed samples and the error of its shard.
-    The ranks meet through a file in ``out`` (no port to pick, so none to lose to a race)."""
+def _worker(rank: int, world: int, rendezvous: str, out: str, lengths, device: str) -> None:
+    """One rank: for each length and method, the fixed samples and the error of its shard."""
     import torch
     import torch.distributed as dist
 
@@ -60,13 +59,7 @@ def _worker(rank: int, world: int, lengths, device: str, out: str) -> None:
     if backend == "nccl":
         torch.cuda.set_device(rank)
         device = f"cuda:{rank}"
-    dist.init_process_group(
-        backend,
-        init_method=f"file://{Path(out, 'rendezvous')}",
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=120),
-    )
+    distributed.join_group(rank, world, rendezvous, backend=backend, timeout=timedelta(seconds=120))
     results = {}
     try:
         for T in lengths:
@@ -103,27 +96,10 @@ def _worker(rank: int, world: int, lengths, device: str, out: str) -> None:
 
 
 def _spawn(world: int, lengths, device: str) -> list[dict]:
-    import torch.multiprocessing as mp
+    from lab import distributed
 
     with tempfile.TemporaryDirectory() as out:
-        context = mp.start_processes(
-            _worker,
-            args=(world, list(lengths), device, out),
-            nprocs=world,
-            join=False,
-            start_method="spawn",
-        )
-        deadline = time.monotonic() + DEADLINE_S
-        try:
-            while not context.join(timeout=1.0):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"the ring scenario on {world} processes ran too long")
-        finally:
-            for process in context.processes:
-                if process.is_alive():
-                    process.terminate()
-                process.join(timeout=10)
-        return [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world)]
+        return distributed.spawn(_worker, world, out, list(lengths), device, deadline_s=DEADLINE_S)
 
 
 def ring_records(lengths, device: str = "cpu") -> list[Record]:

@@ -34,11 +34,14 @@ gloo here. The same loss scaling holds, since FSDP also averages gradients.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, replace
 from datetime import timedelta
+from pathlib import Path
 from typing import NoReturn
 
 import numpy as np
@@ -84,6 +87,51 @@ def stop() -> None:
 
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def join_group(
+    rank: int, world: int, rendezvous: str | Path, *, backend: str = "gloo", timeout=TIMEOUT
+) -> None:
+    """Join a process group of ``spawn``ed ranks, which meet through the file ``rendezvous``
+    (no port to pick, so none another process can take between the pick and the bind)."""
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        backend,
+        init_method=f"file://{rendezvous}",
+        rank=rank,
+        world_size=world,
+        timeout=timeout,
+    )
+
+
+def spawn(fn, world: int, out_dir: str | Path, *args, deadline_s: float) -> list[dict]:
+    """Run ``fn(rank, world, rendezvous, out_dir, *args)`` in ``world`` spawned processes and
+    return each rank's ``out_dir/rank{r}.json``.
+
+    The ranks meet through a fresh file in ``out_dir`` (``join_group``). A rank that fails
+    or a run past ``deadline_s`` seconds raises here, and every rank still alive is
+    terminated: none is left behind.
+    """
+    import torch.multiprocessing as mp
+
+    out_dir = Path(out_dir)
+    rendezvous = out_dir / f"rendezvous-{fn.__name__}-{world}-{time.monotonic_ns()}"
+    context = mp.start_processes(
+        fn, args=(world, str(rendezvous), str(out_dir), *args), nprocs=world, join=False,
+        start_method="spawn",
+    )  # fmt: skip
+    deadline = time.monotonic() + deadline_s
+    try:
+        while not context.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{fn.__name__} on {world} ranks ran past {deadline_s} s")
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.terminate()
+            process.join(timeout=10)
+    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(world)]
 
 
 def leave(status: int = 0) -> NoReturn:

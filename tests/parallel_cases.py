@@ -26,16 +26,8 @@ F64_TOL = 1e-12
 
 
 def start(rank: int, world: int, rendezvous: str) -> None:
-    """Join the group through a file the spawning test names: no port to pick, so no race
-    with another process taking it between the pick and the bind."""
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{rendezvous}",
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=60),
-    )
+    distributed.join_group(rank, world, rendezvous, timeout=timedelta(seconds=60))
 
 
 def full_inputs(seed, B, H, Hkv, T, Dh, padded):

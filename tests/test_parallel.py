@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 import parallel_cases
 import pytest
-import torch.multiprocessing as mp
+
+from lab import distributed
 
 pytestmark = pytest.mark.slow
 DEADLINE_S = 240  # a whole spawn: imports, process group, the cases; seconds
@@ -28,24 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def spawn(fn, world: int, tmp_path: Path) -> list[dict]:
-    """Run ``fn(rank, world, rendezvous, out_dir)`` in ``world`` processes; each rank's JSON.
-    The ranks meet through a fresh file in ``tmp_path`` (not a port: nothing to race for)."""
-    rendezvous = tmp_path / f"rendezvous-{fn.__name__}-{world}-{time.monotonic_ns()}"
-    context = mp.start_processes(
-        fn, args=(world, str(rendezvous), str(tmp_path)), nprocs=world, join=False,
-        start_method="spawn",
-    )  # fmt: skip
-    deadline = time.monotonic() + DEADLINE_S
-    try:
-        while not context.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{fn.__name__} on {world} ranks ran past {DEADLINE_S} s")
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.terminate()
-            process.join(timeout=10)
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    """Run ``fn(rank, world, rendezvous, out_dir)`` in ``world`` processes; each rank's JSON."""
+    return distributed.spawn(fn, world, tmp_path, deadline_s=DEADLINE_S)
 
 
 @pytest.mark.parametrize("world", [2, 3])
