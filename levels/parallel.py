@@ -147,7 +147,8 @@ def _world(group) -> tuple[int, int]:
 
 
 def _check(q, k, v, valid, causal, layout, group):
-    """Shapes, equal shards, and no empty query row anywhere: -> ``valid (B, Tl)``."""
+    """Shapes, equal shards, and no empty query row anywhere: -> ``valid (B, Tl)``, this
+    rank's key padding, and ``full (B, T)``, every rank's in global order."""
     from .level2_torch_manual.attention import check_inputs
 
     rank, world = _world(group)
@@ -178,7 +179,7 @@ def _check(q, k, v, valid, causal, layout, group):
     seen = full.cumsum(1) > 0 if causal else full.any(1, keepdim=True).expand_as(full)
     if not bool(seen.all()):
         raise ValueError(EMPTY_ROW_MESSAGE)  # on every rank: they all hold `full`
-    return valid
+    return valid, full
 
 
 def _default_attention(attention: Attention | None) -> Attention:
@@ -233,13 +234,10 @@ def allgather_attention(
     last position (causal) or to all of them.
     """
     attention = _default_attention(attention)
-    valid = _check(q, k, v, mask, causal, layout, group)
+    _, full = _check(q, k, v, mask, causal, layout, group)  # full (B, T)
     rank, world = _world(group)
     K = unshard(list(_Gather.apply(k, group)), 2, layout)  # (B,Hkv,T,Dh)
     V = unshard(list(_Gather.apply(v, group)), 2, layout)
-    gathered = [torch.empty_like(valid, dtype=torch.uint8) for _ in range(world)]
-    dist.all_gather(gathered, valid.to(torch.uint8).contiguous(), group=group)
-    full = unshard(gathered, 1, layout).bool()  # (B, T)
     mine = chunks_of(rank, world, layout)
     Tc = q.shape[2] // len(mine)
     outs = []
@@ -378,7 +376,7 @@ def ring_attention(
     Differentiable in ``q``, ``k`` and ``v``. Returns ``(B,H,Tl,Dv)``.
     """
     attention = _default_attention(attention)
-    valid = _check(q, k, v, mask, causal, layout, group)
+    valid, _ = _check(q, k, v, mask, causal, layout, group)
     return _Ring.apply(q, k, v, valid, bool(causal), layout, group, attention)
 
 
