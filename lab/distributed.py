@@ -44,8 +44,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import NoReturn
 
-import numpy as np
-
 from .data import Batch
 
 TIMEOUT = timedelta(seconds=300)  # any collective: longer than rank 0's evaluation takes
@@ -212,15 +210,3 @@ def launch(argv: list[str], nproc: int) -> int:
     ]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     return subprocess.call(command, env=env)
-
-
-def same_everywhere(array: np.ndarray) -> bool:
-    """Whether every rank holds the same ``array`` (a check for tests and the end of a run)."""
-    import torch
-    import torch.distributed as dist
-
-    t = torch.as_tensor(np.ascontiguousarray(array, dtype=np.float64)).flatten()
-    lo, hi = t.clone(), t.clone()
-    dist.all_reduce(lo, op=dist.ReduceOp.MIN)
-    dist.all_reduce(hi, op=dist.ReduceOp.MAX)
-    return bool(torch.equal(lo, hi))
