@@ -427,13 +427,19 @@ def is_torch_level(level: ModuleType) -> bool:
     return level.ARRAY == "torch"
 
 
-def check_trainable(level: ModuleType, kind: str) -> None:
-    """Raise ``ValueError`` if ``level`` has no way to compute gradients (its ``GRADIENTS``)."""
+def check_trainable(level: ModuleType, kind: str, *, parallel: bool = False) -> None:
+    """Raise ``ValueError`` if ``level`` has no way to compute gradients (its ``GRADIENTS``),
+    or, with ``parallel``, none that data-parallel training can use (autograd's)."""
     _model_class(level, kind)  # an unknown kind is refused first
+    name = level.__name__.rsplit(".", 1)[-1]
     if level.GRADIENTS is None:
         raise ValueError(
-            f"{level.__name__.rsplit('.', 1)[-1]} computes no gradients (inference only); "
-            "train at level 1 or above"
+            f"{name} computes no gradients (inference only); train at level 1 or above"
+        )
+    if parallel and level.GRADIENTS != "autograd":
+        raise ValueError(
+            f"{name} trains with its own numpy backward; "
+            "data-parallel training needs a torch level (2, 3 or 4)"
         )
 
 
@@ -453,7 +459,7 @@ def make_backend(
     "autograd"``); the level's own ``loss_and_grads`` and numpy optimiser for a level
     with a hand-written backward. ``dtype`` is the level's native float dtype (default:
     the level's default)."""
-    check_trainable(level, kind)
+    check_trainable(level, kind, parallel=world is not None)
     if level.GRADIENTS == "autograd":
         return TorchAutogradBackend(
             level,
@@ -465,11 +471,6 @@ def make_backend(
             dtype=dtype,
             world=world,
             fsdp=fsdp,
-        )
-    if world is not None:
-        raise ValueError(
-            f"{level.__name__.rsplit('.', 1)[-1]} trains with its own numpy backward; "
-            "data-parallel training needs a torch level (2, 3 or 4)"
         )
     if device not in (None, "cpu"):
         raise ValueError(f"{level.__name__} runs on the CPU only, not {device!r}")

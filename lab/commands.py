@@ -154,12 +154,12 @@ def train(args: argparse.Namespace) -> int:
 def _launch_ranks(args: argparse.Namespace, level) -> int:
     """``--nproc N``: check what can be checked here, then run this command in N processes."""
     from . import distributed
+    from .backend import check_trainable
 
-    if level.GRADIENTS != "autograd":
-        raise UsageError(
-            f"--nproc: {level.__name__.rsplit('.', 1)[-1]} trains with its own numpy backward; "
-            "data-parallel training needs a torch level (2, 3 or 4)"
-        )
+    try:
+        check_trainable(level, KINDS[args.kind], parallel=True)
+    except ValueError as exc:
+        raise UsageError(f"--nproc: {exc}") from None
     if args.device.startswith("cuda"):
         import torch
 
