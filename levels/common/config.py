@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from . import checks
+
 POSITIONAL_KINDS = ("rope", "none")
 NORMS = ("layernorm", "rmsnorm")
 FEED_FORWARDS = ("gelu", "swiglu")
@@ -98,8 +100,7 @@ class TransformerConfig:
                 f"n_kv_heads must be a positive integer dividing n_heads={self.n_heads} "
                 f"(each group of n_heads // n_kv_heads query heads shares one), got {self.n_kv_heads!r}"
             )
-        if self.window is not None and (not _is_int(self.window) or self.window <= 0):
-            raise ValueError(f"window must be a positive integer (or None), got {self.window!r}")
+        checks.check_window(self.window)
         if self.norm not in NORMS:
             raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
         if self.ffn not in FEED_FORWARDS:

@@ -74,10 +74,11 @@ def prompt_lengths(valid: np.ndarray | None, shape: tuple[int, int]) -> np.ndarr
     return lengths.astype(np.int64)
 
 
-def _check_eos(eos_id: object, vocab_size: int) -> None:
-    if isinstance(eos_id, bool) or not isinstance(eos_id, int | np.integer):
-        raise TypeError(f"eos_id must be an integer token id, got {eos_id!r}")
-    checks.check_tokens(int(eos_id), int(eos_id), vocab_size, what="eos_id")
+def _check_token_id(name: str, value: object, vocab_size: int) -> None:
+    """A special token (``bos_id``, ``eos_id``) is one integer id in ``[0, vocab_size)``."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{name} must be an integer token id, got {value!r}")
+    checks.check_tokens(int(value), int(value), vocab_size, what=name)
 
 
 def generate_decoder_only(
@@ -117,7 +118,7 @@ def generate_decoder_only(
     B, P = tokens.shape
     lengths = prompt_lengths(None if valid is None else np.asarray(to_numpy(valid)), (B, P))
     if eos_id is not None:
-        _check_eos(eos_id, config.vocab_size)
+        _check_token_id("eos_id", eos_id, config.vocab_size)
     longest = int(lengths.max())
     if longest + max_new_tokens > config.max_seq_len:
         raise ValueError(
@@ -189,9 +190,7 @@ def generate_seq2seq(
     bos_id = config.bos_id if bos_id is None else bos_id
     eos_id = config.eos_id if eos_id is None else eos_id
     for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
-        if isinstance(value, bool) or not isinstance(value, int | np.integer):
-            raise TypeError(f"{name} must be an integer token id, got {value!r}")
-        checks.check_tokens(int(value), int(value), config.vocab_size, what=name)
+        _check_token_id(name, value, config.vocab_size)
     max_new_tokens = config.max_seq_len - 1 if max_new_tokens is None else max_new_tokens
     checks.check_new_tokens(max_new_tokens)
     if 1 + max_new_tokens > config.max_seq_len:
