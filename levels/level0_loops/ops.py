@@ -215,6 +215,12 @@ def softmax(scores: list[float]) -> list[float]:
     return [e / total for e in exps]
 
 
+def logsumexp(xs: list[float]) -> float:
+    """``log sum exp(x)`` as ``max + log sum exp(x - max)``: no term overflows."""
+    top = max(xs)
+    return top + math.log(sum(math.exp(x - top) for x in xs))
+
+
 def _mask_reader(mask: Nested, target: tuple[int, int, int, int]) -> Callable[..., bool]:
     """A function ``(b, h, i, j) -> bool`` reading ``mask`` with numpy-style broadcasting."""
     mshape = _shape(mask)
@@ -288,8 +294,8 @@ def attention(
                         for d in range(Dv)
                     ]
                 )
-                top = max(scores)  # log sum exp(s) = max + log sum exp(s - max)
-                rows_lse.append(top + math.log(sum(math.exp(x - top) for x in scores)))
+                if return_lse:
+                    rows_lse.append(logsumexp(scores))
             heads.append(rows)
             heads_lse.append(rows_lse)
         out.append(heads)
@@ -317,8 +323,7 @@ def merge_attention(parts: list[tuple[Nested, Nested]]) -> tuple[Nested, Nested]
             rows, rows_lse = [], []
             for i in range(T):
                 ls = [part[b][h][i] for part in lses]
-                top = max(ls)
-                total = top + math.log(sum(math.exp(x - top) for x in ls))
+                total = logsumexp(ls)
                 weights = [math.exp(x - total) for x in ls]
                 Dv = len(outs[0][b][h][i])
                 rows.append(
