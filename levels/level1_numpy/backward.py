@@ -89,10 +89,7 @@ class Tape:
             gs = [pending.pop(id(out), None) for out in outs]
             if all(g is None for g in gs):  # no output of this op reached the loss
                 continue
-            if len(outs) == 1:
-                grads = backward(gs[0])
-            else:  # an unused output contributes nothing: its gradient is None
-                grads = backward(*gs)
+            grads = backward(*gs)  # an unused output of several contributes None
             for x, gx in zip(inputs, grads, strict=True):
                 if gx is None:
                     continue
