@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import CausalBias
 
 from ..common.checks import group_size
-from ..level2_torch_manual.attention import allowed_keys, repeat_heads
+from ..level2_torch_manual.attention import causal_mask, repeat_heads
 
 _FORWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
@@ -101,7 +101,7 @@ def attention_with_lse(q, k, v, attn_mask, is_causal: bool, *, scale):
     for these inputs (``attention.sdpa_mask``: checked, no empty row): the kernel's own
     causal rule when ``T == S``, which skips the tiles above the diagonal."""
     if isinstance(attn_mask, CausalBias):  # 1 < T < S: bottom-right, spelled out for the kernel
-        attn_mask = allowed_keys(q, k, v, causal=True, mask=None)  # (T, S)
+        attn_mask = causal_mask(q.shape[-2], k.shape[-2], device=q.device)  # (T, S)
     bias = None
     if attn_mask is not None:
         # The kernel takes an additive float mask of q's dtype: 0 where allowed, -inf not
