@@ -30,6 +30,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+import numpy as np
+
 from levels.common.config import TransformerConfig
 
 BACKWARD_FACTOR = 2.5  # backward FLOPs / forward FLOPs (FlashAttention-2 convention)
@@ -92,6 +94,11 @@ def generation_flops(
         steps = (decode_step_flops(config, B, prompt + j) for j in range(1, new_tokens))
         return decoder_forward_flops(config, B, prompt) + sum(steps)
     return sum(decoder_forward_flops(config, B, prompt + j) for j in range(new_tokens))
+
+
+def element_bytes(dtype: str) -> int:
+    """Bytes per number of a dtype by name (numpy has no bfloat16: 2 bytes, as float16)."""
+    return 2 if dtype == "bfloat16" else int(np.dtype(dtype).itemsize)
 
 
 def weight_bytes_per_step(config: TransformerConfig, bytes_per_element: int) -> int:

@@ -108,7 +108,7 @@ def ring_records(lengths, device: str = "cpu") -> list[Record]:
 
     from levels import parallel
 
-    reference = Reference()
+    reference = Reference(device)  # on CUDA the float64 reference runs there too
     records = []
     for world in WORLDS:
         ranks = _spawn(world, lengths, device)

@@ -139,8 +139,7 @@ class Attention:
         """A decode step reads all of K and V, ``2 B H S Dh`` numbers: its real cost."""
         if self.S is None:
             return None
-        size = 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
-        return 2.0 * self.B * self.H * self.S * self.Dh * size
+        return 2.0 * self.B * self.H * self.S * self.Dh * F.element_bytes(dtype)
 
     def tokens(self) -> int | None:
         return None
@@ -317,8 +316,7 @@ class Generate:
         """What cached generation reads from memory (None without the cache)."""
         if not self.use_cache:
             return None
-        size = np.dtype(dtype).itemsize if dtype != "bfloat16" else 2
-        n = self.new_tokens
+        n, size = self.new_tokens, F.element_bytes(dtype)
         return self._per_call(lambda B, P: F.generation_bytes(self.config, B, P, n, size))
 
     def tokens(self) -> int:
@@ -352,8 +350,9 @@ class Generate:
 
         def error() -> float:
             out = fn()
-            got = [backend.to_numpy(x)[0] for x in out] if self.one_at_a_time else None
-            if got is None:
+            if self.one_at_a_time:
+                got = [backend.to_numpy(x)[0] for x in out]
+            else:
                 full = backend.to_numpy(out).astype(np.int64)
                 got = [full[b, : P + n] for b, P in enumerate(rows)]
             # The reference generates each row alone: a batched row must equal it.
