@@ -46,18 +46,18 @@ def attention_cases(rank: int, world: int, rendezvous: str, out_dir: str) -> Non
     L2 = levels.load("level2_torch_manual")
     L3 = levels.load("level3_sdpa_flash")
     worst: dict[str, float] = {}
+    T = 4 * world * 3  # 12 positions per rank, 6 per zigzag chunk
     try:
-        for layout in parallel.LAYOUTS:
-            for causal in (False, True):
-                for padded in (False, True):
+        for causal in (False, True):
+            for padded in (False, True):
+                # The single-process float64 truth, once for every layout, method and block.
+                q, k, v, d_out, valid = full_inputs(7, 2, 4, 2, T, 8, padded)
+                leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+                want = L2.attention(*leaves, causal=causal, mask=valid[:, None, None, :])
+                grads = torch.autograd.grad(want, leaves, d_out)
+                for layout in parallel.LAYOUTS:
                     for method in ("ring", "allgather"):
                         for local in (L2, L3):
-                            T = 4 * world * 3  # 12 positions per rank, 6 per zigzag chunk
-                            q, k, v, d_out, valid = full_inputs(7, 2, 4, 2, T, 8, padded)
-                            mask = valid[:, None, None, :]
-                            leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-                            want = L2.attention(*leaves, causal=causal, mask=mask)
-                            grads = torch.autograd.grad(want, leaves, d_out)
                             mine = [
                                 parallel.shard(x, 2, rank, world, layout).requires_grad_()
                                 for x in (q, k, v)
