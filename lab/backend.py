@@ -155,6 +155,8 @@ class TorchAutogradBackend(TrainerBackend):
         world=None,
         fsdp: bool = False,
     ):
+        if fsdp and world is None:
+            raise ValueError("fsdp shards the model across processes: it needs a world")
         self.level, self.config, self.kind, self.settings = level, config, kind, settings
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.model = _model_class(level, kind)(

@@ -340,3 +340,11 @@ def test_cli_train_writes_metrics_plot_and_checkpoint(tmp_path, capsys):
     assert ladder(["train", "decoder-only", "--task", "reverse"]) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("ladder train: error:") and "decoder-only" in line
+
+
+def test_fsdp_without_a_process_group_is_refused():
+    from lab.train import default_spec
+
+    spec = default_spec("seq2seq", "copy", quick=True)
+    with pytest.raises(ValueError, match="fsdp shards the model across processes"):
+        build_backend(spec, levels.load("level2_torch_manual"), fsdp=True)
