@@ -3,7 +3,7 @@
 ``load(path)`` reads a model directory as ``transformers`` writes it
 (``config.json`` and ``model.safetensors``, or several shards listed in
 ``model.safetensors.index.json``) for ``model_type`` ``llama``, ``mistral``,
-``qwen2`` or ``gpt_neox``, and returns a ``TransformerConfig`` with float64
+``qwen2``, ``gpt_neox`` or ``gemma3_text``, and returns a ``TransformerConfig`` with float64
 canonical parameters that every level builds from. ``save(path, config,
 params)`` writes the inverse, a directory that
 ``transformers.AutoModelForCausalLM.from_pretrained`` loads. Only ``safetensors``
@@ -33,19 +33,33 @@ the family's default in ``transformers`` (GPT-NeoX's ``use_parallel_residual``
 is True and its ``rotary_pct`` 0.25 when absent, Mistral's ``sliding_window``
 4096, Qwen2's ``num_key_value_heads`` 32).
 
+Gemma 3 (``gemma3_text``, ``Gemma3ForCausalLM``) is the same layout with more
+options: ``head_dim`` (heads wider than ``D / H``), ``q_norm`` and ``k_norm``
+(QK-norm; their gains are permuted like the q and k rows they scale), a norm
+after each sublayer (its ``post_attention_layernorm`` is the ladder's
+``post_norm1``, ``pre_feedforward_layernorm`` its ``norm2``), GeGLU with the
+tanh GELU, RMSNorm gains stored as offsets from 1 (``norm_weight_offset=1``),
+embeddings scaled by ``sqrt(D)``, ``layer_types`` (every ``window_pattern``-th
+layer global, the others local with ``sliding_window``) with the RoPE base of
+each kind (``rope_parameters``, or ``rope_theta`` and ``rope_local_base_freq``),
+and ``query_pre_attn_scalar`` (the scores' scale, ``1 / sqrt`` of it).
+
 What the ladder does not compute is refused with a ``ValueError`` naming the
 key and its value, never loaded as a different model: RoPE scaling of any type
 but ``"default"`` (``rope_scaling`` / ``rope_parameters``), partial rotary,
 GPT-NeoX's parallel residual, an activation other than SiLU (Llama family) or
 exact GELU (GPT-NeoX), a ``head_dim`` other than ``hidden_size //
 num_attention_heads``, a window on some layers only (Qwen2's
-``max_window_layers`` / ``layer_types``), quantized weights, any other
-``model_type``. Dropout rates are training settings and are not carried over
+``max_window_layers`` / ``layer_types``), Gemma's logit soft-capping, its
+bidirectional attention, or ``layer_types`` with no period, quantized weights,
+any other ``model_type`` (Gemma 3's multimodal ``gemma3``, whose text model is
+``gemma3_text``). Dropout rates are training settings and are not carried over
 (the config's ``dropout`` is 0).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping
@@ -56,12 +70,13 @@ import numpy as np
 from .common.config import TransformerConfig
 from .common.params import check_params, param_shapes
 
-FAMILIES = ("llama", "mistral", "qwen2", "gpt_neox")
+FAMILIES = ("llama", "mistral", "qwen2", "gpt_neox", "gemma3_text")
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "gpt_neox": "GPTNeoXForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
 }
 
 # What each family's config class in transformers assumes for a key config.json omits.
@@ -108,6 +123,27 @@ _DEFAULTS: dict[str, dict[str, object]] = {
         "rotary_pct": 0.25,
         "rotary_emb_base": 10000.0,
     },
+    "gemma3_text": {  # Gemma3TextConfig's
+        "hidden_activation": "gelu_pytorch_tanh",
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-6,
+        "bos_token_id": 2,
+        "eos_token_id": 1,
+        "pad_token_id": 0,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "attention_bias": False,
+        "tie_word_embeddings": True,
+        "query_pre_attn_scalar": 256,
+        "sliding_window": 4096,
+        "layer_types": None,
+        "sliding_window_pattern": 6,  # read when layer_types is absent
+        "rope_theta": 1_000_000.0,
+        "rope_local_base_freq": 10_000.0,
+        "final_logit_softcapping": None,
+        "attn_logit_softcapping": None,
+        "use_bidirectional_attention": False,
+    },
 }
 _COMMON_DEFAULTS = {"tie_word_embeddings": False, "pad_token_id": None, "head_dim": None}
 _DEFAULT_NOTE = " (the default when config.json omits it)"
@@ -121,7 +157,7 @@ _IGNORED_TENSORS = re.compile(r"(rotary_emb\.inv_freq|attention\.bias|attention\
 # ---------------------------------------------------------------------------
 
 
-def _to_adjacent_pairs(w: np.ndarray, heads: int) -> np.ndarray:
+def to_adjacent_pairs(w: np.ndarray, heads: int) -> np.ndarray:
     """Rows of ``w (heads*Dh, ...)`` from rotate_half order to adjacent pairs, per head."""
     rest = w.shape[1:]
     d_head = w.shape[0] // heads
@@ -130,8 +166,8 @@ def _to_adjacent_pairs(w: np.ndarray, heads: int) -> np.ndarray:
     return pairs.reshape(heads * d_head, *rest)  # (Hx*Dh, ...)
 
 
-def _to_rotate_half(w: np.ndarray, heads: int) -> np.ndarray:
-    """The inverse of ``_to_adjacent_pairs``."""
+def to_rotate_half(w: np.ndarray, heads: int) -> np.ndarray:
+    """The inverse of ``to_adjacent_pairs``."""
     rest = w.shape[1:]
     d_head = w.shape[0] // heads
     pairs = w.reshape(heads, d_head // 2, 2, *rest)  # (Hx, i, half, ...)
@@ -140,27 +176,46 @@ def _to_rotate_half(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 def _qkv_rows(config: TransformerConfig) -> tuple[slice, slice, slice]:
-    """Where q, k and v sit in ``in_proj_weight``'s rows ``[q (D); k (Hkv Dh); v (Hkv Dh)]``."""
-    D, Dkv = config.d_model, config.kv_heads * config.d_head
-    return slice(0, D), slice(D, D + Dkv), slice(D + Dkv, D + 2 * Dkv)
+    """Where q, k and v sit in ``in_proj_weight``'s rows ``[q (H Dh); k (Hkv Dh); v (Hkv Dh)]``."""
+    Dq, Dkv = config.q_width, config.kv_heads * config.d_head
+    return slice(0, Dq), slice(Dq, Dq + Dkv), slice(Dq + Dkv, Dq + 2 * Dkv)
+
+
+def _block_norms(config: TransformerConfig) -> dict[str, str]:
+    """A block's norms, canonical name -> Hugging Face's. Llama's ``post_attention_layernorm``
+    is the norm before the MLP (``norm2``); Gemma's, with a norm after each sublayer, is
+    the one after the attention (``post_norm1``), and ``pre_feedforward_layernorm`` ``norm2``."""
+    if not config.post_norms:
+        return {"norm1": "input_layernorm", "norm2": "post_attention_layernorm"}
+    return {
+        "norm1": "input_layernorm",
+        "post_norm1": "post_attention_layernorm",
+        "norm2": "pre_feedforward_layernorm",
+        "post_norm2": "post_feedforward_layernorm",
+    }
 
 
 def _from_llama(config: TransformerConfig, take) -> dict[str, np.ndarray]:
-    """Canonical parameters from Llama / Mistral / Qwen2 tensors (``take(name)`` hands one over)."""
+    """Canonical parameters from Llama / Mistral / Qwen2 / Gemma 3 tensors (``take(name)``
+    hands one over)."""
     H, Hkv = config.n_heads, config.kv_heads
     params = {"token_embedding.weight": take("model.embed_tokens.weight")}  # (V, D)
     for i in range(config.n_layers):
         hf, ours = f"model.layers.{i}.", f"layers.{i}."
-        params[ours + "norm1.weight"] = take(hf + "input_layernorm.weight")
-        params[ours + "norm2.weight"] = take(hf + "post_attention_layernorm.weight")
+        for canonical, theirs in _block_norms(config).items():
+            params[f"{ours}{canonical}.weight"] = take(f"{hf}{theirs}.weight")
         attn = hf + "self_attn."
         suffixes = ("weight", "bias") if config.has_qkv_bias else ("weight",)
         for suffix in suffixes:
-            q = _to_adjacent_pairs(take(f"{attn}q_proj.{suffix}"), H)  # (H*Dh, D) or (H*Dh,)
-            k = _to_adjacent_pairs(take(f"{attn}k_proj.{suffix}"), Hkv)  # (Hkv*Dh, ...)
+            q = to_adjacent_pairs(take(f"{attn}q_proj.{suffix}"), H)  # (H*Dh, D) or (H*Dh,)
+            k = to_adjacent_pairs(take(f"{attn}k_proj.{suffix}"), Hkv)  # (Hkv*Dh, ...)
             v = take(f"{attn}v_proj.{suffix}")  # (Hkv*Dh, ...)
-            fused = np.concatenate([q, k, v])  # (D + 2 Dkv, D) or (D + 2 Dkv,)
+            fused = np.concatenate([q, k, v])  # (H Dh + 2 Dkv, D) or (H Dh + 2 Dkv,)
             params[f"{ours}self_attn.in_proj_{suffix}"] = fused
+        if config.qk_norm:  # the gains of one head's features, in the order of its rows
+            for name in ("q_norm", "k_norm"):
+                gain = take(f"{attn}{name}.weight")  # (Dh,)
+                params[f"{ours}self_attn.{name}.weight"] = to_adjacent_pairs(gain, 1)
         params[ours + "self_attn.out_proj.weight"] = take(attn + "o_proj.weight")
         if config.has_out_bias:
             params[ours + "self_attn.out_proj.bias"] = take(attn + "o_proj.bias")
@@ -185,15 +240,20 @@ def _to_llama(config: TransformerConfig, params: Mapping[str, np.ndarray]) -> di
     out = {"model.embed_tokens.weight": params["token_embedding.weight"]}
     for i in range(config.n_layers):
         hf, ours = f"model.layers.{i}.", f"layers.{i}."
-        out[hf + "input_layernorm.weight"] = params[ours + "norm1.weight"]
-        out[hf + "post_attention_layernorm.weight"] = params[ours + "norm2.weight"]
+        for canonical, theirs in _block_norms(config).items():
+            out[f"{hf}{theirs}.weight"] = params[f"{ours}{canonical}.weight"]
         attn = hf + "self_attn."
         suffixes = ("weight", "bias") if config.has_qkv_bias else ("weight",)
         for suffix in suffixes:
             fused = params[f"{ours}self_attn.in_proj_{suffix}"]  # (D + 2 Dkv, ...)
-            out[f"{attn}q_proj.{suffix}"] = _to_rotate_half(fused[q_rows], H)  # (H*Dh, ...)
-            out[f"{attn}k_proj.{suffix}"] = _to_rotate_half(fused[k_rows], Hkv)  # (Hkv*Dh, ...)
+            out[f"{attn}q_proj.{suffix}"] = to_rotate_half(fused[q_rows], H)  # (H*Dh, ...)
+            out[f"{attn}k_proj.{suffix}"] = to_rotate_half(fused[k_rows], Hkv)  # (Hkv*Dh, ...)
             out[f"{attn}v_proj.{suffix}"] = fused[v_rows]  # (Hkv*Dh, ...)
+        if config.qk_norm:
+            for name in ("q_norm", "k_norm"):
+                out[f"{attn}{name}.weight"] = to_rotate_half(
+                    params[f"{ours}self_attn.{name}.weight"], 1
+                )
         out[attn + "o_proj.weight"] = params[ours + "self_attn.out_proj.weight"]
         if config.has_out_bias:
             out[attn + "o_proj.bias"] = params[ours + "self_attn.out_proj.bias"]
@@ -229,7 +289,7 @@ def _from_neox(config: TransformerConfig, take, head_name: str) -> dict[str, np.
             rest = fused.shape[1:]
             per_head = fused.reshape(H, 3, Dh, *rest)  # rows grouped (H, [q, k, v], Dh)
             q, k, v = (per_head[:, j].reshape(D, *rest) for j in range(3))  # (H*Dh, ...) each
-            q, k = _to_adjacent_pairs(q, H), _to_adjacent_pairs(k, H)
+            q, k = to_adjacent_pairs(q, H), to_adjacent_pairs(k, H)
             params[f"{ours}self_attn.in_proj_{suffix}"] = np.concatenate([q, k, v])  # (3D, ...)
         params[ours + "self_attn.out_proj.weight"] = take(hf + "attention.dense.weight")
         if config.has_out_bias:
@@ -261,8 +321,8 @@ def _to_neox(config: TransformerConfig, params: Mapping[str, np.ndarray]) -> dic
         for suffix in suffixes:
             fused = params[f"{ours}self_attn.in_proj_{suffix}"]  # (3D, ...)
             rest = fused.shape[1:]
-            q = _to_rotate_half(fused[q_rows], H).reshape(H, Dh, *rest)  # (H, Dh, ...)
-            k = _to_rotate_half(fused[k_rows], H).reshape(H, Dh, *rest)  # (H, Dh, ...)
+            q = to_rotate_half(fused[q_rows], H).reshape(H, Dh, *rest)  # (H, Dh, ...)
+            k = to_rotate_half(fused[k_rows], H).reshape(H, Dh, *rest)  # (H, Dh, ...)
             v = fused[v_rows].reshape(H, Dh, *rest)  # (H, Dh, ...)
             per_head = np.stack([q, k, v], axis=1)  # (H, 3, Dh, ...)
             out[f"{hf}attention.query_key_value.{suffix}"] = per_head.reshape(3 * D, *rest)
@@ -376,9 +436,93 @@ def _window(keys: _Keys, n_layers: int) -> int | None:
     )
 
 
+def _gemma_rope(keys: _Keys) -> tuple[float, float]:
+    """Gemma 3's RoPE bases ``(global, local)``: transformers 5's ``rope_parameters`` per
+    layer type, or ``rope_theta`` and ``rope_local_base_freq``; plain RoPE only."""
+    nested = keys.raw.get("rope_parameters") or {}
+    if keys.raw.get("rope_scaling"):  # transformers 4: scaling of the global layers
+        nested = {"full_attention": keys.raw["rope_scaling"]}
+    bases = {}
+    for kind, flat in (("full_attention", "rope_theta"), ("sliding_attention", "rope_local_base_freq")):  # fmt: skip
+        rope = nested.get(kind) or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            key = "rope_scaling" if keys.raw.get("rope_scaling") else "rope_parameters"
+            keys.refuse(key, f"RoPE type {rope_type!r} of the {kind} layers rescales the "
+                        "positions; the ladder implements plain RoPE (type 'default') only")  # fmt: skip
+        bases[kind] = float(rope.get("rope_theta", keys[flat]))
+    return bases["full_attention"], bases["sliding_attention"]
+
+
+def _gemma_windows(keys: _Keys, n_layers: int) -> tuple[int | None, int | None]:
+    """``(window, window_pattern)`` from ``layer_types`` (or ``sliding_window_pattern``): the
+    global layers must come every ``p``-th layer, ``(i + 1) % p == 0``, as Gemma's do."""
+    types = keys["layer_types"]
+    if types is None:
+        pattern = keys.raw.get("_sliding_window_pattern", keys["sliding_window_pattern"])
+        types = [
+            "full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+            for i in range(n_layers)
+        ]
+    if len(types) != n_layers or set(types) - {"full_attention", "sliding_attention"}:
+        keys.refuse("layer_types", f"expected {n_layers} of 'full_attention', 'sliding_attention'")
+    global_layers = [i for i, t in enumerate(types) if t == "full_attention"]
+    if len(global_layers) == n_layers or keys["sliding_window"] is None:
+        return None, None  # no layer has a window
+    if not global_layers:
+        return keys["sliding_window"], None
+    pattern = global_layers[0] + 1
+    if pattern < 2 or global_layers != list(range(pattern - 1, n_layers, pattern)):
+        keys.refuse(
+            "layer_types",
+            f"global layers {global_layers}: the ladder's global layers come every "
+            "window_pattern-th layer (layers p - 1, 2p - 1, ...)",
+        )
+    return keys["sliding_window"], pattern
+
+
+def _gemma(keys: _Keys, D: int, H: int) -> tuple[dict, float]:
+    """The architecture options of a ``gemma3_text`` config, and its global RoPE base."""
+    for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if keys[key] is not None:
+            keys.refuse(key, "the ladder does not soft-cap logits (Gemma 3 does not either)")
+    if keys["use_bidirectional_attention"]:
+        keys.refuse("use_bidirectional_attention", "the ladder's decoder-only model is causal")
+    if keys["hidden_activation"] != "gelu_pytorch_tanh":
+        keys.refuse("hidden_activation", "the ladder's GeGLU gates with 'gelu_pytorch_tanh'")
+    Dh, n_layers = keys["head_dim"], keys["num_hidden_layers"]
+    window, pattern = _gemma_windows(keys, n_layers)
+    rope_base, local_base = _gemma_rope(keys)
+    scalar = keys["query_pre_attn_scalar"]
+    attention_bias = bool(keys["attention_bias"])
+    arch = dict(
+        norm="rmsnorm",
+        ffn="geglu",
+        bias=False,
+        qkv_bias=attention_bias,
+        out_bias=attention_bias,
+        n_kv_heads=keys["num_key_value_heads"],
+        head_dim=None if Dh * H == D else Dh,
+        attn_scale=None if scalar == Dh else float(scalar) ** -0.5,  # transformers' scaling
+        qk_norm=True,
+        post_norms=True,
+        norm_weight_offset=1.0,  # Gemma3RMSNorm: x_hat * (1 + weight)
+        scale_embeddings=True,  # Gemma3TextScaledWordEmbedding: times hidden_size ** 0.5
+        window=window,
+        window_pattern=pattern,
+        rope_local_base=None if window is None or local_base == rope_base else local_base,
+    )
+    return arch, rope_base
+
+
 def config_from_hf(raw: dict, *, max_seq_len: int | None = None) -> TransformerConfig:
     """The ``TransformerConfig`` of a parsed ``config.json``; ``ValueError`` for what the ladder lacks."""
     family = raw.get("model_type")
+    if family == "gemma3":
+        raise ValueError(
+            "config.json model_type='gemma3' is Gemma 3's multimodal model (a vision tower "
+            "beside the text model); the ladder reads the text model, model_type 'gemma3_text'"
+        )
     if family not in FAMILIES:
         raise ValueError(
             f"config.json model_type={family!r} is not supported; supported: {', '.join(FAMILIES)}"
@@ -387,12 +531,15 @@ def config_from_hf(raw: dict, *, max_seq_len: int | None = None) -> TransformerC
     if raw.get("quantization_config") is not None:
         keys.refuse("quantization_config", "quantized weights are not supported")
     D, H = keys["hidden_size"], keys["num_attention_heads"]
-    if keys["head_dim"] is not None and keys["head_dim"] * H != D:
+    if family != "gemma3_text" and keys["head_dim"] is not None and keys["head_dim"] * H != D:
         keys.refuse(
             "head_dim", f"the ladder's heads are hidden_size // num_attention_heads = {D // H} wide"
         )
-    rope_base = _rope_base(keys)
-    if family == "gpt_neox":
+    if family == "gemma3_text":
+        arch, rope_base = _gemma(keys, D, H)
+        eps = keys["rms_norm_eps"]
+    elif family == "gpt_neox":
+        rope_base = _rope_base(keys)
         if keys["use_parallel_residual"]:
             keys.refuse(
                 "use_parallel_residual",
@@ -405,6 +552,7 @@ def config_from_hf(raw: dict, *, max_seq_len: int | None = None) -> TransformerC
         arch |= dict(qkv_bias=attention_bias, out_bias=attention_bias)
         eps = keys["layer_norm_eps"]
     else:
+        rope_base = _rope_base(keys)
         if keys["hidden_act"] not in ("silu", "swish"):
             keys.refuse("hidden_act", "the ladder's SwiGLU gates with SiLU ('silu')")
         n_kv = keys["num_key_value_heads"]
@@ -450,9 +598,8 @@ def config_from_hf(raw: dict, *, max_seq_len: int | None = None) -> TransformerC
         bos_id=bos if bos is not None else 0,
         eos_id=eos if eos is not None else 0,
         max_seq_len=limit,
-        scale_embeddings=False,
         tie_embeddings=bool(keys["tie_word_embeddings"]),
-        **arch,
+        **({"scale_embeddings": False} | arch),  # only Gemma scales its embeddings
     )
 
 
@@ -516,21 +663,28 @@ def load(
     ``max_seq_len`` (the longest sequence, and the KV cache's capacity) is the
     checkpoint's ``max_position_embeddings``, or the smaller value given here.
     ``pad_id`` is ``pad_token_id``, else the first ``eos_token_id``, else 0;
-    ``bos_id`` and ``eos_id`` fall back to 0. Note that a level's
-    ``forward(tokens)`` without ``valid=`` treats every ``pad_id`` token as
-    padding, which for most of these models is the EOS token: pass ``valid``
-    when a sequence contains it.
+    ``bos_id`` and ``eos_id`` fall back to 0. (The models never infer padding
+    from ``pad_id``: a padded batch passes ``valid``.)
     """
     path = Path(path)
     raw = _read_config(path)
     config = config_from_hf(raw, max_seq_len=max_seq_len)
-    tensors = _read_tensors(path, np.dtype(dtype))
+    return config, params_from_hf(config, raw, _read_tensors(path, np.dtype(dtype)), where=path)
+
+
+def params_from_hf(
+    config: TransformerConfig, raw: dict, tensors: dict[str, np.ndarray], *, where: object
+) -> dict[str, np.ndarray]:
+    """The canonical parameters of a model ``config`` (read from ``raw``, its ``config.json``)
+    from its tensors under their Hugging Face names; ``ValueError`` naming ``where`` for a
+    missing tensor or one the ladder has no place for. (``levels.gguf`` hands GGUF files'
+    tensors over under these names too.)"""
     tensors = {k: v for k, v in tensors.items() if not _IGNORED_TENSORS.search(k)}
     remaining = dict(tensors)
 
     def take(name: str) -> np.ndarray:
         if name not in remaining:
-            raise ValueError(f"{path}: the checkpoint has no tensor {name!r}")
+            raise ValueError(f"{where}: the checkpoint has no tensor {name!r}")
         return remaining.pop(name)
 
     if config.tie_embeddings:  # transformers ties these too, whatever the file holds
@@ -543,17 +697,69 @@ def load(
         params = _from_llama(config, take)
     if remaining:
         raise ValueError(
-            f"{path}: tensors the ladder has no place for: {', '.join(sorted(remaining))}"
+            f"{where}: tensors the ladder has no place for: {', '.join(sorted(remaining))}"
         )
     params = {name: np.ascontiguousarray(value) for name, value in params.items()}
-    check_params(params, param_shapes(config, "decoder_only"), what=f"parameters from {path}")
-    return config, params
+    check_params(params, param_shapes(config, "decoder_only"), what=f"parameters from {where}")
+    return params
+
+
+# The options only Gemma 3 has among the families, and what a Gemma 3 model sets them to
+# (the others' values in Gemma3TextConfig's terms: head_dim, query_pre_attn_scalar, ...).
+_GEMMA_ONLY = (
+    "ffn", "qk_norm", "post_norms", "norm_weight_offset", "head_dim", "attn_scale",
+    "window_pattern", "rope_local_base",
+)  # fmt: skip
+_GEMMA = dict(
+    norm="rmsnorm", ffn="geglu", qk_norm=True, post_norms=True, norm_weight_offset=1.0,
+    scale_embeddings=True, bias=False,
+)  # fmt: skip
+
+
+def _query_pre_attn_scalar(config: TransformerConfig) -> int:
+    """Gemma's ``query_pre_attn_scalar`` (an integer): the scores are scaled by its
+    ``-1/2``-th power, which must give back ``attn_scale`` (None: ``Dh``)."""
+    if config.attn_scale is None:
+        return config.d_head
+    scalar = round(config.attn_scale**-2)
+    if scalar < 1 or float(scalar) ** -0.5 != config.attn_scale:
+        raise ValueError(
+            f"attn_scale={config.attn_scale}: Gemma 3 scales by query_pre_attn_scalar ** -0.5 "
+            "for an integer query_pre_attn_scalar, and no integer gives this scale"
+        )
+    return scalar
+
+
+def _gemma_family(config: TransformerConfig) -> bool:
+    """Whether ``config`` is a Gemma 3 model: it sets one of the options only Gemma has,
+    and then every one of Gemma's (``ValueError`` naming the first that differs)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(TransformerConfig)}
+    given = [n for n in _GEMMA_ONLY if getattr(config, n) != defaults[n] and n != "ffn"]
+    if config.ffn == "geglu":
+        given.insert(0, "ffn")
+    if not given:
+        return False
+    why = f"{given[0]}={getattr(config, given[0])!r} is Gemma 3's (the only family with it)"
+    for name, value in _GEMMA.items():
+        if getattr(config, name) != value:
+            raise ValueError(
+                f"{why}, whose models have {name}={value!r}, not {getattr(config, name)!r}"
+            )
+    if config.has_qkv_bias != config.has_out_bias:
+        raise ValueError(
+            f"qkv_bias={config.has_qkv_bias} with out_bias={config.has_out_bias}: "
+            "Gemma 3's attention_bias covers both"
+        )
+    _query_pre_attn_scalar(config)
+    return True
 
 
 def _family(config: TransformerConfig) -> str:
     """The Hugging Face family that computes exactly ``config``'s model, or a ``ValueError``."""
     if config.positional != "rope":
         raise ValueError(f"positional={config.positional!r}: every supported family uses RoPE")
+    if _gemma_family(config):
+        return "gemma3_text"
     if config.scale_embeddings:
         raise ValueError(
             "scale_embeddings=True: no supported family scales its embeddings by sqrt(D)"
@@ -592,6 +798,34 @@ def _family(config: TransformerConfig) -> str:
     )
 
 
+def _gemma_config(config: TransformerConfig, rope: dict) -> dict:
+    """The keys of a ``gemma3_text`` config.json beyond every family's."""
+    kinds = [
+        "sliding_attention" if w is not None else "full_attention" for w in config.layer_windows
+    ]
+    window = (
+        config.window if config.window is not None else _DEFAULTS["gemma3_text"]["sliding_window"]
+    )
+    return {
+        "hidden_activation": "gelu_pytorch_tanh",
+        "rms_norm_eps": config.norm_eps,
+        "num_key_value_heads": config.kv_heads,
+        "head_dim": config.d_head,
+        "attention_bias": config.has_qkv_bias,
+        "query_pre_attn_scalar": _query_pre_attn_scalar(config),
+        "sliding_window": window,  # unused when every layer is global
+        "layer_types": kinds,
+        "rope_parameters": {
+            "full_attention": rope,
+            "sliding_attention": rope | {"rope_theta": config.rope_base_of(config.window)},
+        },
+        "rope_local_base_freq": config.rope_base_of(config.window),  # transformers 4's key
+        "final_logit_softcapping": None,
+        "attn_logit_softcapping": None,
+        "use_bidirectional_attention": False,
+    }
+
+
 def config_to_hf(config: TransformerConfig) -> dict:
     """The ``config.json`` of ``config``'s model (its family chosen by ``_family``)."""
     family = _family(config)
@@ -604,7 +838,7 @@ def config_to_hf(config: TransformerConfig) -> dict:
         "num_hidden_layers": config.n_layers,
         "num_attention_heads": config.n_heads,
         "max_position_embeddings": config.max_seq_len,
-        "hidden_act": "gelu" if family == "gpt_neox" else "silu",
+        "hidden_act": {"gpt_neox": "gelu", "gemma3_text": "gelu_pytorch_tanh"}.get(family, "silu"),
         "tie_word_embeddings": config.tie_embeddings,
         "bos_token_id": config.bos_id,
         "eos_token_id": config.eos_id,
@@ -617,6 +851,8 @@ def config_to_hf(config: TransformerConfig) -> dict:
         "rope_theta": config.rope_base,  # read by transformers 4, folded in by 5
     }
     rope = {"rope_type": "default", "rope_theta": config.rope_base}
+    if family == "gemma3_text":
+        return raw | _gemma_config(config, rope)
     if family == "gpt_neox":
         raw |= {
             "layer_norm_eps": config.norm_eps,
@@ -691,17 +927,27 @@ def load_tokenizer(path):
     return Tokenizer.from_file(str(file))
 
 
-def generate_text(model, tokenizer, prompt: str, max_new_tokens: int) -> str:
-    """Greedy continuation of ``prompt`` by a level's decoder-only ``model``: the new text only.
+def load_chat_template(path, required: bool = True):
+    """The chat template of a model directory (``levels.tokenizer.ChatTemplate``), from
+    ``chat_template.jinja`` or ``tokenizer_config.json``'s ``chat_template`` (the default one
+    of a list), with that file's special-token strings. Without one: ``ValueError`` when
+    ``required``, else None."""
+    from .tokenizer import ChatTemplate
 
-    The prompt is encoded as the tokenizer's post-processor has it (BOS where
-    the tokenizer adds one, nothing else).
-    """
-    ids = tokenizer.encode(prompt).ids
-    if not ids:
-        raise ValueError(f"the prompt {prompt!r} encodes to no tokens")
-    out = model.generate(np.array([ids]), max_new_tokens)  # (1, P + max_new_tokens), native
-    if hasattr(out, "detach"):  # a torch tensor, perhaps on a GPU
-        out = out.detach().cpu()
-    out = np.asarray(out)
-    return tokenizer.decode([int(t) for t in out[0, len(ids) :]])
+    path = Path(path)
+    config_file = path / "tokenizer_config.json"
+    settings = json.loads(config_file.read_text()) if config_file.exists() else {}
+    source = settings.get("chat_template")
+    if isinstance(source, list):  # [{"name": "default", "template": ...}, ...]
+        source = next((t["template"] for t in source if t.get("name") == "default"), None)
+    if (path / "chat_template.jinja").exists():
+        source = (path / "chat_template.jinja").read_text()
+    if not source:
+        if not required:
+            return None
+        raise ValueError(f"{path} has no chat template; use ladder generate for plain text")
+    special = {}
+    for key, value in settings.items():
+        if key.endswith("_token") and value is not None:
+            special[key] = value["content"] if isinstance(value, dict) else str(value)
+    return ChatTemplate(source, special)

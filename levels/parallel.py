@@ -33,8 +33,9 @@ and rank ``r`` holds chunks ``r`` and ``2W - 1 - r``, one early and one late,
 so every rank does the same work. ``shard`` and ``unshard`` convert a full
 tensor to a rank's shard and back.
 
-Masks are key padding masks: ``mask (B, T/W)`` bool, True = a real key, the
-shard of the global key validity. Causal attention is over global positions
+Masks are key padding masks, True = a real key: this rank's shard of the global
+key validity, as ``(B, T/W)`` or in ``attention()``'s own form ``(B, 1, 1, T/W)``
+(what a model's attention layer passes). Causal attention is over global positions
 (``T = S``, so bottom-right and top-left coincide). A query with no key at
 all anywhere is the usual ``ValueError``, raised on every rank alike.
 """
@@ -146,7 +147,25 @@ def _world(group) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
-def _check(q, k, v, valid, causal, layout, group):
+def _key_padding(mask, B: int, T: int, device) -> torch.Tensor:
+    """This rank's key padding ``(B, T)`` from ``mask``: None (every key real), ``(B, T)``,
+    or ``attention()``'s form ``(B, 1, 1, T)``. Another shape is a ``ValueError``: a mask
+    that varies over heads or queries is not a key padding mask."""
+    if mask is None:
+        return torch.ones(B, T, dtype=torch.bool, device=device)
+    if mask.dtype != torch.bool:
+        raise TypeError(f"mask must be boolean (True = a real key), got {mask.dtype}")
+    if tuple(mask.shape) == (B, 1, 1, T):
+        return mask[:, 0, 0, :]  # (B, T)
+    if tuple(mask.shape) != (B, T):
+        raise ValueError(
+            f"mask is a key padding mask of this rank's keys, (B, T/W) = {(B, T)} or "
+            f"(B, 1, 1, T/W) = {(B, 1, 1, T)}; got {tuple(mask.shape)}"
+        )
+    return mask
+
+
+def _check(q, k, v, mask, causal, layout, group):
     """Shapes, equal shards, and no empty query row anywhere: -> ``valid (B, Tl)``, this
     rank's key padding, and ``full (B, T)``, every rank's in global order."""
     from .level2_torch_manual.attention import check_inputs
@@ -158,13 +177,7 @@ def _check(q, k, v, valid, causal, layout, group):
     chunks_of(rank, world, layout)  # the layout's name
     if layout == "zigzag" and T % 2:
         raise ValueError(f"zigzag holds two chunks per rank: the shard length {T} must be even")
-    if valid is None:
-        valid = torch.ones(B, T, dtype=torch.bool, device=q.device)
-    elif valid.dtype != torch.bool or tuple(valid.shape) != (B, T):
-        raise ValueError(
-            f"mask is a key padding mask (B, T/W) = {(B, T)} of booleans, got "
-            f"{tuple(valid.shape)} {valid.dtype}"
-        )
+    valid = _key_padding(mask, B, T, q.device)  # (B, Tl)
     # Every rank sees every shard's length and validity, so all decide the same.
     lengths = [torch.zeros(2, dtype=torch.int64) for _ in range(world)]
     dist.all_gather(lengths, torch.tensor([B, T]), group=group)
@@ -228,10 +241,10 @@ def allgather_attention(
 ) -> torch.Tensor:
     """This rank's ``q (B,H,Tl,Dh)`` against the keys of every rank: ``(B,H,Tl,Dv)``.
 
-    ``k, v (B,Hkv,Tl,·)`` and ``mask (B,Tl)`` are this rank's shards. They are
-    gathered (``_Gather``, whose backward sends each rank the gradient of its
-    shard) and each local chunk of queries attends to the keys up to its own
-    last position (causal) or to all of them.
+    ``k, v (B,Hkv,Tl,·)`` and ``mask (B,Tl)`` or ``(B,1,1,Tl)`` (True = real key) are
+    this rank's shards. They are gathered (``_Gather``, whose backward sends each
+    rank the gradient of its shard) and each local chunk of queries attends to the
+    keys up to its own last position (causal) or to all of them.
     """
     attention = _default_attention(attention)
     _, full = _check(q, k, v, mask, causal, layout, group)  # full (B, T)
@@ -370,8 +383,8 @@ def ring_attention(
 ) -> torch.Tensor:
     """This rank's ``q (B,H,Tl,Dh)`` against the keys of every rank, passed around a ring.
 
-    ``k, v (B,Hkv,Tl,·)`` and ``mask (B,Tl)`` (True = real key) are this rank's
-    shards in ``layout``; ``attention`` computes one block with
+    ``k, v (B,Hkv,Tl,·)`` and ``mask (B,Tl)`` or ``(B,1,1,Tl)`` (True = real key) are
+    this rank's shards in ``layout``; ``attention`` computes one block with
     ``return_lse=True`` (default: level 3's; any torch level's works).
     Differentiable in ``q``, ``k`` and ``v``. Returns ``(B,H,Tl,Dv)``.
     """
@@ -410,11 +423,10 @@ def context_parallel(
             raise ValueError("context parallelism here has no sliding window")
         if dropout_p > 0.0:
             raise ValueError("context parallelism here has no attention dropout")
-        if mask is not None and (mask.dim() != 4 or mask.shape[1:3] != (1, 1)):
-            raise ValueError(f"expected a key padding mask (B,1,1,S), got {tuple(mask.shape)}")
-        valid = None if mask is None else mask[:, 0, 0, :]  # (B, S) this shard's keys
+        # mask: the layer's key padding (B,1,1,S), this shard's keys; the sharded
+        # attention takes it as it is and refuses any other shape.
         return sharded_attention(
-            q, k, v, causal=causal, mask=valid, group=group, attention=attention
+            q, k, v, causal=causal, mask=mask, group=group, attention=attention
         )
 
     hooked = [m for m in model.modules() if hasattr(m, "kernels")]

@@ -61,7 +61,7 @@ PIECES: dict[str, dict[str, tuple[Source, ...] | Reuse]] = {
     "layer_norm": {
         "level0_loops": (Source("level0_loops/ops.py", "layer_norm"),),
         "level1_numpy": (Source("level1_numpy/ops.py", "layer_norm"),),
-        "level2_torch_manual": (Source("level2_torch_manual/norm.py", "LayerNorm.forward"),),
+        "level2_torch_manual": (Source("level2_torch_manual/kernels.py", "LayerNorm.forward"),),
         "level3_sdpa_flash": Reuse("level2_torch_manual", "level 3 changes only attention"),
         "level4_triton_kernel": (
             Source("level4_triton_kernel/fused_layer_norm.py", "_layer_norm_fwd_kernel"),
@@ -77,7 +77,7 @@ PIECES: dict[str, dict[str, tuple[Source, ...] | Reuse]] = {
     "kv_cache": {
         "level0_loops": (Source("level0_loops/models.py", "KVCache"),),
         "level1_numpy": Reuse("level0_loops", "level 1's classes are level 0's with numpy ops"),
-        "level2_torch_manual": (Source("level2_torch_manual/cache.py", "KVCache"),),
+        "level2_torch_manual": (Source("level2_torch_manual/kernels.py", "KVCache"),),
         "level3_sdpa_flash": (Source("level3_sdpa_flash/cache.py", "StaticKVCache"),),
         "level4_triton_kernel": Reuse("level3_sdpa_flash", "its KERNELS use level 3's cache"),
     },
@@ -87,6 +87,9 @@ PIECES: dict[str, dict[str, tuple[Source, ...] | Reuse]] = {
 def chapter(level: str) -> str:
     """The tutorial chapter of ``level``, as its package docstring names it (``docs/<level>.md``)."""
     doc = ast.get_docstring(ast.parse((ROOT / level / "__init__.py").read_text())) or ""
+    own = f"docs/{level}.md"
+    if own in doc:  # the docstring may name other pages too (docs/decoding.md)
+        return own
     found = re.search(r"docs/[\w.-]+\.md", doc)
     return found.group(0) if found else "(no chapter named)"
 

@@ -17,9 +17,29 @@ import numpy as np
 import torch
 from torch import nn
 
+from levels.common import boundary
 from levels.common.params import subset
 
 LOW_PRECISION = ("float16", "bfloat16")
+
+# Gemma 3's architecture at a test's size, one set of options for every file that varies a
+# config over the families: heads wider than D / H (head_dim), one KV head, QK-norm, a norm
+# after each sublayer, GeGLU (the tanh GELU), gains stored as offsets from 1, and local
+# (window 3) and global layers with RoPE bases of their own. With two layers or more, layer
+# 0 is local and layer 1 global (window_pattern 2).
+GEMMA_OPTIONS = dict(
+    head_dim=6,
+    n_kv_heads=1,
+    norm="rmsnorm",
+    ffn="geglu",
+    bias=False,
+    qk_norm=True,
+    post_norms=True,
+    norm_weight_offset=1.0,
+    window=3,
+    window_pattern=2,
+    rope_local_base=100.0,
+)
 
 
 @dataclass(frozen=True)
@@ -141,6 +161,14 @@ class Case:
             x = x.detach()
         out = np.asarray(self.module.to_numpy(x))
         return out.astype(np.float64) if np.issubdtype(out.dtype, np.floating) else out
+
+    def sees(self, valid, window=None) -> dict:
+        """What a block is told its queries may see over the real keys ``valid (B,S)``
+        (self-attention: ``S = T``) under ``window``: the ``mask`` and ``window`` keywords,
+        planned by ``levels.common.boundary`` as the models plan a pass."""
+        step = boundary.plan(np.asarray(valid).tolist(), window=window)
+        mask = None if step.mask is None else self.arr(np.array(step.mask))
+        return {"mask": mask, "window": step.window}
 
     def build(self, cls_name: str, config, params, **kwargs):
         """``module.<cls_name>(config, params, ...)`` in the case's dtype and device."""

@@ -2,7 +2,7 @@
 
 Every level is compared against these functions. They import no level and
 share no code with one: plain numpy in float64, one function per piece of the
-architecture in SPEC.md, the parameters read straight from the canonical dict
+architecture in docs/conventions.md, the parameters read straight from the canonical dict
 by name. Speed is not a goal; obviousness is.
 
 Conventions (the same as the levels'):
@@ -104,6 +104,12 @@ def rms_norm(x, weight, eps=1e-5) -> np.ndarray:
     return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * weight
 
 
+def gelu_tanh(x) -> np.ndarray:
+    """GELU's tanh approximation (Gemma's ``gelu_pytorch_tanh``):
+    ``x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))``."""
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
 def silu(x) -> np.ndarray:
     """``x * sigmoid(x)``."""
     return x / (1.0 + np.exp(-x))
@@ -156,58 +162,88 @@ def mha(
     window=None,
     rope_base=None,
     position_offset=0,
+    d_head=None,
+    scale=None,
+    qk_norm=None,
 ) -> np.ndarray:
     """Multi-head attention with ``nn.MultiheadAttention``'s parameters under ``prefix``.
 
     ``x (B,T,D)``, ``kv (B,S,D)`` (None: self-attention) -> ``(B,T,D)``.
-    ``in_proj_weight`` holds rows ``[q (D); k (Hkv Dh); v (Hkv Dh)]``.
-    ``mask`` broadcasts to ``(B,H,T,S)``; ``rope_base`` not None rotates q and k
-    at positions ``position_offset + arange``.
+    ``in_proj_weight`` holds rows ``[q (H Dh); k (Hkv Dh); v (Hkv Dh)]``, ``Dh =
+    d_head`` (None: ``D // H``). ``mask`` broadcasts to ``(B,H,T,S)``; ``rope_base``
+    not None rotates q and k at positions ``position_offset + arange``; ``qk_norm``, a
+    function of ``(name, heads)`` with name ``"q_norm"`` or ``"k_norm"``, normalises
+    each head of q and k first; ``scale`` multiplies the scores (None: ``1/sqrt(Dh)``).
     """
     kv = x if kv is None else kv
     B, T, D = x.shape
     S = kv.shape[1]
     H = n_heads
     Hkv = n_heads if n_kv_heads is None else n_kv_heads
-    Dh = D // H
-    Dkv = Hkv * Dh
-    W = params[prefix + "in_proj_weight"]  # (D + 2 Dkv, D)
-    b = _get(params, prefix + "in_proj_bias")  # (D + 2 Dkv,) or None
-    rows = (slice(0, D), slice(D, D + Dkv), slice(D + Dkv, D + 2 * Dkv))
+    Dh = D // H if d_head is None else d_head
+    Dq, Dkv = H * Dh, Hkv * Dh
+    W = params[prefix + "in_proj_weight"]  # (Dq + 2 Dkv, D)
+    b = _get(params, prefix + "in_proj_bias")  # (Dq + 2 Dkv,) or None
+    rows = (slice(0, Dq), slice(Dq, Dq + Dkv), slice(Dq + Dkv, Dq + 2 * Dkv))
     bq, bk, bv = (None, None, None) if b is None else (b[r] for r in rows)
-    q = linear(x, W[rows[0]], bq)  # (B,T,D)
+    q = linear(x, W[rows[0]], bq)  # (B,T,Dq)
     k = linear(kv, W[rows[1]], bk)  # (B,S,Dkv)
     v = linear(kv, W[rows[2]], bv)  # (B,S,Dkv)
     q = q.reshape(B, T, H, Dh).transpose(0, 2, 1, 3)  # (B,H,T,Dh)
     k = k.reshape(B, S, Hkv, Dh).transpose(0, 2, 1, 3)  # (B,Hkv,S,Dh)
     v = v.reshape(B, S, Hkv, Dh).transpose(0, 2, 1, 3)  # (B,Hkv,S,Dh)
+    if qk_norm is not None:
+        q, k = qk_norm("q_norm", q), qk_norm("k_norm", k)  # over each head's Dh features
     if rope_base is not None:
         q = rope(q, position_offset + np.arange(T), rope_base)
         k = rope(k, position_offset + np.arange(S), rope_base)
-    o = attention(q, k, v, causal=causal, mask=mask, window=window)  # (B,H,T,Dh)
-    o = o.transpose(0, 2, 1, 3).reshape(B, T, D)  # (B,T,D)
+    o = attention(q, k, v, causal=causal, mask=mask, scale=scale, window=window)  # (B,H,T,Dh)
+    o = o.transpose(0, 2, 1, 3).reshape(B, T, Dq)  # (B,T,Dq)
     return linear(o, params[prefix + "out_proj.weight"], _get(params, prefix + "out_proj.bias"))
 
 
 def norm(config, params, prefix, x) -> np.ndarray:
-    """The config's norm (LayerNorm or RMSNorm) with the weights under ``prefix``."""
+    """The config's norm (LayerNorm or RMSNorm) with the weights under ``prefix``; the gain
+    is ``norm_weight_offset + weight`` (Gemma stores its gains as offsets from 1)."""
+    gain = params[prefix + "weight"] + config.norm_weight_offset
     if config.norm == "rmsnorm":
-        return rms_norm(x, params[prefix + "weight"], config.norm_eps)
-    return layer_norm(x, params[prefix + "weight"], _get(params, prefix + "bias"), config.norm_eps)
+        return rms_norm(x, gain, config.norm_eps)
+    return layer_norm(x, gain, _get(params, prefix + "bias"), config.norm_eps)
 
 
 def feed_forward(params, prefix, x, ffn="gelu") -> np.ndarray:
     """``linear2(GELU(linear1(x)))``, or SwiGLU ``linear2(silu(linear_gate(x)) * linear1(x))``,
-    with the weights under ``prefix``: ``(..., D) -> (..., D)``."""
+    or GeGLU (``gelu_tanh`` for ``silu``), with the weights under ``prefix``: ``(..., D) -> (..., D)``."""
     h = linear(x, params[prefix + "linear1.weight"], _get(params, prefix + "linear1.bias"))
-    if ffn == "swiglu":
+    if ffn in ("swiglu", "geglu"):
         gate = linear(
             x, params[prefix + "linear_gate.weight"], _get(params, prefix + "linear_gate.bias")
         )
-        h = silu(gate) * h
+        h = (silu(gate) if ffn == "swiglu" else gelu_tanh(gate)) * h
     else:
         h = gelu(h)
     return linear(h, params[prefix + "linear2.weight"], _get(params, prefix + "linear2.bias"))
+
+
+def layer_window(config, layer):
+    """The sliding window of layer ``layer``: none in the global layers, every
+    ``window_pattern``-th one (layers ``pattern - 1``, ``2 pattern - 1``, ...)."""
+    pattern = config.window_pattern
+    if config.window is None or (pattern is not None and (layer + 1) % pattern == 0):
+        return None
+    return config.window
+
+
+def layer_rope_base(config, layer):
+    """RoPE's base of layer ``layer``: ``rope_local_base`` in a windowed layer, if set."""
+    if layer_window(config, layer) is not None and config.rope_local_base is not None:
+        return config.rope_local_base
+    return config.rope_base
+
+
+def _post(config, params, name, h):
+    """A sublayer's output ``h`` through ``post_norm{k}`` (``name``), when the config has them."""
+    return norm(config, params, name, h) if config.post_norms else h
 
 
 def _key_mask(valid):
@@ -225,51 +261,77 @@ def _self_attention_mask(valid, window):
     return mask if window is None else mask | ~valid[:, None, :, None]  # (B,1,T,S)
 
 
-def _self_attention(config, params, prefix, h, *, valid, causal, use_rope):
-    return mha(
-        params,
-        prefix + "self_attn.",
-        h,
+def _attention_options(config, params, prefix):
+    """The keywords of ``mha`` a config decides for the attention under ``prefix``."""
+
+    def qk_norm(name, heads):
+        return norm(config, params, f"{prefix}{name}.", heads)
+
+    return dict(
         n_heads=config.n_heads,
         n_kv_heads=config.n_kv_heads,
-        mask=_self_attention_mask(valid, config.window),
-        causal=causal,
-        window=config.window,
-        rope_base=config.rope_base if use_rope else None,
+        d_head=config.head_dim,
+        scale=config.attn_scale,
+        qk_norm=qk_norm if config.qk_norm else None,
     )
 
 
-def encoder_layer(config, params, prefix, x, *, valid=None, causal=False, rope=None):
+def _self_attention(config, params, prefix, h, *, valid, causal, use_rope, layer):
+    window = layer_window(config, layer)
+    attn = prefix + "self_attn."
+    return mha(
+        params,
+        attn,
+        h,
+        mask=_self_attention_mask(valid, window),
+        causal=causal,
+        window=window,
+        rope_base=layer_rope_base(config, layer) if use_rope else None,
+        **_attention_options(config, params, attn),
+    )
+
+
+def encoder_layer(config, params, prefix, x, *, valid=None, causal=False, rope=None, layer=0):
     """One pre-norm block: ``x + SelfAttn(norm1(x))`` then ``+ FFN(norm2(x))``. ``x (B,T,D)``.
 
-    ``rope`` None follows ``config.positional``.
+    ``rope`` None follows ``config.positional``; ``layer`` is the block's index in its
+    stack (its window and RoPE base); with ``post_norms`` each sublayer's output is
+    normed (``post_norm1``, ``post_norm2``) before the residual sum.
     """
     use_rope = (config.positional == "rope") if rope is None else rope
     h = norm(config, params, prefix + "norm1.", x)
-    x = x + _self_attention(
-        config, params, prefix, h, valid=valid, causal=causal, use_rope=use_rope
+    h = _self_attention(
+        config, params, prefix, h, valid=valid, causal=causal, use_rope=use_rope, layer=layer
     )
-    h = norm(config, params, prefix + "norm2.", x)
-    return x + feed_forward(params, prefix, h, config.ffn)
+    x = x + _post(config, params, prefix + "post_norm1.", h)
+    h = feed_forward(params, prefix, norm(config, params, prefix + "norm2.", x), config.ffn)
+    return x + _post(config, params, prefix + "post_norm2.", h)
 
 
-def decoder_layer(config, params, prefix, x, memory, *, valid=None, memory_valid=None, rope=None):
-    """Causal self-attention, cross-attention over ``memory (B,S,D)``, FFN; ``x (B,T,D)``."""
+def decoder_layer(
+    config, params, prefix, x, memory, *, valid=None, memory_valid=None, rope=None, layer=0
+):
+    """Causal self-attention, cross-attention over ``memory (B,S,D)``, FFN; ``x (B,T,D)``
+    (``post_norm1..3`` after them with ``post_norms``)."""
     use_rope = (config.positional == "rope") if rope is None else rope
     h = norm(config, params, prefix + "norm1.", x)
-    x = x + _self_attention(config, params, prefix, h, valid=valid, causal=True, use_rope=use_rope)
+    h = _self_attention(
+        config, params, prefix, h, valid=valid, causal=True, use_rope=use_rope, layer=layer
+    )
+    x = x + _post(config, params, prefix + "post_norm1.", h)
     h = norm(config, params, prefix + "norm2.", x)
-    x = x + mha(
+    cross = prefix + "multihead_attn."
+    h = mha(
         params,
-        prefix + "multihead_attn.",
+        cross,
         h,
         memory,
-        n_heads=config.n_heads,
-        n_kv_heads=config.n_kv_heads,
         mask=_key_mask(memory_valid),
+        **_attention_options(config, params, cross),
     )
-    h = norm(config, params, prefix + "norm3.", x)
-    return x + feed_forward(params, prefix, h, config.ffn)
+    x = x + _post(config, params, prefix + "post_norm2.", h)
+    h = feed_forward(params, prefix, norm(config, params, prefix + "norm3.", x), config.ffn)
+    return x + _post(config, params, prefix + "post_norm3.", h)
 
 
 def _embed(config, table, tokens):
@@ -278,7 +340,8 @@ def _embed(config, table, tokens):
 
 
 def _default_valid(config, tokens, valid):
-    return np.asarray(tokens) != config.pad_id if valid is None else np.asarray(valid, bool)
+    # The contract since 2026-12-02: no valid mask means every token is real.
+    return np.ones(np.shape(tokens), bool) if valid is None else np.asarray(valid, bool)
 
 
 def decoder_only_forward(config, params, tokens, *, valid=None) -> np.ndarray:
@@ -286,7 +349,7 @@ def decoder_only_forward(config, params, tokens, *, valid=None) -> np.ndarray:
     valid = _default_valid(config, tokens, valid)
     x = _embed(config, params["token_embedding.weight"], tokens)
     for i in range(config.n_layers):
-        x = encoder_layer(config, params, f"layers.{i}.", x, valid=valid, causal=True)
+        x = encoder_layer(config, params, f"layers.{i}.", x, valid=valid, causal=True, layer=i)
     x = norm(config, params, "norm.", x)
     head = params["token_embedding.weight" if config.tie_embeddings else "output_projection.weight"]
     logits = x @ head.T  # (B,T,D) @ (D,V) -> (B,T,V)
@@ -298,7 +361,7 @@ def encode(config, params, src, *, src_valid=None) -> np.ndarray:
     src_valid = _default_valid(config, src, src_valid)
     x = _embed(config, params["source_embedding.weight"], src)
     for i in range(config.n_layers):
-        x = encoder_layer(config, params, f"encoder.layers.{i}.", x, valid=src_valid)
+        x = encoder_layer(config, params, f"encoder.layers.{i}.", x, valid=src_valid, layer=i)
     return norm(config, params, "encoder.norm.", x)
 
 
@@ -317,6 +380,7 @@ def seq2seq_forward(config, params, src, tgt_in, *, src_valid=None, tgt_valid=No
             memory,
             valid=tgt_valid,
             memory_valid=src_valid,
+            layer=i,
         )
     x = norm(config, params, "decoder.norm.", x)
     logits = x @ params["output_projection.weight"].T  # (B,T,D) @ (D,V) -> (B,T,V)

@@ -229,7 +229,7 @@ def test_encoder_layer_vs_torch(case, causal, bias):
 
     expected, baseline = _torch_in(case, run_torch)
     layer = case.build("EncoderLayer", config, params, prefix=prefix)
-    out = case.np(layer(case.arr(x), valid=case.arr(valid), causal=causal))
+    out = case.np(layer(case.arr(x), **case.sees(valid, config.window), causal=causal))
     # Padded positions of a layer's output are unspecified: compare real ones.
     case.assert_close(
         out[valid],
@@ -268,8 +268,8 @@ def test_decoder_layer_vs_torch(case, bias):
         layer(
             case.arr(x),
             case.arr(memory),
-            valid=case.arr(valid),
-            memory_valid=case.arr(memory_valid),
+            **case.sees(valid, config.window),
+            memory_mask=case.sees(memory_valid)["mask"],
         )
     )
     case.assert_close(

@@ -115,6 +115,30 @@ def test_broadcast_masks(case, form):
     case.assert_close(out, ref.attention(q, k, v, mask=mask), what=f"attention mask {form}")
 
 
+KEY_BROADCAST = {"T1": (5, 1), "1HT1": (1, 2, 5, 1), "scalar": ()}
+
+
+@pytest.mark.no_lowp
+@pytest.mark.parametrize("form", list(KEY_BROADCAST))
+def test_masks_that_broadcast_along_the_keys(case, form):
+    """A mask of one column (or a scalar) is a verdict per query on every key: True keeps the
+    row whole, False empties it, which is the empty-row error at every level."""
+    B, H = _batch(case)
+    T, S = 5, 7
+    q, k, v = _qkv(np.random.default_rng(11), B, H, T, S, 4)
+    shape = KEY_BROADCAST[form]
+    if form == "1HT1":
+        shape = (1, H, T, 1)
+    mask = np.ones(shape, dtype=bool)
+    args = (case.arr(q), case.arr(k), case.arr(v))
+    out = case.module.attention(*args, mask=case.arr(mask))
+    case.assert_close(out, ref.attention(q, k, v), what=f"attention mask {form} (all True)")
+    if mask.ndim:
+        mask.reshape(-1)[-1] = False  # the last query's row (of one head) is left empty
+        with pytest.raises(ValueError, match="no key it may attend"):
+            case.module.attention(*args, mask=case.arr(mask))
+
+
 @pytest.mark.best_dtype
 def test_causal_is_bottom_right(case):
     """With T < S the last query sees every key and the first sees S - T + 1 of them.

@@ -25,7 +25,7 @@ GOOD = dict(vocab_size=11, d_model=12, n_heads=3, d_ff=20, n_layers=2)
 def test_good_config_and_defaults():
     config = TransformerConfig(**GOOD)
     assert config.d_head == 4
-    # SPEC's defaults.
+    # The defaults docs/conventions.md states.
     assert (config.dropout, config.bias, config.positional) == (0.0, True, "rope")
     assert (config.rope_base, config.norm_eps, config.pad_id) == (10000.0, 1e-5, 0)
     assert config.max_seq_len == 1024
@@ -54,20 +54,85 @@ BAD_CONFIGS = {
     "nan-rope-base": dict(rope_base=float("nan")),
     "bias-as-text": dict(bias="no"),
     "dropout-as-text": dict(dropout="0.1"),
+    # Gemma 3's options
+    "zero-head-dim": dict(head_dim=0),
+    "float-head-dim": dict(head_dim=4.0),
+    "odd-head-dim-with-rope": dict(head_dim=5),
+    "zero-attn-scale": dict(attn_scale=0.0),
+    "nan-attn-scale": dict(attn_scale=float("nan")),
+    "qk-norm-as-text": dict(qk_norm="yes"),
+    "post-norms-as-int": dict(post_norms=1),
+    "infinite-norm-weight-offset": dict(norm_weight_offset=float("inf")),
+    "norm-weight-offset-as-text": dict(norm_weight_offset="1"),
+    "unknown-ffn": dict(ffn="reglu"),
+    "window-pattern-without-window": dict(window_pattern=6),
+    "window-pattern-of-one": dict(window_pattern=1, window=4),
+    "fractional-window-pattern": dict(window_pattern=2.5, window=4),
+    "rope-local-base-without-window": dict(rope_local_base=1e4),
+    "negative-rope-local-base": dict(rope_local_base=-1.0, window=4),
+}
+NAMED_BY = {
+    "heads-do-not-divide": "n_heads",
+    "odd-head-width-with-rope": "head width",
+    "odd-head-dim-with-rope": "head width",
 }
 
 
 @pytest.mark.parametrize("bad", list(BAD_CONFIGS))
 def test_bad_config_raises(bad):
-    name = {"heads-do-not-divide": "n_heads", "odd-head-width-with-rope": "head width"}.get(
-        bad, next(iter(BAD_CONFIGS[bad]))
-    )
+    name = NAMED_BY.get(bad, next(iter(BAD_CONFIGS[bad])))
     with pytest.raises(ValueError, match=name):  # the message names what is wrong
         TransformerConfig(**(GOOD | BAD_CONFIGS[bad]))
 
 
 def test_odd_head_width_is_fine_without_rope():
     assert TransformerConfig(**(GOOD | dict(n_heads=4, positional="none"))).d_head == 3
+
+
+def test_gemma_options():
+    """head_dim frees Dh from D / H; window_pattern makes every k-th layer global, and
+    rope_local_base is the windowed layers' base. The defaults change nothing."""
+    config = TransformerConfig(**(GOOD | dict(d_model=10, n_heads=4, head_dim=6)))
+    assert (config.d_head, config.q_width) == (6, 24)  # 10 % 4 != 0 is fine with head_dim
+    config = TransformerConfig(
+        **(GOOD | dict(n_layers=7, window=3, window_pattern=3, rope_local_base=100.0))
+    )
+    assert config.layer_windows == (3, 3, None, 3, 3, None, 3)
+    assert [config.rope_base_of(w) for w in (3, None)] == [100.0, 10000.0]
+    plain = TransformerConfig(**GOOD)
+    assert (plain.q_width, plain.layer_windows, plain.rope_base_of(None)) == (12, (None,) * 2, 1e4)
+    assert (plain.head_dim, plain.attn_scale, plain.qk_norm, plain.post_norms) == (
+        None, None, False, False,
+    )  # fmt: skip
+    assert (plain.norm_weight_offset, plain.window_pattern, plain.rope_local_base) == (
+        0.0, None, None,
+    )  # fmt: skip
+
+
+def test_gemma_parameters():
+    """Gemma's entries: wide heads in in_proj and out_proj, QK-norm's Dh-wide gains, a
+    post_norm{k} after each sublayer; with gains stored as offsets they start at 0."""
+    config = TransformerConfig(
+        **(GOOD | dict(head_dim=6, n_kv_heads=1, norm="rmsnorm", ffn="geglu", bias=False)),
+        qk_norm=True, post_norms=True, norm_weight_offset=1.0,
+    )  # fmt: skip
+    shapes = param_shapes(config, "decoder_only")
+    assert shapes["layers.0.self_attn.in_proj_weight"] == (3 * 6 + 2 * 6, 12)  # H Dh + 2 Hkv Dh
+    assert shapes["layers.0.self_attn.out_proj.weight"] == (12, 18)  # (D, H Dh)
+    assert shapes["layers.0.self_attn.q_norm.weight"] == shapes["layers.0.self_attn.k_norm.weight"]
+    assert shapes["layers.0.self_attn.q_norm.weight"] == (6,)
+    assert shapes["layers.1.linear_gate.weight"] == (20, 12)
+    names = [n for n in shapes if n.startswith("layers.0.") and "norm" in n]
+    assert names == [
+        "layers.0.norm1.weight", "layers.0.self_attn.q_norm.weight",
+        "layers.0.self_attn.k_norm.weight", "layers.0.post_norm1.weight",
+        "layers.0.norm2.weight", "layers.0.post_norm2.weight",
+    ]  # fmt: skip
+    decoder = [n for n in param_shapes(config, "seq2seq") if n.startswith("decoder.layers.0.post")]
+    assert decoder == [f"decoder.layers.0.post_norm{k}.weight" for k in (1, 2, 3)]
+    params = init_params(config, "decoder_only", seed=0)
+    for name in names + ["norm.weight"]:
+        assert (params[name] == 0.0).all(), name  # the gain, 1 + weight, starts at 1
 
 
 # ---------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import itertools
 import numpy as np
 import pytest
 import reference as ref
-from _helpers import random_tokens, right_padded, small_config
+from _helpers import GEMMA_OPTIONS, random_tokens, right_padded, small_config
 
 from levels import init_params
 from levels.common.sampling import Sampling, keep_mask, pick
@@ -136,6 +136,9 @@ VARIANTS = {
         n_kv_heads=1, window=3, norm="rmsnorm", ffn="swiglu", scale_embeddings=False, bias=False
     ),
     "no-positions": dict(positional="none"),
+    # Gemma 3's: local (window 3) and global layers with RoPE bases of their own, wide
+    # heads, QK-norm, post-norms, GeGLU and gains stored as offsets from 1.
+    "gemma": dict(GEMMA_OPTIONS, n_layers=2),
 }
 MODES = {
     "greedy": {},
@@ -317,3 +320,39 @@ def test_position_offset_moves_rope_but_not_what_attention_sees(case):
     for bad, error in ((-1, ValueError), (config.max_seq_len, ValueError), (1.0, TypeError)):
         with pytest.raises(error, match="position_offset"):
             model.forward(tokens, position_offset=bad)
+
+
+@pytest.mark.best_dtype
+def test_stream_is_generate_one_token_at_a_time(case):
+    """``stream`` yields ``generate``'s tokens (greedy and sampled), and stops after a stop id."""
+    config = small_config(case.tiny)
+    params = init_params(config, "decoder_only", seed=31, scheme="random")
+    model = case.build("DecoderOnlyTransformer", config, params)
+    prompt = random_tokens(np.random.default_rng(32), config, 1, 4)
+    for options in ({}, {"temperature": 0.9, "top_p": 0.8, "seed": 5}):
+        full = case.np(model.generate(case.arr(prompt), 6, **options))[0, 4:].tolist()
+        assert list(model.stream(prompt[0].tolist(), 6, **options)) == full, options
+    stop = full[2]
+    got = list(model.stream(prompt[0].tolist(), 6, stop_ids=(stop,), **options))
+    assert got == full[: full.index(stop) + 1]  # ends with the stop id itself
+
+
+@pytest.mark.best_dtype
+def test_a_rewound_cache_decodes_as_if_the_later_positions_never_were(case):
+    config = small_config(case.tiny)
+    params = init_params(config, "decoder_only", seed=33, scheme="random")
+    model = case.build("DecoderOnlyTransformer", config, params)
+    prompt = random_tokens(np.random.default_rng(34), config, 2, 4)
+    _, cache = model.prefill(case.arr(prompt))
+    first = case.np(model.decode_step(case.arr(np.array([5, 6])), cache))
+    model.decode_step(case.arr(np.array([7, 8])), cache)
+    cache.rewind(4)
+    assert cache.length == 4
+    again = case.np(model.decode_step(case.arr(np.array([5, 6])), cache))
+    np.testing.assert_array_equal(again, first)  # the same arithmetic on the same numbers
+    with pytest.raises(ValueError, match="cannot rewind"):
+        cache.rewind(9)
+    valid = np.array([[True] * 4, [True, True, False, False]])
+    _, ragged = model.prefill(case.arr(prompt), valid=case.arr(valid))
+    with pytest.raises(ValueError, match="padding cannot be rewound"):
+        ragged.rewind(2)

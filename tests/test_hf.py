@@ -4,7 +4,9 @@ Tiny random models are built with ``transformers`` itself (nothing is
 downloaded): Llama with grouped-query attention and an untied head, Llama
 with every bias and multi-query attention, Mistral with a sliding window
 shorter than the test sequences, Qwen2 with q/k/v biases and tied embeddings,
-GPT-NeoX with sequential residual and full rotary. Their weights are redrawn
+GPT-NeoX with sequential residual and full rotary, Gemma 3 with a local
+(windowed) and a global layer, heads wider than D / H, QK-norm, post-norms and
+its own score scale. Their weights are redrawn
 so that every norm gain and bias differs from its initial 1 or 0: a converter
 that dropped one, or put a row in the wrong place, could not pass.
 
@@ -19,13 +21,14 @@ import dataclasses
 import json
 import math
 import shutil
-from functools import cache, partial
+from functools import cache
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import transformers
+from hf_peer import make_exact
 from scipy.special import erf
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -53,6 +56,19 @@ FAMILIES = {
     "gpt_neox": (
         transformers.GPTNeoXConfig,
         dict(use_parallel_residual=False, rotary_pct=1.0, tie_word_embeddings=False),
+    ),
+    # Layer 0 local (a window of 4, RoPE base 1e4), layer 1 global (base 1e6); heads of 16
+    # (D / H = 8); scores scaled by 12 ** -0.5, not 1 / sqrt(16).
+    "gemma3_text": (
+        transformers.Gemma3TextConfig,
+        dict(
+            num_key_value_heads=1,
+            head_dim=16,
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention"],
+            query_pre_attn_scalar=12,
+            pad_token_id=0,
+        ),
     ),
 }
 FAMILY_NAMES = list(FAMILIES)
@@ -114,23 +130,6 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
     return paths
 
 
-def _rms_norm_float64(module, x):
-    """transformers' RMSNorm without its cast to float32."""
-    return module.weight * (
-        x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + module.variance_epsilon)
-    )
-
-
-def _rope_float64(module, x, position_ids):
-    """transformers' default RoPE tables (rotate_half layout) with float64 angles."""
-    dim = 2 * module.inv_freq.numel()
-    base = module.config.rope_parameters["rope_theta"]
-    inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # (Dh/2,)
-    freqs = position_ids[..., None].double() * inv_freq  # (B,T,Dh/2)
-    emb = torch.cat((freqs, freqs), dim=-1)  # (B,T,Dh)
-    return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-
-
 @cache
 def _hf_model(path: str, dtype=torch.float64, exact: bool = False) -> torch.nn.Module:
     """``from_pretrained(path)`` in ``dtype``, with PyTorch's SDPA (float64 softmax; the eager
@@ -139,14 +138,7 @@ def _hf_model(path: str, dtype=torch.float64, exact: bool = False) -> torch.nn.M
     model = transformers.AutoModelForCausalLM.from_pretrained(
         path, dtype=dtype, attn_implementation="sdpa"
     )
-    if exact:
-        for module in model.modules():
-            kind = type(module).__name__
-            if kind.endswith("RMSNorm"):
-                module.forward = partial(_rms_norm_float64, module)
-            elif kind.endswith("RotaryEmbedding"):
-                module.forward = partial(_rope_float64, module)
-    return model.eval()
+    return (make_exact(model) if exact else model).eval()
 
 
 def hf_logits(path: Path, tokens: np.ndarray, dtype=torch.float64, *, exact=False) -> np.ndarray:
@@ -197,15 +189,15 @@ def rope_tables(T: int, d_head: int, base: float) -> tuple[np.ndarray, np.ndarra
 def reference_logits(config: TransformerConfig, params: dict, tokens: np.ndarray) -> np.ndarray:
     """Logits ``(B,T,V)`` of the canonical decoder-only model, float64, every position valid.
 
-    Pre-norm blocks ``x += attn(norm1(x)); x += ffn(norm2(x))``, final norm, logits.
+    Pre-norm blocks ``x += attn(norm1(x)); x += ffn(norm2(x))``, final norm, logits; with
+    Gemma's options, ``x += post_norm1(attn(norm1(x)))`` and so on, q and k normed per head,
+    the gains ``1 + weight``, every ``window_pattern``-th layer global (the others windowed,
+    with RoPE base ``rope_local_base``), GeGLU's tanh GELU.
     """
     B, T = tokens.shape
-    D, H, Hkv, Dh = config.d_model, config.n_heads, config.kv_heads, config.d_head
-    cos, sin = rope_tables(T, Dh, config.rope_base)  # (T, Dh/2)
+    H, Hkv, Dh = config.n_heads, config.kv_heads, config.d_head
     i, j = np.arange(T)[:, None], np.arange(T)[None, :]
-    allowed = j <= i  # (T, T) causal
-    if config.window is not None:
-        allowed &= i - j < config.window  # the W most recent keys, itself included
+    scale = config.attn_scale if config.attn_scale is not None else 1 / math.sqrt(Dh)
 
     def get(name):
         return params.get(name, 0.0)  # an absent bias adds nothing
@@ -216,42 +208,60 @@ def reference_logits(config: TransformerConfig, params: dict, tokens: np.ndarray
         else:
             mu = x.mean(-1, keepdims=True)
             x = (x - mu) / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + config.norm_eps)
-        return x * params[prefix + "weight"] + get(prefix + "bias")
+        gain = params[prefix + "weight"] + config.norm_weight_offset
+        return x * gain + get(prefix + "bias")
 
     def linear(x, prefix):
         return x @ params[prefix + "weight"].T + get(prefix + "bias")
 
-    def rope(x):  # (B,h,T,Dh): adjacent pairs (a, b) -> (a cos - b sin, b cos + a sin)
+    def rope(x, base):  # (B,h,T,Dh): adjacent pairs (a, b) -> (a cos - b sin, b cos + a sin)
+        cos, sin = rope_tables(T, Dh, base)  # (T, Dh/2)
         a, b = x[..., 0::2], x[..., 1::2]  # (B,h,T,Dh/2)
         out = np.empty_like(x)
         out[..., 0::2] = a * cos - b * sin
         out[..., 1::2] = b * cos + a * sin
         return out
 
+    def post(x, prefix):  # a norm after the sublayer, with Gemma's post_norms
+        return norm(x, prefix) if config.post_norms else x
+
     x = params["token_embedding.weight"][tokens] * config.embedding_scale  # (B,T,D)
     for layer in range(config.n_layers):
         p = f"layers.{layer}."
-        qkv = norm(x, p + "norm1.") @ params[p + "self_attn.in_proj_weight"].T  # (B,T,D+2Dkv)
+        pattern = config.window_pattern
+        window = None if pattern and (layer + 1) % pattern == 0 else config.window
+        base = config.rope_local_base if window and config.rope_local_base else config.rope_base
+        allowed = j <= i  # (T, T) causal
+        if window is not None:
+            allowed &= i - j < window  # the W most recent keys, itself included
+        qkv = norm(x, p + "norm1.") @ params[p + "self_attn.in_proj_weight"].T  # (B,T,HDh+2Dkv)
         qkv = qkv + get(p + "self_attn.in_proj_bias")
-        q = qkv[..., :D].reshape(B, T, H, Dh).transpose(0, 2, 1, 3)  # (B,H,T,Dh)
-        k = qkv[..., D : D + Hkv * Dh].reshape(B, T, Hkv, Dh).transpose(0, 2, 1, 3)  # (B,Hkv,T,Dh)
-        v = qkv[..., D + Hkv * Dh :].reshape(B, T, Hkv, Dh).transpose(0, 2, 1, 3)  # (B,Hkv,T,Dh)
-        q, k = rope(q), rope(k)
+        Dq = H * Dh
+        q = qkv[..., :Dq].reshape(B, T, H, Dh).transpose(0, 2, 1, 3)  # (B,H,T,Dh)
+        k = qkv[..., Dq : Dq + Hkv * Dh].reshape(B, T, Hkv, Dh).transpose(0, 2, 1, 3)
+        v = qkv[..., Dq + Hkv * Dh :].reshape(B, T, Hkv, Dh).transpose(0, 2, 1, 3)  # (B,Hkv,T,Dh)
+        if config.qk_norm:  # each head's features, before RoPE
+            q, k = norm(q, p + "self_attn.q_norm."), norm(k, p + "self_attn.k_norm.")
+        q, k = rope(q, base), rope(k, base)
         k = np.repeat(k, H // Hkv, axis=1)  # (B,H,T,Dh): query head h reads kv head h // (H/Hkv)
         v = np.repeat(v, H // Hkv, axis=1)  # (B,H,T,Dh)
-        scores = np.where(allowed, q @ k.swapaxes(-1, -2) / math.sqrt(Dh), -np.inf)  # (B,H,T,T)
+        scores = np.where(allowed, q @ k.swapaxes(-1, -2) * scale, -np.inf)  # (B,H,T,T)
         weights = np.exp(scores - scores.max(-1, keepdims=True))
         weights /= weights.sum(-1, keepdims=True)
-        heads = (weights @ v).transpose(0, 2, 1, 3).reshape(B, T, D)  # (B,T,D)
-        x = x + linear(heads, p + "self_attn.out_proj.")
+        heads = (weights @ v).transpose(0, 2, 1, 3).reshape(B, T, Dq)  # (B,T,H Dh)
+        x = x + post(linear(heads, p + "self_attn.out_proj."), p + "post_norm1.")
         h = norm(x, p + "norm2.")
         if config.ffn == "swiglu":
             gate = linear(h, p + "linear_gate.")
             h = gate / (1.0 + np.exp(-gate)) * linear(h, p + "linear1.")  # silu(gate) * up
+        elif config.ffn == "geglu":  # GELU's tanh approximation on the gate
+            gate = linear(h, p + "linear_gate.")
+            tanh = np.tanh(math.sqrt(2 / math.pi) * (gate + 0.044715 * gate**3))
+            h = 0.5 * gate * (1.0 + tanh) * linear(h, p + "linear1.")
         else:
             h = linear(h, p + "linear1.")
             h = 0.5 * h * (1.0 + erf(h / math.sqrt(2.0)))  # exact GELU
-        x = x + linear(h, p + "linear2.")
+        x = x + post(linear(h, p + "linear2."), p + "post_norm2.")
     head = params["token_embedding.weight" if config.tie_embeddings else "output_projection.weight"]
     return norm(x, "norm.") @ head.T  # (B,T,V)
 
@@ -314,7 +324,7 @@ def test_the_permutation_matters(checkpoints):
     rows = params["layers.0.self_attn.in_proj_weight"]  # (D + 2 Dkv, D)
     q, k = rows[: H * Dh], rows[H * Dh : (H + Hkv) * Dh]
     raw["layers.0.self_attn.in_proj_weight"] = np.concatenate(
-        [hf._to_rotate_half(q, H), hf._to_rotate_half(k, Hkv), rows[(H + Hkv) * Dh :]]
+        [hf.to_rotate_half(q, H), hf.to_rotate_half(k, Hkv), rows[(H + Hkv) * Dh :]]
     )
     expected = hf_logits(checkpoints["llama"], TOKENS)
     assert np.abs(reference_logits(config, raw, TOKENS) - expected).max() > 1e-2
@@ -327,7 +337,13 @@ LOADED = {
     "mistral": ("rmsnorm", "swiglu", False, False, False, 2, 4, False),
     "qwen2": ("rmsnorm", "swiglu", False, True, False, 2, None, True),
     "gpt_neox": ("layernorm", "gelu", True, True, True, 4, None, False),
+    "gemma3_text": ("rmsnorm", "geglu", False, False, False, 1, 4, True),
 }
+# Gemma 3's options, as its tiny checkpoint must give them (the others' are the defaults).
+GEMMA_LOADED = dict(
+    head_dim=16, attn_scale=12**-0.5, qk_norm=True, post_norms=True, norm_weight_offset=1.0,
+    window_pattern=2, rope_base=1e6, rope_local_base=1e4, scale_embeddings=True,
+)  # fmt: skip
 
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)
@@ -335,12 +351,16 @@ def test_loaded_config(checkpoints, family):
     c = hf.load(checkpoints[family])[0]
     facts = (c.norm, c.ffn, c.bias, c.has_qkv_bias, c.has_out_bias, c.kv_heads, c.window)
     assert (*facts, c.tie_embeddings) == LOADED[family]
-    assert (c.scale_embeddings, c.positional, c.max_seq_len) == (False, "rope", 64)
+    assert (c.positional, c.max_seq_len) == ("rope", 64)
+    defaults = {f.name: f.default for f in dataclasses.fields(TransformerConfig)}
+    expected = GEMMA_LOADED if family == "gemma3_text" else {"scale_embeddings": False}
+    for name in GEMMA_LOADED:
+        assert getattr(c, name) == expected.get(name, defaults[name]), name
     assert c.norm_eps == (1e-5 if family == "gpt_neox" else 1e-6)  # layer_norm_eps, rms_norm_eps
     # Llama and Mistral: bos 1, eos 2, no pad, so pad is eos; GPT-NeoX: bos 0, eos 2;
-    # Qwen2: none of the three set, so all 0.
-    ids = {"gpt_neox": (0, 2, 2), "qwen2": (0, 0, 0)}.get(family, (1, 2, 2))
-    assert (c.bos_id, c.eos_id, c.pad_id) == ids
+    # Qwen2: none of the three set, so all 0; Gemma: bos 2, eos 1, pad 0.
+    ids = {"gpt_neox": (0, 2, 2), "qwen2": (0, 0, 0), "gemma3_text": (2, 1, 0)}
+    assert (c.bos_id, c.eos_id, c.pad_id) == ids.get(family, (1, 2, 2))
     assert hf.load(checkpoints[family], max_seq_len=16)[0].max_seq_len == 16
 
 
@@ -368,6 +388,10 @@ def test_round_trip(checkpoints, family, tmp_path):
         np.testing.assert_array_equal(params2[name], params[name], err_msg=name)
 
 
+GEMMA = dict(
+    norm="rmsnorm", ffn="geglu", bias=False, qk_norm=True, post_norms=True,
+    norm_weight_offset=1.0, scale_embeddings=True, n_kv_heads=2,
+)  # fmt: skip
 NATIVE = {
     # Configs the ladder makes that no checkpoint above has: Qwen2 with a window
     # (its use_sliding_window), Llama with a tied head and MQA, GPT-NeoX without
@@ -385,15 +409,22 @@ NATIVE = {
     "neox_no_attention_bias": dict(
         norm="layernorm", ffn="gelu", bias=True, qkv_bias=False, out_bias=False
     ),
+    # Gemma 3 with every layer global, and with every layer local (its own RoPE base),
+    # with attention biases, heads of D / H, the default score scale, an untied head.
+    "gemma_global": dict(GEMMA, tie_embeddings=False),
+    "gemma_local": dict(GEMMA, window=3, rope_local_base=50.0, qkv_bias=True, out_bias=True),
+    "gemma_pattern": dict(GEMMA, window=3, window_pattern=2, head_dim=6, attn_scale=0.25),
 }
 
 
 @pytest.mark.parametrize("name", list(NATIVE))
 def test_save_native_config(name, tmp_path):
     config = TransformerConfig(
-        vocab_size=40, d_model=16, n_heads=4, d_ff=24, n_layers=2, max_seq_len=32,
-        rope_base=500.0, norm_eps=1e-5, pad_id=3, bos_id=1, eos_id=2,
-        scale_embeddings=False, **NATIVE[name],
+        **dict(
+            vocab_size=40, d_model=16, n_heads=4, d_ff=24, n_layers=2, max_seq_len=32,
+            rope_base=500.0, norm_eps=1e-5, pad_id=3, bos_id=1, eos_id=2,
+            scale_embeddings=False,
+        ) | NATIVE[name],
     )  # fmt: skip
     # float32 values, so that the float32 file holds them exactly
     params = {
@@ -425,6 +456,14 @@ SAVE_REFUSALS = [
         "out_bias=True",
     ),
     (dict(norm="rmsnorm", ffn="swiglu", bias=True, window=4), "window=4"),
+    # An option only Gemma 3 has needs every one of Gemma's.
+    (dict(norm="rmsnorm", ffn="swiglu", bias=False, qk_norm=True), "qk_norm=True is Gemma 3's"),
+    (GEMMA | dict(qk_norm=False), "whose models have qk_norm=True"),
+    (GEMMA | dict(norm_weight_offset=0.0), "norm_weight_offset=1.0"),
+    (GEMMA | dict(scale_embeddings=False), "scale_embeddings=True"),
+    (GEMMA | dict(bias=True), "bias=False"),
+    (GEMMA | dict(qkv_bias=True), "attention_bias covers both"),
+    (GEMMA | dict(attn_scale=0.3), "no integer gives this scale"),
 ]
 
 
@@ -540,6 +579,22 @@ LOAD_REFUSALS = [
     ("llama", _set(quantization_config={"quant_method": "bitsandbytes"}), "quantization_config"),
     ("llama", _set(eos_token_id=64), "eos_token_id=64"),
     ("llama", _set(mlp_bias=True), "mlp.gate_proj.bias"),  # the file has no MLP biases
+    ("gemma3_text", _set(final_logit_softcapping=30.0), "final_logit_softcapping=30.0"),
+    ("gemma3_text", _set(attn_logit_softcapping=50.0), "attn_logit_softcapping=50.0"),
+    ("gemma3_text", _set(use_bidirectional_attention=True), "use_bidirectional_attention"),
+    ("gemma3_text", _set(hidden_activation="gelu"), "hidden_activation='gelu'"),
+    ("gemma3_text", _set(layer_types=["full_attention", "sliding_attention"]), "layer_types"),
+    (
+        "gemma3_text",
+        _set(
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            }
+        ),
+        "RoPE type 'linear' of the full_attention layers",
+    ),
+    ("gemma3_text", _set(model_type="gemma3"), "multimodal"),
 ]
 
 
@@ -729,25 +784,25 @@ def text_model(checkpoints, tmp_path_factory) -> Path:
 
 
 def _expected_text(path: Path, prompt: str, n: int) -> str:
+    """transformers' greedy continuation of ``prompt``, up to ``n`` tokens or its EOS (the
+    config's, id 2), as text: what ``ladder generate`` must print."""
     tokenizer = hf.load_tokenizer(path)
     ids = tokenizer.encode(prompt).ids
-    return tokenizer.decode(hf_generate(path, ids, n)[len(ids) :])
-
-
-def test_generate_text_with_reference(text_model):
-    config, params = hf.load(text_model)
-    tokenizer = hf.load_tokenizer(text_model)
-    text = hf.generate_text(ReferenceGenerator(config, params), tokenizer, "the cat sat", 6)
-    assert isinstance(text, str) and text
-    assert text == _expected_text(text_model, "the cat sat", 6)
+    new = hf_generate(path, ids, n)[len(ids) :]
+    return tokenizer.decode(new[: new.index(2)] if 2 in new else new)
 
 
 @pytest.mark.parametrize("name", ["level1_numpy", "level2_torch_manual"])
-def test_generate_text_with_level(text_model, name):
+def test_text_streamed_by_a_level(text_model, name):
+    from levels.tokenizer import StreamDecoder
+
     config, params = hf.load(text_model)
     _, model = _level_model(name, config, params)
-    text = hf.generate_text(model, hf.load_tokenizer(text_model), "the dog", 6)
-    assert text == _expected_text(text_model, "the dog", 6)
+    tokenizer = hf.load_tokenizer(text_model)
+    ids = tokenizer.encode("the dog").ids
+    decoder = StreamDecoder(tokenizer)
+    pieces = [decoder.push(t) for t in model.stream(ids, 6, stop_ids=(2,)) if t != 2]
+    assert "".join(pieces) + decoder.flush() == _expected_text(text_model, "the dog", 6)
 
 
 def test_load_tokenizer_missing(tmp_path):
@@ -764,26 +819,28 @@ def test_load_tokenizer_missing(tmp_path):
 def test_ladder_generate_hf_prints_the_prompt_and_its_greedy_continuation(
     text_model, number, capsys
 ):
-    from benchmarks import cli
+    from ladder import cli
 
     argv = ["generate", "--hf", str(text_model), "--prompt", "the cat sat", "--level", number]
     assert cli.main([*argv, "--max-new-tokens", "6", "--dtype", "float64"]) == 0
     out, err = capsys.readouterr()
     assert out == "the cat sat" + _expected_text(text_model, "the cat sat", 6) + "\n"
-    assert err.startswith("6 new tokens in ") and "float64" in err
+    (line,) = err.splitlines()  # the two speeds, apart
+    assert line.startswith("[prompt 3 tokens in ") and "| decode " in line and "float64" in line
 
 
 HF_MISUSES = [
-    (["--prompt", "x", "--input", "5 6"], "--input goes with --checkpoint"),
-    ([], "--hf needs --prompt"),
-    (["--prompt", "x", "--max-new-tokens", "70"], "exceed the model's context of 64"),
+    (["--prompt", "x", "--input", "5 6"], "--input goes with a `ladder train` checkpoint"),
+    ([], "generate needs --prompt"),
+    (["--prompt", "x", "--max-new-tokens", "70"], "exceed the --context of 64"),
     (["--prompt", "x", "--level", "0", "--dtype", "float32"], "computes in float64"),
+    (["--prompt", "x", "--context", "65"], "exceeds the model's 64 tokens"),
 ]
 
 
 @pytest.mark.parametrize(("extra", "message"), HF_MISUSES)
 def test_ladder_generate_hf_misuse_is_one_line(text_model, extra, message, capsys):
-    from benchmarks import cli
+    from ladder import cli
 
     assert cli.main(["generate", "--hf", str(text_model), *extra]) == 2
     (line,) = capsys.readouterr().err.splitlines()
@@ -791,7 +848,7 @@ def test_ladder_generate_hf_misuse_is_one_line(text_model, extra, message, capsy
 
 
 def test_ladder_generate_hf_without_a_checkpoint_says_what_is_missing(tmp_path, capsys):
-    from benchmarks import cli
+    from ladder import cli
 
     assert cli.main(["generate", "--hf", str(tmp_path), "--prompt", "x"]) == 1
     (line,) = capsys.readouterr().err.splitlines()

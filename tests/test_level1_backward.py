@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from _helpers import GEMMA_OPTIONS
 
 import levels
 from levels.common.params import init_params
@@ -58,6 +59,12 @@ def padded_tokens(rng, lengths, T, V):
     for b, n in enumerate(lengths):
         tokens[b, n:] = PAD
     return tokens
+
+
+def real(tokens):
+    """Where ``padded_tokens`` put real tokens: its ids are never PAD, so PAD marks exactly
+    the padding it added. (The models infer nothing from ids; every mask is passed.)"""
+    return tokens != PAD
 
 
 def global_rel_error(g, ref):
@@ -98,6 +105,9 @@ OPTIONS = {
         tie_embeddings=False,
     ),  # fmt: skip
     "window": dict(window=3, n_kv_heads=1),  # shorter than the sequences: 7 and 5
+    # Gemma 3's: wide heads, QK-norm, post-norms, GeGLU (the tanh GELU), gains stored as
+    # offsets from 1, a local and a global layer with their own RoPE bases, a score scale.
+    "gemma": dict(GEMMA_OPTIONS, attn_scale=0.3),
 }
 
 
@@ -109,10 +119,12 @@ def test_decoder_only_grads_match_torch(options):
     inputs = padded_tokens(rng, [7, 5, 2], 7, cfg.vocab_size)  # (3, 7)
     targets = padded_tokens(rng, [6, 5, 2], 7, cfg.vocab_size)  # row 0: last target is padding
 
-    loss, grads = L1.DecoderOnlyTransformer(cfg, params).loss_and_grads(inputs, targets)
+    loss, grads = L1.DecoderOnlyTransformer(cfg, params).loss_and_grads(
+        inputs, targets, valid=real(inputs), scored=real(targets)
+    )
 
     model = L2.DecoderOnlyTransformer(cfg, params, dtype=torch.float64)
-    ref = torch_loss(model(torch.as_tensor(inputs)), targets)
+    ref = torch_loss(model(torch.as_tensor(inputs), valid=torch.as_tensor(real(inputs))), targets)
     assert_matches_torch(loss, grads, ref, model)
 
 
@@ -125,29 +137,31 @@ def test_seq2seq_grads_match_torch(options):
     tgt_in = padded_tokens(rng, [5, 5, 2], 5, cfg.vocab_size)  # (3, T=5)
     tgt_out = padded_tokens(rng, [5, 4, 2], 5, cfg.vocab_size)
 
+    masks = {"src_valid": real(src), "tgt_valid": real(tgt_in)}
     model1 = L1.Seq2SeqTransformer(cfg, params)
-    loss, grads = model1.loss_and_grads(src, tgt_in, tgt_out)
+    loss, grads = model1.loss_and_grads(src, tgt_in, tgt_out, **masks, scored=real(tgt_out))
 
     model = L2.Seq2SeqTransformer(cfg, params, dtype=torch.float64)
-    ref = torch_loss(model(torch.as_tensor(src), torch.as_tensor(tgt_in)), tgt_out)
+    masks = {name: torch.as_tensor(m) for name, m in masks.items()}
+    ref = torch_loss(model(torch.as_tensor(src), torch.as_tensor(tgt_in), **masks), tgt_out)
     assert_matches_torch(loss, grads, ref, model)
 
 
 def test_scored_mask_selects_the_targets():
-    """``scored`` replaces ``targets != pad``: the loss is the mean over exactly those."""
+    """``scored`` chooses the targets: the loss is the mean over exactly those."""
     cfg = config()
     params = init_params(cfg, "decoder_only", 5, scheme="random")
     rng = np.random.default_rng(6)
     inputs = padded_tokens(rng, [6, 4], 6, cfg.vocab_size)
     targets = padded_tokens(rng, [6, 4], 6, cfg.vocab_size)
-    scored = (targets != PAD) & (np.arange(6) >= 2)  # a prompt of 2 is not scored
+    scored = real(targets) & (np.arange(6) >= 2)  # a prompt of 2 is not scored
 
     loss, grads = L1.DecoderOnlyTransformer(cfg, params).loss_and_grads(
-        inputs, targets, scored=scored
+        inputs, targets, valid=real(inputs), scored=scored
     )
 
     model = L2.DecoderOnlyTransformer(cfg, params, dtype=torch.float64)
-    logits = model(torch.as_tensor(inputs))
+    logits = model(torch.as_tensor(inputs), valid=torch.as_tensor(real(inputs)))
     pick = torch.as_tensor(scored)
     ref = F.cross_entropy(logits[pick], torch.as_tensor(targets)[pick])
     assert_matches_torch(loss, grads, ref, model)
@@ -160,7 +174,7 @@ def test_padding_contributes_no_gradient():
     rng = np.random.default_rng(19)
     inputs = padded_tokens(rng, [6, 2, 4], 6, cfg.vocab_size)
     targets = padded_tokens(rng, [6, 2, 4], 6, cfg.vocab_size)
-    valid = inputs != PAD
+    valid = real(inputs)
     junk = np.where(valid, inputs, rng.integers(1, cfg.vocab_size, size=inputs.shape))
     model = L1.DecoderOnlyTransformer(cfg, params)
     loss, grads = model.loss_and_grads(inputs, targets, valid=valid)
@@ -378,7 +392,7 @@ def _decay(name, shape):
 
 def _batches(kind, cfg, rng, n):
     """``n`` padded batches of 4: ``(inputs, targets)`` next-token pairs for decoder-only,
-    ``(src, tgt_in, tgt_out)`` of a copy task for seq2seq."""
+    ``(src, tgt_in, tgt_out)`` of a copy task for seq2seq (their masks: ``_masks``)."""
     out = []
     for _ in range(n):
         lengths = [int(m) for m in rng.integers(3, 10, size=4)]
@@ -390,6 +404,13 @@ def _batches(kind, cfg, rng, n):
             shifted = np.concatenate([np.full((4, 1), cfg.bos_id), src[:, :-1]], axis=1)
             out.append((src, np.where(src != PAD, shifted, PAD), src))  # BOS + src -> src
     return out
+
+
+def _masks(batch) -> dict:
+    """The ``valid`` masks of a batch of ``_batches``, by the models' keyword names."""
+    if len(batch) == 2:
+        return {"valid": real(batch[0])}
+    return {"src_valid": real(batch[0]), "tgt_valid": real(batch[1])}
 
 
 @pytest.mark.parametrize("kind", ["decoder_only", "seq2seq"])
@@ -418,13 +439,14 @@ def test_level1_and_level2_follow_the_same_loss_curve(kind):
     curve1, curve2 = [], []
     for step in range(STEPS):
         batch = batches[step % len(batches)]  # model inputs..., targets
-        loss, grads = model1.loss_and_grads(*batch)
+        loss, grads = model1.loss_and_grads(*batch, **_masks(batch), scored=real(batch[-1]))
         optim.clip_grad_norm(grads, CLIP)
         opt1.step(grads)
         curve1.append(loss)
 
         opt2.zero_grad()
-        ref = torch_loss(model2(*(torch.as_tensor(a) for a in batch[:-1])), batch[-1])
+        masks = {name: torch.as_tensor(m) for name, m in _masks(batch).items()}
+        ref = torch_loss(model2(*(torch.as_tensor(a) for a in batch[:-1]), **masks), batch[-1])
         ref.backward()
         torch.nn.utils.clip_grad_norm_(list(named.values()), CLIP)
         opt2.step()

@@ -158,6 +158,46 @@ def test_which_backend_respects_an_enclosing_sdpa_kernel():
         assert level3.which_backend(q, k, v, causal=True) == "math"
 
 
+# ---------------------------------------------------------------- the private torch APIs
+
+
+def test_the_default_priority_order_is_the_one_torch_reports():
+    """``private.DEFAULT_ORDER`` stands in for torch's private query where it is missing:
+    it must be the order torch itself reports while no one has set another."""
+    from levels.level3_sdpa_flash import private
+
+    if not hasattr(torch._C, "_get_sdp_priority_order"):
+        pytest.skip("private query absent: DEFAULT_ORDER is all there is")
+    live = private.priority_order()
+    assert live[: len(private.DEFAULT_ORDER)] == list(private.DEFAULT_ORDER)
+
+
+def test_without_the_private_priority_query_which_backend_still_answers(monkeypatch):
+    from levels.level3_sdpa_flash import private
+
+    monkeypatch.delattr(torch._C, "_get_sdp_priority_order", raising=False)
+    assert private.priority_order() == list(private.DEFAULT_ORDER)
+    q, k, v = qkv(1, 2, 8, 8, 8, dtype=torch.float32)
+    assert level3.which_backend(q, k, v, causal=True) == "flash"
+
+
+@pytest.mark.parametrize("op", ["FLASH_CPU_FORWARD", "FLASH_CPU_BACKWARD"])
+def test_a_missing_private_kernel_is_one_clear_line(monkeypatch, op):
+    """A torch without the fused CPU kernel: ``return_lse`` says what is missing and
+    what to use instead, instead of an AttributeError from inside torch.ops."""
+    from levels.level3_sdpa_flash import private
+
+    monkeypatch.setattr(private, op, "_no_such_kernel_in_this_torch")
+    q, k, v = (x.requires_grad_() for x in qkv(1, 2, 6, 6, 8))
+    with pytest.raises(RuntimeError) as raised:
+        out, lse = level3.attention(q, k, v, causal=True, return_lse=True)
+        (out.sum() + lse.sum()).backward()  # the backward kernel is looked up here
+    message = str(raised.value)
+    assert "aten::_no_such_kernel_in_this_torch" in message and "level 2" in message
+    assert "\n" not in message
+    level3.attention(q, k, v, causal=True)  # plain attention never needs it
+
+
 def test_a_backend_that_cannot_run_says_so():
     q, k, v = qkv(1, 2, 4, 4, 8, dtype=torch.float32)  # CPU tensors: no CUDA kernel applies
     with pytest.raises(RuntimeError, match="'efficient'"):
@@ -189,17 +229,15 @@ def test_model_backend_reaches_the_core_and_auto_obeys_an_enclosing_sdpa_kernel(
 
 def _chunks_taken(monkeypatch) -> list[int]:
     """Record the query count of every SDPA call made in chunks."""
-    from levels.level3_sdpa_flash import windowed
-
+    # The package's `attention` is the function; the module is reached by its full name.
+    module = importlib.import_module("levels.level3_sdpa_flash.attention")
     taken: list[int] = []
-    real = windowed.attention_in_chunks
+    real = module.attention_in_chunks
 
     def spy(q, *args, **kw):
         taken.append(q.shape[-2])
         return real(q, *args, **kw)
 
-    # The package's `attention` is the function; the module is reached by its full name.
-    module = importlib.import_module("levels.level3_sdpa_flash.attention")
     monkeypatch.setattr(module, "attention_in_chunks", spy)
     return taken
 
@@ -238,7 +276,7 @@ def test_a_window_that_binds_nothing_is_plain_causal_attention(monkeypatch):
 def test_windowed_peak_memory_does_not_grow_with_the_square_of_T():
     """Chunking keeps one chunk's scores alive, so doubling T about doubles the peak
     (the output itself is T * Dv); a (T, S) mask or score matrix would quadruple it."""
-    from benchmarks.memory import peak_torch_profiler
+    from benchmarks.measure import peak_torch_profiler
 
     peaks = []
     for T in (2048, 4096):
@@ -334,11 +372,11 @@ def test_overflow_raises_and_leaves_the_cache_bit_identical():
     _, cache = model.prefill(tokens[:, : cfg.max_seq_len - 1])
     model.decode_step(tokens[:, -1], cache)  # fills the last slot
     assert cache.length == cache.capacity == cfg.max_seq_len
-    before = (cache.k.clone(), cache.v.clone(), cache.valid.clone(), cache.length)
+    before = (cache.k.clone(), cache.v.clone(), [list(r) for r in cache.valid], cache.length)
     with pytest.raises(ValueError, match="overflow"):
         model.decode_step(tokens[:, 0], cache)
     assert torch.equal(cache.k, before[0]) and torch.equal(cache.v, before[1])
-    assert torch.equal(cache.valid, before[2]) and cache.length == before[3]
+    assert cache.valid == before[2] and cache.length == before[3]
 
 
 # ---------------------------------------------------------------- bucketing
@@ -374,3 +412,75 @@ def test_a_sequence_gets_the_same_logits_in_any_bucket():
                 n = lengths[i]
                 torch.testing.assert_close(logits[row, :n], alone[i], atol=F64_TOL, rtol=0)
                 assert torch.all(logits[row, n:] == 0)
+
+
+# ----------------------------------------------------------------------------- int8 weights
+
+
+def test_int8_rows_round_to_their_own_grid_with_exact_ties():
+    """Row scales are absmax / 127; a value on a half step rounds to even (torch.round), and
+    every weight is within half a step of its row's grid."""
+    from levels.level3_sdpa_flash.quant import Int8Weight
+
+    w = torch.tensor([[127.0, -63.5, 0.5, 1.5], [0.0, 0.0, 0.0, 0.0], [-2.54, 1.27, 0.0, 0.635]])
+    q = Int8Weight.quantize(w)
+    assert q.int8().dtype == torch.int8
+    assert q.scale[0] == 1.0 and q.scale[2] == pytest.approx(0.02)
+    assert q.int8()[0].tolist() == [127, -64, 0, 2]  # the ties -63.5, 0.5, 1.5 go to even
+    assert q.int8()[1].tolist() == [0, 0, 0, 0]  # an all-zero row: a tiny scale, no 0/0
+    assert q.int8()[2].tolist() == [-127, 64, 0, 32]  # 1.27/0.02 = 63.5 -> 64 (even)
+    assert torch.isfinite(q.scale).all()
+    g = torch.Generator().manual_seed(0)
+    big = torch.randn(64, 96, generator=g)
+    deq = Int8Weight.quantize(big).dequantize()
+    half_step = big.abs().amax(1, keepdim=True) / 127 / 2
+    # float32 rounding of w / s and of q * s adds a few ulp on top of the half step.
+    assert ((deq - big).abs() <= half_step * (1 + 1e-5)).all()
+
+
+def test_int8_linear_is_the_integer_product_scaled():
+    """``F.linear(x, w)`` with an int8 weight against the same sum done in float64 from the
+    int8 values and the scales, with ``x`` rounded to bfloat16 as the kernel takes it."""
+    from levels.level3_sdpa_flash.quant import Int8Weight
+
+    g = torch.Generator().manual_seed(1)
+    w, x = torch.randn(48, 80, generator=g), torch.randn(3, 5, 80, generator=g)
+    q = Int8Weight.quantize(w)
+    got = F.linear(x, q)
+    want = x.bfloat16().double() @ q.int8().double().T * q.scale.bfloat16().double()
+    assert got.shape == (3, 5, 48) and got.dtype == torch.float32
+    # The kernel accumulates in float32 and returns bfloat16 (8 significant bits): the result
+    # is within a bfloat16 rounding (2^-8 relative) of the exact sum, plus float32 sums.
+    assert torch.allclose(got.double(), want, rtol=2**-8, atol=1e-3)
+    rows = torch.tensor([[3, 7], [0, 47]])
+    gathered = q[rows]  # an embedding's gather: the rows dequantized, in the compute dtype
+    assert gathered.dtype == torch.float32 and torch.equal(gathered, q.dequantize()[rows])
+
+
+def test_int8_model_is_close_to_its_float_model_and_refuses_other_formats():
+    config = TransformerConfig(
+        vocab_size=64,
+        d_model=32,
+        n_heads=4,
+        n_kv_heads=2,
+        d_ff=64,
+        n_layers=2,
+        max_seq_len=16,
+        norm="rmsnorm",
+        ffn="swiglu",
+        positional="rope",
+        scale_embeddings=False,
+        bias=False,
+    )
+    params = init_params(config, "decoder_only", seed=0)
+    ids = torch.tensor([[1, 5, 9, 2, 33, 7]])
+    base = level3.DecoderOnlyTransformer(config, params, dtype=torch.float32)
+    small = level3.DecoderOnlyTransformer(config, params, dtype=torch.float32, weights="int8")
+    assert all(p.dtype == torch.int8 for n, p in small.named_parameters() if p.ndim == 2)
+    want, got = base(ids), small(ids)
+    # Each weight moves by at most half a step of its row's 127-step grid and the activations
+    # are rounded to bfloat16 at each product: a few per cent of the logits' range here,
+    # where a wrong scale or a transposed matrix is of the order of the logits themselves.
+    assert (got - want).abs().max() <= 0.1 * want.abs().max()  # measured 0.037
+    with pytest.raises(ValueError, match="weights must be one of"):
+        level3.DecoderOnlyTransformer(config, params, weights="int4")

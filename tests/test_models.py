@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import reference as ref
-from _helpers import random_tokens, right_padded
+from _helpers import GEMMA_OPTIONS, random_tokens, right_padded
 
 from levels import TransformerConfig, init_params, param_shapes
 
@@ -36,12 +36,16 @@ VARIANTS = {
     ),
     # ... and Mistral's sliding window (shorter than the sequences, over padded batches).
     "window": dict(window=3, n_kv_heads=1, out_bias=False),
+    # Gemma 3's: heads wider than D / H, QK-norm, a norm after each sublayer as well,
+    # GeGLU, gains stored as offsets from 1, local (windowed) and global layers with RoPE
+    # bases of their own, and a score scale of its own (Gemma 3 27B's is not 1/sqrt(Dh)).
+    "gemma": dict(GEMMA_OPTIONS, n_layers=2, attn_scale=0.3),  # layer 0 local, 1 global
 }
 
 
 def model_config(case_or_tiny, variant="rope-bias") -> TransformerConfig:
     tiny = case_or_tiny if isinstance(case_or_tiny, bool) else case_or_tiny.tiny
-    return TransformerConfig(**(TINY if tiny else SMALL), **VARIANTS[variant])
+    return TransformerConfig(**((TINY if tiny else SMALL) | VARIANTS[variant]))
 
 
 def decoder_batch(config, tiny, seed=0):
@@ -102,20 +106,29 @@ def test_seq2seq_matches_reference(case, variant):
 
 
 @pytest.mark.best_dtype
-def test_valid_defaults_to_tokens_not_pad(case):
-    """Without ``valid``, padding is wherever the token is ``pad_id``."""
+def test_valid_defaults_to_every_token_real(case):
+    """Without ``valid`` every token is real, ``pad_id`` included: padding is never inferred
+    from token values (real models' ``pad_id`` is their EOS, which chat prompts contain)."""
     config = model_config(case)
     params = init_params(config, "decoder_only", seed=13, scheme="random")
-    tokens, valid = decoder_batch(config, case.tiny, seed=3)
+    tokens, valid = decoder_batch(config, case.tiny, seed=3)  # pad_id in every short row
+    assert (tokens[~valid] == config.pad_id).all() and not valid.all()
     out = run_decoder_only(case, config, params, tokens)
-    expected = ref.decoder_only_forward(config, params, tokens, valid=valid)
+    every = np.ones(tokens.shape, dtype=bool)
+    expected = ref.decoder_only_forward(config, params, tokens, valid=every)
     case.assert_close(out, expected, what="decoder-only logits, default valid")
+    assert (out[~valid] != 0).any(), "pad_id tokens must be computed as real tokens"
 
     params = init_params(config, "seq2seq", seed=14, scheme="random")
     src, tgt, src_valid, tgt_valid = seq2seq_batch(config, case.tiny, seed=4)
     out = run_seq2seq(case, config, params, src, tgt)
     expected = ref.seq2seq_forward(
-        config, params, src, tgt, src_valid=src_valid, tgt_valid=tgt_valid
+        config,
+        params,
+        src,
+        tgt,
+        src_valid=np.ones(src.shape, dtype=bool),
+        tgt_valid=np.ones(tgt.shape, dtype=bool),
     )
     case.assert_close(out, expected, what="seq2seq logits, default valid")
 
@@ -160,7 +173,7 @@ def test_level1_matches_level2_in_float64_at_larger_sizes(reference_level, kind)
 
 @pytest.mark.best_dtype
 @pytest.mark.torch_only
-@pytest.mark.parametrize("variant", ["rope-bias", "llama"])
+@pytest.mark.parametrize("variant", ["rope-bias", "llama", "gemma"])
 @pytest.mark.parametrize("kind", ["decoder_only", "seq2seq"])
 def test_state_dict_uses_canonical_names(case, kind, variant):
     # RoPE on: cos/sin tables or causal masks kept as buffers must not leak in.

@@ -28,17 +28,20 @@ DEADLINE_S = 240  # a whole spawn: imports, process group, the cases; seconds
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def spawn(fn, world: int, tmp_path: Path) -> list[dict]:
-    """Run ``fn(rank, world, rendezvous, out_dir)`` in ``world`` processes; each rank's JSON."""
-    return distributed.spawn(fn, world, tmp_path, deadline_s=DEADLINE_S)
+def spawn(fn, world: int, tmp_path: Path, *args) -> list[dict]:
+    """Run ``fn(rank, world, *args)`` in ``world`` processes; what each rank returned."""
+    return distributed.spawn(
+        fn, world, tmp_path, *args, deadline_s=DEADLINE_S, timeout=parallel_cases.TIMEOUT
+    )
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_ring_and_allgather_attention_equal_one_process(world, tmp_path):
     worst = spawn(parallel_cases.attention_cases, world, tmp_path)
     cases = set(worst[0])
-    # 2 layouts x causal or not x padded or not x 2 methods x 2 local levels, on every rank.
-    assert len(cases) == 32 and all(set(w) == cases for w in worst)
+    # 2 layouts x causal or not x (unpadded, padded (B,S), padded (B,1,1,S)) x 2 methods
+    # x 2 local levels, on every rank.
+    assert len(cases) == 48 and all(set(w) == cases for w in worst)
     assert max(e for w in worst for e in w.values()) < parallel_cases.F64_TOL
 
 
@@ -47,11 +50,17 @@ def test_the_model_over_a_sharded_sequence_gives_one_process_loss_and_gradients(
     assert all(set(w) == {"model ring", "model allgather"} for w in worst)
 
 
-def test_uneven_shards_and_empty_rows_are_refused_on_every_rank(tmp_path):
+def test_uneven_shards_empty_rows_and_other_masks_are_refused_on_every_rank(tmp_path):
     messages = spawn(parallel_cases.refusal_case, 2, tmp_path)
     for m in messages:
         assert "same shape" in m["uneven"]
         assert "no key" in m["empty"]
+        for method in ("ring", "allgather"):
+            for name, shape in parallel_cases.BAD_MASKS.items():
+                error = m[f"{method} {name}"]
+                assert "key padding mask" in error and str(shape) in error, error
+                assert "\n" not in error
+            assert "boolean" in m[f"{method} float"]
 
 
 # ---------------------------------------------------------------------------
@@ -62,7 +71,7 @@ def test_uneven_shards_and_empty_rows_are_refused_on_every_rank(tmp_path):
 def ladder(*args: str, timeout: float = DEADLINE_S) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
-        [sys.executable, "-m", "benchmarks.cli", *args],
+        [sys.executable, "-m", "ladder", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -93,7 +102,7 @@ def test_a_run_saved_on_two_processes_resumes_on_one(tmp_path):
 
     level = levels.load("level2_torch_manual")
     whole = train(parallel_cases.resume_spec(), level, evaluation=False)["losses"]
-    first = spawn(parallel_cases.train_part_case, 2, tmp_path)[0]["losses"]
+    first = spawn(parallel_cases.train_part_case, 2, tmp_path, str(tmp_path))[0]["losses"]
     resumed = train(
         parallel_cases.resume_spec(),
         level,
@@ -109,7 +118,7 @@ def test_a_run_saved_on_two_processes_resumes_on_one(tmp_path):
 def test_a_killed_rank_ends_the_run_with_an_error_and_leaves_no_process(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     run = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.cli", "train", "seq2seq", "--task", "reverse"]
+        [sys.executable, "-m", "ladder", "train", "seq2seq", "--task", "reverse"]
         + ["--nproc", "2"],
         cwd=ROOT,
         env=env,

@@ -26,7 +26,7 @@ def piece_config(case, *, bias=True, positional="rope", **options) -> Transforme
         sizes = dict(vocab_size=11, d_model=8, n_heads=2, d_ff=12, n_layers=1)
     else:
         sizes = dict(vocab_size=11, d_model=18, n_heads=3, d_ff=28, n_layers=1)
-    return TransformerConfig(**sizes, bias=bias, positional=positional, **options)
+    return TransformerConfig(**(sizes | dict(bias=bias, positional=positional) | options))
 
 
 def _sizes(case):
@@ -138,7 +138,7 @@ def test_encoder_layer(case, causal, bias):
     x = rng.normal(size=(B, T, config.d_model))
     valid = right_padded([T, T - 2], T)
     layer = case.build("EncoderLayer", config, params, prefix="encoder.layers.0.")
-    out = case.np(layer(case.arr(x), valid=case.arr(valid), causal=causal))
+    out = case.np(layer(case.arr(x), **case.sees(valid, config.window), causal=causal))
     expected = ref.encoder_layer(config, params, "encoder.layers.0.", x, valid=valid, causal=causal)
     # Padded positions of a layer's output are not specified (only the models
     # promise zeros there), so only real positions are compared.
@@ -160,8 +160,8 @@ def test_decoder_layer(case, bias):
         layer(
             case.arr(x),
             case.arr(memory),
-            valid=case.arr(valid),
-            memory_valid=case.arr(memory_valid),
+            **case.sees(valid, config.window),
+            memory_mask=case.sees(memory_valid)["mask"],
         )
     )
     expected = ref.decoder_layer(
@@ -242,15 +242,121 @@ def test_layers_with_a_sliding_window(case, causal):
     x = rng.normal(size=(B, T, config.d_model))
     valid = right_padded([T, 1], T)  # the second row: one real token, then padding
     layer = case.build("EncoderLayer", config, params, prefix="encoder.layers.0.")
-    out = case.np(layer(case.arr(x), valid=case.arr(valid), causal=causal))
+    out = case.np(layer(case.arr(x), **case.sees(valid, config.window), causal=causal))
     expected = ref.encoder_layer(config, params, "encoder.layers.0.", x, valid=valid, causal=causal)
     case.assert_close(
         out[valid], expected[valid], what="EncoderLayer with a window (real positions)"
     )
     memory = rng.normal(size=(B, S, config.d_model))
     layer = case.build("DecoderLayer", config, params, prefix="decoder.layers.0.")
-    out = case.np(layer(case.arr(x), case.arr(memory), valid=case.arr(valid)))
+    out = case.np(layer(case.arr(x), case.arr(memory), **case.sees(valid, config.window)))
     expected = ref.decoder_layer(config, params, "decoder.layers.0.", x, memory, valid=valid)
     case.assert_close(
         out[valid], expected[valid], what="DecoderLayer with a window (real positions)"
     )
+
+
+# ---------------------------------------------------------------------------
+# Gemma 3's options, piece by piece
+# ---------------------------------------------------------------------------
+
+
+def gemma_config(case, **options) -> TransformerConfig:
+    """Heads of ``head_dim`` != D / H (6 against 4, 8 against 6), QK-norm, post-norms, GeGLU,
+    gains as offsets from 1, local layers with a RoPE base of their own, a score scale."""
+    gemma = dict(
+        bias=False, head_dim=6 if case.tiny else 8, n_kv_heads=1, norm="rmsnorm", ffn="geglu",
+        qk_norm=True, post_norms=True, norm_weight_offset=1.0, window=2, window_pattern=2,
+        rope_local_base=50.0, attn_scale=0.4,
+    )  # fmt: skip
+    return piece_config(case, **(gemma | options))
+
+
+@pytest.mark.parametrize("norm", ["rmsnorm", "layernorm"])
+def test_norms_with_gains_stored_as_offsets_over_a_head(case, norm):
+    """Gemma's gain convention (``offset + weight``), over ``D`` and over one head's ``Dh``
+    (QK-norm's width), for both norms."""
+    config = gemma_config(case, norm=norm, bias=True)
+    params = init_params(config, "seq2seq", seed=11, scheme="random")
+    rng = np.random.default_rng(10)
+    B, T, _ = _sizes(case)
+    cls = "RMSNorm" if norm == "rmsnorm" else "LayerNorm"
+    for prefix, width in (("encoder.norm.", config.d_model), ("encoder.layers.0.self_attn.q_norm.", config.d_head)):  # fmt: skip
+        x = 3.0 + 2.5 * rng.normal(size=(B, 2, T, width))  # (B, H, T, N): a norm per head
+        piece = case.build(cls, config, params, prefix=prefix, width=width)
+        expected = ref.norm(config, params, prefix, x)
+        case.assert_close(piece(case.arr(x)), expected, what=f"{cls} over {width}, offset 1")
+    # Gains start at 1 either way, so with an offset of 1 the weights start near 0.
+    assert np.abs(params["encoder.norm.weight"]).max() < 0.5
+
+
+def test_geglu_feed_forward(case):
+    config = gemma_config(case)
+    params = init_params(config, "seq2seq", seed=12, scheme="random")
+    rng = np.random.default_rng(11)
+    B, T, _ = _sizes(case)
+    x = 2.0 * rng.normal(size=(B, T, config.d_model))
+    prefix = "decoder.layers.0."
+    ff = case.build("FeedForward", config, params, prefix=prefix)
+    expected = ref.feed_forward(params, prefix, x, "geglu")
+    case.assert_close(ff(case.arr(x)), expected, what="FeedForward (GeGLU, tanh GELU)")
+    swiglu = ref.feed_forward(params, prefix, x, "swiglu")
+    assert np.abs(expected - swiglu).max() > 1e-3  # the gate's activation is decided
+
+
+@pytest.mark.parametrize("kind", ["self-causal-rope", "self-rope-offset", "cross-mask"])
+def test_attention_with_wide_heads_qk_norm_and_a_scale(case, kind):
+    """``head_dim`` != D / H (q is H Dh wide, out_proj maps it back to D), QK-norm before RoPE,
+    a RoPE base of the layer's own, ``attn_scale`` for 1 / sqrt(Dh)."""
+    cross, causal, masked, rope, offset = MHA_CASES[kind]
+    config = gemma_config(case)
+    params = init_params(config, "seq2seq", seed=13, scheme="random")
+    rng = np.random.default_rng(12)
+    B, T, S = _sizes(case)
+    S = S if cross else T
+    x = rng.normal(size=(B, T, config.d_model))
+    kv = rng.normal(size=(B, S, config.d_model)) if cross else None
+    mask = random_mask(rng, (B, 1, T, S)) if masked else None
+    prefix = "decoder.layers.0.multihead_attn." if cross else "decoder.layers.0.self_attn."
+    base = config.rope_local_base
+    mha = case.build("MultiHeadAttention", config, params, prefix=prefix, rope=rope, rope_base=base)
+    expected = ref.mha(
+        params, prefix, x, kv, mask=mask, causal=causal, position_offset=offset,
+        rope_base=base if rope else None, **ref._attention_options(config, params, prefix),
+    )  # fmt: skip
+    kwargs = {"causal": causal, "position_offset": offset}
+    if mask is not None:
+        kwargs["mask"] = case.arr(mask)
+    out = mha(case.arr(x), None if kv is None else case.arr(kv), **kwargs)
+    case.assert_close(out, expected, what=f"MultiHeadAttention, Gemma's options, {kind}")
+
+
+@pytest.mark.parametrize("layer", [0, 1], ids=["local", "global"])
+def test_blocks_with_post_norms_local_and_global(case, layer):
+    """Gemma's blocks: a norm before and after each sublayer; layer 0 of the pattern is local
+    (window 2, RoPE base 50), layer 1 global (no window, base 1e4), over a padded batch."""
+    config = gemma_config(case, n_layers=2)
+    params = init_params(config, "seq2seq", seed=14, scheme="random")
+    rng = np.random.default_rng(13)
+    B, T, S = _sizes(case)
+    x = rng.normal(size=(B, T, config.d_model))
+    valid = right_padded([T, 1], T)
+    window = config.layer_windows[layer]
+    base = {"rope_base": config.rope_base_of(window)}
+    sees = case.sees(valid, window)
+    prefix = f"encoder.layers.{layer}."
+    block = case.build("EncoderLayer", config, params, prefix=prefix, **base)
+    out = case.np(block(case.arr(x), **sees, causal=True))
+    expected = ref.encoder_layer(config, params, prefix, x, valid=valid, causal=True, layer=layer)
+    case.assert_close(out[valid], expected[valid], what=f"EncoderLayer {prefix} (post-norms)")
+    memory = rng.normal(size=(B, S, config.d_model))
+    memory_valid = right_padded([S - 2, S], S)
+    prefix = f"decoder.layers.{layer}."
+    block = case.build("DecoderLayer", config, params, prefix=prefix, **base)
+    out = case.np(
+        block(case.arr(x), case.arr(memory), **sees, memory_mask=case.sees(memory_valid)["mask"])
+    )
+    expected = ref.decoder_layer(
+        config, params, prefix, x, memory, valid=valid, memory_valid=memory_valid, layer=layer
+    )
+    case.assert_close(out[valid], expected[valid], what=f"DecoderLayer {prefix} (post-norms)")

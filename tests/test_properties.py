@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import reference as ref
-from _helpers import random_mask, random_tokens, right_padded, small_config
+from _helpers import GEMMA_OPTIONS, random_mask, random_tokens, right_padded, small_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -114,6 +114,9 @@ def test_extra_right_padding_changes_nothing(case):
 CACHE_VARIANTS = {
     "default": {},
     "gqa-window": dict(n_kv_heads=1, window=3, norm="rmsnorm", ffn="swiglu", tie_embeddings=False),
+    # Gemma 3's: local (window 3) and global layers with RoPE bases of their own, wide
+    # heads, QK-norm, post-norms, GeGLU and gains stored as offsets from 1.
+    "gemma": dict(GEMMA_OPTIONS, n_layers=2),
 }
 CACHE = pytest.mark.parametrize("variant", list(CACHE_VARIANTS))
 

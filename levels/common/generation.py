@@ -19,13 +19,13 @@ picks the same tokens from the same logits.
 Prompts of different lengths share one batch: right-padded, with ``valid``.
 The cache holds one slot per step for every row, so a short row's new tokens
 sit after its padding; its positions count real tokens only
-(``levels.common.positions``), which is what makes each row equal the row
+(``levels.common.boundary``), which is what makes each row equal the row
 generated alone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -156,6 +156,55 @@ def generate_decoder_only(
             if done.all():
                 break
     return to_native(out)
+
+
+def stream_decoder_only(
+    model: Any,
+    prompt: Native,
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    stop_ids: tuple[int, ...] = (),
+    to_native: ToNative | None = None,
+    to_numpy: ToNumpy | None = None,
+) -> Iterator[int]:
+    """Continue one prompt ``(P,)`` token by token: yield each new id as soon as it is chosen.
+
+    The tokens are ``generate``'s for the same prompt and options (one row,
+    the KV cache, the same sampling): this is that loop with the batch taken
+    out and each token handed over at once, for a chat that prints them as
+    they come. The first ``next()`` runs the prefill; each later one a decode
+    step. It ends after ``max_new_tokens`` tokens, or after yielding a token
+    of ``stop_ids`` (the model's end-of-turn ids); a caller may stop earlier
+    (a stop string in the text). Arguments are checked before any model call.
+    """
+    to_native = to_native or model.ops.asarray
+    to_numpy = to_numpy or model.ops.to_numpy
+    config = model.config
+    sampling = Sampling(temperature, top_k, top_p, seed)
+    tokens = checked_ids(np.asarray(prompt)[None], config.vocab_size, "prompt")  # (1, P)
+    checks.check_new_tokens(max_new_tokens)
+    for stop in stop_ids:
+        _check_token_id("a stop id", stop, config.vocab_size)
+    if tokens.shape[1] + max_new_tokens > config.max_seq_len:
+        raise ValueError(
+            f"prompt length {tokens.shape[1]} + max_new_tokens {max_new_tokens} exceeds "
+            f"max_seq_len={config.max_seq_len}"
+        )
+    if max_new_tokens == 0:
+        return
+    generators = sampling.generators(1)
+    logits, cache = model.prefill(to_native(tokens))
+    last = to_numpy(logits)[:, -1]  # (1, V)
+    for step in range(max_new_tokens):
+        token = int(pick(last, sampling, generators)[0])
+        yield token
+        if token in stop_ids or step == max_new_tokens - 1:
+            return
+        last = to_numpy(model.decode_step(to_native(np.array([token])), cache))  # (1, V)
 
 
 def generate_seq2seq(

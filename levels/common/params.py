@@ -8,15 +8,19 @@ linear weights are ``(out, in)`` and every linear computes ``x @ W.T + b``.
 
 The options of the models people run add or change a few entries, named in
 the same style (docs/conventions.md, "Parameters"): with ``Hkv`` key/value
-heads ``in_proj_weight`` is ``(D + 2 Hkv Dh, D)``; SwiGLU adds
+heads ``in_proj_weight`` is ``(D + 2 Hkv Dh, D)`` (``(H Dh + 2 Hkv Dh, D)`` with a
+``head_dim``, and ``out_proj.weight (D, H Dh)``); SwiGLU and GeGLU add
 ``linear_gate.weight (F, D)``; RMSNorm has a ``weight`` only; an untied
 decoder-only model has ``output_projection.weight (V, D)``; ``qkv_bias`` and
-``out_bias`` decide ``in_proj_bias`` and ``out_proj.bias`` on their own.
+``out_bias`` decide ``in_proj_bias`` and ``out_proj.bias`` on their own; QK-norm
+adds ``q_norm`` and ``k_norm`` (``Dh`` wide) to each attention, ``post_norms`` a
+``post_norm{k}`` after the sublayer that ``norm{k}`` comes before.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 
 import numpy as np
@@ -25,30 +29,39 @@ from .config import TransformerConfig
 
 KINDS = ("decoder_only", "seq2seq")
 INIT_SCHEMES = ("standard", "random")
+# A norm's parameters: norm, norm1, post_norm2, q_norm, ... as the last module of the name.
+_NORM = re.compile(r"(^|[._])norm\d*\.(weight|bias)$")
 
 
 def attention_shapes(config: TransformerConfig, prefix: str) -> dict[str, tuple[int, ...]]:
-    """One attention's parameters under ``prefix``: ``in_proj_*`` (rows ``[q; k; v]``) and ``out_proj.*``."""
-    D, Dkv = config.d_model, config.kv_heads * config.d_head
+    """One attention's parameters under ``prefix``: ``in_proj_*`` (rows ``[q; k; v]``),
+    ``out_proj.*``, and with QK-norm ``q_norm.*`` and ``k_norm.*``."""
+    D, Dq, Dkv = config.d_model, config.q_width, config.kv_heads * config.d_head
     shapes = {
-        f"{prefix}in_proj_weight": (D + 2 * Dkv, D),  # rows [q (D); k (Dkv); v (Dkv)]
-        f"{prefix}out_proj.weight": (D, D),
+        f"{prefix}in_proj_weight": (Dq + 2 * Dkv, D),  # rows [q (H Dh); k (Dkv); v (Dkv)]
+        f"{prefix}out_proj.weight": (D, Dq),
     }
     # The order matters: init_params draws in this order (today's models are reproduced
     # exactly from their seeds).
     if config.has_qkv_bias:
-        shapes[f"{prefix}in_proj_bias"] = (D + 2 * Dkv,)
+        shapes[f"{prefix}in_proj_bias"] = (Dq + 2 * Dkv,)
     if config.has_out_bias:
         shapes[f"{prefix}out_proj.bias"] = (D,)
+    if config.qk_norm:  # one norm over each head's Dh features, shared by the heads
+        shapes |= norm_shapes(config, f"{prefix}q_norm.", config.d_head)
+        shapes |= norm_shapes(config, f"{prefix}k_norm.", config.d_head)
     return shapes
 
 
-def norm_shapes(config: TransformerConfig, prefix: str) -> dict[str, tuple[int, ...]]:
-    """One norm's parameters under ``prefix``."""
+def norm_shapes(
+    config: TransformerConfig, prefix: str, width: int | None = None
+) -> dict[str, tuple[int, ...]]:
+    """One norm's parameters under ``prefix``, over ``width`` features (default ``D``)."""
     # Both norms have a gain; LayerNorm's bias follows config.bias, RMSNorm has none.
-    shapes = {f"{prefix}weight": (config.d_model,)}
+    width = config.d_model if width is None else width
+    shapes = {f"{prefix}weight": (width,)}
     if config.has_norm_bias:
-        shapes[f"{prefix}bias"] = (config.d_model,)
+        shapes[f"{prefix}bias"] = (width,)
     return shapes
 
 
@@ -60,10 +73,10 @@ def _linear_shapes(config, prefix: str, n_out: int, n_in: int) -> dict[str, tupl
 
 
 def feed_forward_shapes(config: TransformerConfig, prefix: str) -> dict[str, tuple[int, ...]]:
-    """``linear1 (F, D)`` and ``linear2 (D, F)``; SwiGLU adds ``linear_gate (F, D)``."""
+    """``linear1 (F, D)`` and ``linear2 (D, F)``; SwiGLU and GeGLU add ``linear_gate (F, D)``."""
     D, F = config.d_model, config.d_ff
     shapes: dict[str, tuple[int, ...]] = {}
-    if config.ffn == "swiglu":
+    if config.ffn != "gelu":  # a gated unit
         shapes |= _linear_shapes(config, f"{prefix}linear_gate.", F, D)
     shapes |= _linear_shapes(config, f"{prefix}linear1.", F, D)
     shapes |= _linear_shapes(config, f"{prefix}linear2.", D, F)
@@ -75,16 +88,21 @@ def layer_shapes(config: TransformerConfig, prefix: str, *, cross: bool) -> dict
 
     An encoder / decoder-only block has norm1, self_attn, norm2 and the FFN;
     a seq2seq decoder block (``cross=True``) adds ``multihead_attn`` and uses
-    norm3 before the FFN, exactly as ``nn.TransformerDecoderLayer``.
+    norm3 before the FFN, exactly as ``nn.TransformerDecoderLayer``. With
+    ``post_norms``, ``post_norm{k}`` follows the sublayer ``norm{k}`` precedes.
     """
     shapes: dict[str, tuple[int, ...]] = {}
-    shapes |= norm_shapes(config, f"{prefix}norm1.")
-    shapes |= attention_shapes(config, f"{prefix}self_attn.")
-    shapes |= norm_shapes(config, f"{prefix}norm2.")
-    if cross:
-        shapes |= attention_shapes(config, f"{prefix}multihead_attn.")
-        shapes |= norm_shapes(config, f"{prefix}norm3.")
+    sublayers = [f"{prefix}self_attn."] + ([f"{prefix}multihead_attn."] if cross else [])
+    for k, attention in enumerate(sublayers, start=1):
+        shapes |= norm_shapes(config, f"{prefix}norm{k}.")
+        shapes |= attention_shapes(config, attention)
+        if config.post_norms:
+            shapes |= norm_shapes(config, f"{prefix}post_norm{k}.")
+    ffn = len(sublayers) + 1  # norm2, or norm3 in a decoder block
+    shapes |= norm_shapes(config, f"{prefix}norm{ffn}.")
     shapes |= feed_forward_shapes(config, prefix)
+    if config.post_norms:
+        shapes |= norm_shapes(config, f"{prefix}post_norm{ffn}.")
     return shapes
 
 
@@ -202,6 +220,9 @@ def init_params(
     ``scheme="random"`` additionally draws biases and norm parameters at random
     (N(0, 0.1) around their usual values). Tests use it so that a level that
     forgets a bias or a norm gain cannot pass by accident.
+
+    With ``norm_weight_offset`` (Gemma's gains, ``offset + weight``) a norm's weight
+    starts at ``1 - offset``, so every gain starts at 1 either way.
     """
     if scheme not in INIT_SCHEMES:
         raise ValueError(f"scheme must be one of {INIT_SCHEMES}, got {scheme!r}")
@@ -210,9 +231,9 @@ def init_params(
     params: dict[str, np.ndarray] = {}
     for name, shape in param_shapes(config, kind).items():
         leaf = name.rsplit(".", 1)[-1]
-        is_norm = ".norm" in f".{name}" and leaf in ("weight", "bias")
+        is_norm = _NORM.search(name) is not None and leaf in ("weight", "bias")
         if is_norm:
-            base = 1.0 if leaf == "weight" else 0.0
+            base = 1.0 - config.norm_weight_offset if leaf == "weight" else 0.0
             noise = rng.normal(0.0, 0.1, shape) if scheme == "random" else 0.0
             params[name] = np.full(shape, base, dtype=np.float64) + noise
         elif leaf in ("bias", "in_proj_bias"):

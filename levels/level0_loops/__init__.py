@@ -21,6 +21,7 @@ written once, here.
 
 from __future__ import annotations
 
+from ..common.facts import Facts
 from .convert import asarray, to_numpy
 from .layers import (
     DecoderLayer,
@@ -34,38 +35,12 @@ from .models import DecoderOnlyTransformer, KVCache, Seq2SeqTransformer
 from .ops import attention, merge_attention
 
 # What the harness and the tests read about this level (docs/conventions.md, "Levels").
-ARRAY = "python"  # nested lists of Python floats, ints and bools
-GRADIENTS = None  # inference only: no backward pass
-INTERPRETED = False
-DEVICES = ("cpu",)  # the Python interpreter
-DTYPES = ("float64",)  # every float is a Python float
-DESCRIPTION = "pure Python loops over nested lists, float64"
-
-
-def describe(*, device=None, dtype=None) -> str:
-    """One line saying what computes at this level (the same signature at every level)."""
-    return DESCRIPTION
-
-
-__all__ = [
-    "ARRAY",
-    "DESCRIPTION",
-    "DEVICES",
-    "DTYPES",
-    "GRADIENTS",
-    "INTERPRETED",
-    "DecoderLayer",
-    "DecoderOnlyTransformer",
-    "EncoderLayer",
-    "FeedForward",
-    "KVCache",
-    "LayerNorm",
-    "MultiHeadAttention",
-    "RMSNorm",
-    "Seq2SeqTransformer",
-    "asarray",
-    "attention",
-    "merge_attention",
-    "describe",
-    "to_numpy",
-]
+FACTS = Facts(
+    array="python",  # nested lists of Python floats, ints and bools
+    gradients=None,  # inference only: no backward pass
+    interpreted=False,
+    dtypes=("float64",),  # every float is a Python float
+    devices=("cpu",),  # the Python interpreter
+    description="pure Python loops over nested lists, float64",
+)
+describe = FACTS.describe

@@ -18,12 +18,9 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-import numpy as np
-
 from ..common.config import TransformerConfig
 from ..common.params import attention_shapes, check_params, feed_forward_shapes, norm_shapes
-from ..common.positions import ragged_window
-from . import ops as loops
+from . import ops as loop_ops
 
 Native = Any  # the level's array type: nested lists here, np.ndarray at level 1
 
@@ -35,7 +32,7 @@ class Module:
     numpy's) that the ``ops=`` argument overrides for one instance.
     """
 
-    ops: ModuleType = loops
+    ops: ModuleType = loop_ops
 
     def __init__(self, config: TransformerConfig, *, ops=None, device=None, dtype=None):
         if ops is not None:
@@ -65,47 +62,35 @@ class Module:
         """A numpy array in this level's array type, device and dtype."""
         return self.ops.asarray(array, device=self.device, dtype=self.dtype)
 
-    def _key_mask(self, valid, *, T: int | None = None, window: int | None = None) -> Native | None:
-        """Key validity ``valid (B,S)`` (True = real token) -> a mask ``(B,1,1,S)``, the same
-        for every head and query; None when every key is real (nothing to mask).
-
-        With a sliding ``window`` over self-attention (``T`` new queries, the last
-        ``T`` of the ``S`` keys), a query at a padded position may also see the
-        padded keys of its window, ``(B,1,T,S)``: its window may hold no real key,
-        and its output is zeroed anyway (real queries never see padded keys).
-        """
-        if valid is None:
-            return None
-        valid = np.asarray(self.ops.to_numpy(valid))
-        if valid.all():
-            return None
-        mask = valid[:, None, None, :]  # (B,1,1,S)
-        if window is not None:
-            mask = mask | ~valid[:, None, valid.shape[1] - T :, None]  # (B,1,T,S)
-        return self.ops.asarray(mask)
-
 
 class LayerNorm(Module):
-    """``nn.LayerNorm(D)``: ``(..., D) -> (..., D)``; reads ``{prefix}weight`` (and ``{prefix}bias``)."""
+    """``nn.LayerNorm(N)``: ``(..., N) -> (..., N)``; reads ``{prefix}weight`` (and ``{prefix}bias``).
 
-    def __init__(self, config, params, *, prefix="", ops=None, device=None, dtype=None):
+    ``N`` is ``width``: ``D`` by default, ``Dh`` for QK-norm. The gain is
+    ``config.norm_weight_offset + weight``.
+    """
+
+    def __init__(self, config, params, *, prefix="", width=None, ops=None, device=None, dtype=None):
         super().__init__(config, ops=ops, device=device, dtype=dtype)
-        p = self._load(params, prefix, norm_shapes(config, ""))
-        self.weight, self.bias = p["weight"], p.get("bias")  # (D,), (D,) or None
+        p = self._load(params, prefix, norm_shapes(config, "", width))
+        self.weight, self.bias = p["weight"], p.get("bias")  # (N,), (N,) or None
 
     def __call__(self, x: Native) -> Native:
-        return self.ops.layer_norm(x, self.weight, self.bias, self.config.norm_eps)
+        c = self.config
+        return self.ops.layer_norm(x, self.weight, self.bias, c.norm_eps, c.norm_weight_offset)
 
 
 class RMSNorm(Module):
-    """RMSNorm: ``x / sqrt(mean(x^2) + eps) * weight``, ``(..., D) -> (..., D)``; reads ``{prefix}weight``."""
+    """RMSNorm: ``x / sqrt(mean(x^2) + eps) * (offset + weight)``, ``(..., N) -> (..., N)``;
+    reads ``{prefix}weight``. ``N`` and the offset as in ``LayerNorm``."""
 
-    def __init__(self, config, params, *, prefix="", ops=None, device=None, dtype=None):
+    def __init__(self, config, params, *, prefix="", width=None, ops=None, device=None, dtype=None):
         super().__init__(config, ops=ops, device=device, dtype=dtype)
-        self.weight = self._load(params, prefix, norm_shapes(config, ""))["weight"]  # (D,)
+        self.weight = self._load(params, prefix, norm_shapes(config, "", width))["weight"]  # (N,)
 
     def __call__(self, x: Native) -> Native:
-        return self.ops.rms_norm(x, self.weight, self.config.norm_eps)
+        c = self.config
+        return self.ops.rms_norm(x, self.weight, c.norm_eps, c.norm_weight_offset)
 
 
 def norm_class(config: TransformerConfig) -> type[LayerNorm] | type[RMSNorm]:
@@ -117,7 +102,8 @@ class FeedForward(Module):
     """The position-wise feed-forward network: ``(..., D) -> (..., F) -> (..., D)``.
 
     ``linear2(GELU(linear1(x)))`` with the exact (erf) GELU, or with ``ffn="swiglu"``
-    ``linear2(silu(linear_gate(x)) * linear1(x))`` (Shazeer 2020: a gated unit).
+    ``linear2(silu(linear_gate(x)) * linear1(x))`` (Shazeer 2020: a gated unit), or with
+    ``ffn="geglu"`` the same gate through GELU's tanh approximation (Gemma).
     Reads ``{prefix}linear1.*``, ``{prefix}linear2.*`` (and ``{prefix}linear_gate.*``).
     """
 
@@ -134,7 +120,9 @@ class FeedForward(Module):
         if self.w_gate is None:
             h = ops.gelu(h)
         else:
-            h = ops.mul(ops.silu(ops.linear(x, self.w_gate, self.b_gate)), h)  # (..., F)
+            gate = ops.linear(x, self.w_gate, self.b_gate)  # (..., F)
+            act = ops.silu if self.config.ffn == "swiglu" else ops.gelu_tanh
+            h = ops.mul(act(gate), h)  # (..., F)
         return ops.linear(h, self.w2, self.b2)  # (..., D)
 
 
@@ -143,30 +131,52 @@ class MultiHeadAttention(Module):
 
     ``mha(x, kv=None, *, mask=None, causal=False, window=None, position_offset=0,
     cache=None, index=0)``: ``x (B,T,D)`` attends to ``kv (B,S,D)`` (None: to
-    itself) -> ``(B,T,D)``. ``in_proj_weight (D + 2 Hkv Dh, D)`` holds rows
-    ``[q; k; v]``: ``H`` query heads, ``Hkv`` key/value heads. With ``rope=True``
-    queries and keys are rotated at positions ``position_offset + t``. With a
-    ``cache`` (self-attention), the new keys and values go into layer ``index``
-    of the cache and the queries attend over everything it holds.
+    itself) -> ``(B,T,D)``. ``in_proj_weight (H Dh + 2 Hkv Dh, D)`` holds rows
+    ``[q; k; v]``: ``H`` query heads, ``Hkv`` key/value heads (``H Dh = D`` unless
+    ``config.head_dim`` says otherwise). With ``config.qk_norm`` each head of q and k
+    is normalised (``q_norm``, ``k_norm``) before RoPE. With ``rope=True`` queries and
+    keys are rotated at positions ``position_offset + t``, by ``rope_base`` (None:
+    ``config.rope_base``). With a ``cache`` (self-attention), the new keys and values
+    go into layer ``index`` of the cache and the queries attend over everything it holds.
     """
 
-    def __init__(self, config, params, *, prefix="", rope=False, ops=None, device=None, dtype=None):
+    def __init__(
+        self,
+        config,
+        params,
+        *,
+        prefix="",
+        rope=False,
+        rope_base=None,
+        ops=None,
+        device=None,
+        dtype=None,
+    ):
         super().__init__(config, ops=ops, device=device, dtype=dtype)
-        D, Dkv = config.d_model, config.kv_heads * config.d_head
+        Dq, Dkv = config.q_width, config.kv_heads * config.d_head
         p = self._load(params, prefix, attention_shapes(config, ""))
-        w, b = p["in_proj_weight"], p.get("in_proj_bias")  # (D + 2 Dkv, D), rows [q; k; v]
-        rows = (slice(0, D), slice(D, D + Dkv), slice(D + Dkv, D + 2 * Dkv))
-        self.w_q, self.w_k, self.w_v = (w[r] for r in rows)  # (D, D), (Dkv, D), (Dkv, D)
+        w, b = p["in_proj_weight"], p.get("in_proj_bias")  # (Dq + 2 Dkv, D), rows [q; k; v]
+        rows = (slice(0, Dq), slice(Dq, Dq + Dkv), slice(Dq + Dkv, Dq + 2 * Dkv))
+        self.w_q, self.w_k, self.w_v = (w[r] for r in rows)  # (Dq, D), (Dkv, D), (Dkv, D)
         self.b_q, self.b_k, self.b_v = (None,) * 3 if b is None else (b[r] for r in rows)
-        self.w_o, self.b_o = p["out_proj.weight"], p.get("out_proj.bias")  # (D, D), (D,)
-        self.rope_base = config.rope_base if rope else None
+        self.w_o, self.b_o = p["out_proj.weight"], p.get("out_proj.bias")  # (D, Dq), (D,)
+        self.q_norm = self.k_norm = None
+        if config.qk_norm:  # one norm over each head's Dh features
+            Norm, kw = norm_class(config), self._children()
+            self.q_norm = Norm(config, params, prefix=f"{prefix}q_norm.", width=config.d_head, **kw)
+            self.k_norm = Norm(config, params, prefix=f"{prefix}k_norm.", width=config.d_head, **kw)
+        self.rope_base = (config.rope_base if rope_base is None else rope_base) if rope else None
+        self.scale = config.attn_scale  # None: 1 / sqrt(Dh)
         self.n_heads, self.n_kv_heads = config.n_heads, config.kv_heads
 
-    def heads(self, x, w, b, n_heads: int, position_offset: int | None) -> Native:
+    def heads(self, x, w, b, n_heads: int, position_offset: int | None, norm=None) -> Native:
         """``x (B,L,D)`` projected by ``w``, split into ``n_heads`` heads ``(B,n,L,Dh)``,
-        rotated when RoPE is on and ``position_offset`` is given."""
+        each normalised by ``norm`` (QK-norm) and then rotated, when RoPE is on and
+        ``position_offset`` is given."""
         ops = self.ops
         h = ops.split_heads(ops.linear(x, w, b), n_heads)  # (B,L,n*Dh) -> (B,n,L,Dh)
+        if norm is not None:
+            h = norm(h)  # (B,n,L,Dh), over each head's Dh features
         if self.rope_base is None or position_offset is None:
             return h
         return ops.rope(h, position_offset, self.rope_base)
@@ -174,15 +184,15 @@ class MultiHeadAttention(Module):
     def keys_values(self, source: Native) -> tuple[Native, Native]:
         """``source (B,S,D)`` -> ``k, v (B,Hkv,S,Dh)``, unrotated (cross-attention's memory)."""
         return (
-            self.heads(source, self.w_k, self.b_k, self.n_kv_heads, None),
+            self.heads(source, self.w_k, self.b_k, self.n_kv_heads, None, self.k_norm),
             self.heads(source, self.w_v, self.b_v, self.n_kv_heads, None),
         )
 
     def attend(self, q, k, v, *, mask=None, causal=False, window=None) -> Native:
         """``q (B,H,T,Dh)``, ``k, v (B,Hkv,S,Dh)`` -> ``(B,T,D)``: the core, heads merged, out_proj."""
         ops = self.ops
-        o = ops.attention(q, k, v, causal=causal, mask=mask, window=window)  # (B,H,T,Dh)
-        return ops.linear(ops.merge_heads(o), self.w_o, self.b_o)  # (B,T,D)
+        o = ops.attention(q, k, v, causal=causal, mask=mask, scale=self.scale, window=window)
+        return ops.linear(ops.merge_heads(o), self.w_o, self.b_o)  # (B,H,T,Dh) -> (B,T,D)
 
     def __call__(
         self,
@@ -197,9 +207,10 @@ class MultiHeadAttention(Module):
         index=0,
     ):
         source = x if kv is None else kv
-        q = self.heads(x, self.w_q, self.b_q, self.n_heads, position_offset)  # (B,H,T,Dh)
-        k = self.heads(source, self.w_k, self.b_k, self.n_kv_heads, position_offset)  # (B,Hkv,S,Dh)
-        v = self.heads(source, self.w_v, self.b_v, self.n_kv_heads, None)  # (B,Hkv,S,Dh)
+        offset = position_offset
+        q = self.heads(x, self.w_q, self.b_q, self.n_heads, offset, self.q_norm)  # (B,H,T,Dh)
+        k = self.heads(source, self.w_k, self.b_k, self.n_kv_heads, offset, self.k_norm)
+        v = self.heads(source, self.w_v, self.b_v, self.n_kv_heads, None)  # (B,Hkv,S,Dh) each
         if cache is not None:
             k, v = cache.append(index, k, v)  # (B,Hkv,length+T,Dh)
         return self.attend(q, k, v, mask=mask, causal=causal, window=window)
@@ -208,14 +219,28 @@ class MultiHeadAttention(Module):
 class EncoderLayer(Module):
     """A pre-norm ``nn.TransformerEncoderLayer``; also the decoder-only model's block (causal).
 
-    ``layer(x, *, valid=None, causal=False, ...)``: ``x (B,T,D)``, ``valid (B,S)``
-    the real keys (``S = T``, or the cache's length + T) -> ``(B,T,D)``. Reads
-    ``{prefix}norm1``, ``self_attn``, ``norm2`` and the feed-forward's linears.
-    Self-attention uses RoPE when ``config.positional == "rope"`` (``rope=``
-    overrides) and ``config.window`` as its sliding window.
+    ``layer(x, *, mask=None, causal=False, window=None, position_offset=0, cache=None,
+    index=0)``: ``x (B,T,D)`` -> ``(B,T,D)``. ``mask`` (True = may attend, broadcastable
+    to ``(B,H,T,S)``) and ``window`` are what the model's step says the queries may see
+    (``levels.common.boundary``). Reads ``{prefix}norm1``, ``self_attn``, ``norm2`` and
+    the feed-forward's linears (and with ``config.post_norms`` ``post_norm1`` and
+    ``post_norm2``, applied to each sublayer's output). Self-attention uses RoPE when
+    ``config.positional == "rope"`` (``rope=`` overrides), with base ``rope_base``
+    (None: ``config.rope_base``; a model passes each layer's, ``config.rope_base_of``).
     """
 
-    def __init__(self, config, params, *, prefix="", rope=None, ops=None, device=None, dtype=None):
+    def __init__(
+        self,
+        config,
+        params,
+        *,
+        prefix="",
+        rope=None,
+        rope_base=None,
+        ops=None,
+        device=None,
+        dtype=None,
+    ):
         super().__init__(config, ops=ops, device=device, dtype=dtype)
         if rope is None:  # a block of a RoPE model rotates its self-attention
             rope = config.positional == "rope"
@@ -223,20 +248,28 @@ class EncoderLayer(Module):
         Norm = norm_class(config)
         self.norm1 = Norm(config, params, prefix=f"{prefix}norm1.", **kw)
         self.self_attn = MultiHeadAttention(
-            config, params, prefix=f"{prefix}self_attn.", rope=rope, **kw
+            config, params, prefix=f"{prefix}self_attn.", rope=rope, rope_base=rope_base, **kw
         )
         self.norm2 = Norm(config, params, prefix=f"{prefix}norm2.", **kw)
         self.ff = FeedForward(config, params, prefix=prefix, **kw)
+        self.post_norm1 = self.post_norm2 = None  # identities without config.post_norms
+        if config.post_norms:
+            self.post_norm1 = Norm(config, params, prefix=f"{prefix}post_norm1.", **kw)
+            self.post_norm2 = Norm(config, params, prefix=f"{prefix}post_norm2.", **kw)
 
-    def _self_attention(self, x, valid, causal, position_offset, cache, index) -> Native:
-        """``x + SelfAttn(norm1(x))``: ``x (B,T,D)`` over the cached keys and its own."""
-        T = len(x[0])
-        # Padding may sit between a ragged row's slots: then the window counts positions.
-        by_position, window = ragged_window(valid, T, self.config.window, cache)
-        if by_position is None:
-            mask = self._key_mask(valid, T=T, window=window)
-        else:
-            mask = self.ops.asarray(by_position)
+    def __call__(
+        self, x, *, mask=None, causal=False, window=None, position_offset=0, cache=None, index=0
+    ):
+        """``x + SelfAttn(norm1(x))``, then ``x + FFN(norm2(x))``; ``cache`` as in ``MultiHeadAttention``."""
+        x = self._self_attention(x, mask, causal, window, position_offset, cache, index)
+        return self._residual(x, self.ff(self.norm2(x)), self.post_norm2)  # (B,T,D)
+
+    def _residual(self, x, h, post_norm) -> Native:
+        """``x + h``, or ``x + post_norm(h)`` with ``config.post_norms``: ``(B,T,D)``."""
+        return self.ops.add(x, h if post_norm is None else post_norm(h))
+
+    def _self_attention(self, x, mask, causal, window, position_offset, cache, index):
+        """``x + SelfAttn(norm1(x))``: ``(B,T,D)``."""
         h = self.self_attn(
             self.norm1(x),
             mask=mask,
@@ -246,44 +279,69 @@ class EncoderLayer(Module):
             cache=cache,
             index=index,
         )
-        return self.ops.add(x, h)  # (B,T,D)
-
-    def __call__(self, x, *, valid=None, causal=False, position_offset=0, cache=None, index=0):
-        """``x + SelfAttn(norm1(x))``, then ``x + FFN(norm2(x))``; ``cache`` as in ``MultiHeadAttention``."""
-        x = self._self_attention(x, valid, causal, position_offset, cache, index)
-        return self.ops.add(x, self.ff(self.norm2(x)))  # (B,T,D)
+        return self._residual(x, h, self.post_norm1)  # (B,T,D)
 
 
 class DecoderLayer(EncoderLayer):
     """A pre-norm ``nn.TransformerDecoderLayer``: causal self-attention, cross-attention, FFN.
 
-    ``layer(x, memory, *, valid=None, memory_valid=None, ...)``: ``x (B,T,D)``,
-    ``memory (B,S,D)``, real target keys ``valid``, real source keys
-    ``memory_valid (B,S)`` -> ``(B,T,D)``. Reads ``{prefix}norm1``, ``self_attn``,
-    ``norm2``, ``multihead_attn``, ``norm3`` and the feed-forward's linears.
+    ``layer(x, memory, *, mask=None, memory_mask=None, window=None, ...)``: ``x (B,T,D)``,
+    ``memory (B,S,D)``, ``memory_mask`` the real source keys ``(B,1,1,S)`` -> ``(B,T,D)``.
+    Reads ``{prefix}norm1``, ``self_attn``, ``norm2``, ``multihead_attn``, ``norm3`` and
+    the feed-forward's linears (and ``post_norm1..3`` with ``config.post_norms``).
     """
 
-    def __init__(self, config, params, *, prefix="", rope=None, ops=None, device=None, dtype=None):
+    def __init__(
+        self,
+        config,
+        params,
+        *,
+        prefix="",
+        rope=None,
+        rope_base=None,
+        ops=None,
+        device=None,
+        dtype=None,
+    ):
         super().__init__(
-            config, params, prefix=prefix, rope=rope, ops=ops, device=device, dtype=dtype
+            config,
+            params,
+            prefix=prefix,
+            rope=rope,
+            rope_base=rope_base,
+            ops=ops,
+            device=device,
+            dtype=dtype,
         )
         kw = self._children()
+        Norm = norm_class(config)
         # Cross-attention never rotates: memory and target positions belong to different sequences.
         self.multihead_attn = MultiHeadAttention(
             config, params, prefix=f"{prefix}multihead_attn.", **kw
         )
-        self.norm3 = norm_class(config)(config, params, prefix=f"{prefix}norm3.", **kw)
+        self.norm3 = Norm(config, params, prefix=f"{prefix}norm3.", **kw)
+        self.post_norm3 = None
+        if config.post_norms:  # post_norm2 follows the cross-attention here, post_norm3 the FFN
+            self.post_norm3 = Norm(config, params, prefix=f"{prefix}post_norm3.", **kw)
 
     def __call__(
-        self, x, memory, *, valid=None, memory_valid=None, position_offset=0, cache=None, index=0
+        self,
+        x,
+        memory,
+        *,
+        mask=None,
+        memory_mask=None,
+        window=None,
+        position_offset=0,
+        cache=None,
+        index=0,
     ):
         """``x + SelfAttn(norm1(x))``, ``x + CrossAttn(norm2(x), memory)``, ``x + FFN(norm3(x))``.
 
         With a ``cache`` the memory's keys and values are computed on the first
         call and kept in ``cache.cross[index]`` (``memory`` may then be None).
         """
-        add = self.ops.add
-        x = self._self_attention(x, valid, True, position_offset, cache, index)
+        x = self._self_attention(x, mask, True, window, position_offset, cache, index)  # (B,T,D)
         cross = self.multihead_attn
         if cache is not None and cache.cross[index] is not None:
             k, v = cache.cross[index]  # (B,Hkv,S,Dh) each
@@ -291,6 +349,6 @@ class DecoderLayer(EncoderLayer):
             k, v = cross.keys_values(memory)  # (B,Hkv,S,Dh) each
             if cache is not None:
                 cache.cross[index] = (k, v)
-        q = cross.heads(self.norm2(x), cross.w_q, cross.b_q, cross.n_heads, None)  # (B,H,T,Dh)
-        x = add(x, cross.attend(q, k, v, mask=self._key_mask(memory_valid)))  # (B,T,D)
-        return add(x, self.ff(self.norm3(x)))  # (B,T,D)
+        q = cross.heads(self.norm2(x), cross.w_q, cross.b_q, cross.n_heads, None, cross.q_norm)
+        x = self._residual(x, cross.attend(q, k, v, mask=memory_mask), self.post_norm2)  # (B,T,D)
+        return self._residual(x, self.ff(self.norm3(x)), self.post_norm3)  # (B,T,D)

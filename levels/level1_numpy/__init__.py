@@ -23,6 +23,7 @@ dropout). The chapter is docs/level1_numpy.md.
 
 from __future__ import annotations
 
+from ..common.facts import Facts
 from ..level0_loops.models import KVCache
 from . import optim
 from .backward import attention_grads
@@ -40,40 +41,12 @@ from .models import (
 from .ops import attention, merge_attention
 
 # What the harness and the tests read about this level (docs/conventions.md, "Levels").
-ARRAY = "numpy"
-GRADIENTS = "hand-written"  # backward.py; models.loss_and_grads, attention_grads, optim
-INTERPRETED = False
-DEVICES = ("cpu",)  # numpy
-DTYPES = ("float64", "float32", "float16")  # numpy has no bfloat16
-DESCRIPTION = "numpy (vectorised), float64 by default; hand-written backward"
-
-
-def describe(*, device=None, dtype=None) -> str:
-    """One line saying what computes at this level (the same signature at every level)."""
-    return DESCRIPTION
-
-
-__all__ = [
-    "ARRAY",
-    "DESCRIPTION",
-    "DEVICES",
-    "DTYPES",
-    "GRADIENTS",
-    "INTERPRETED",
-    "DecoderLayer",
-    "DecoderOnlyTransformer",
-    "EncoderLayer",
-    "FeedForward",
-    "KVCache",
-    "LayerNorm",
-    "MultiHeadAttention",
-    "RMSNorm",
-    "Seq2SeqTransformer",
-    "asarray",
-    "attention",
-    "attention_grads",
-    "merge_attention",
-    "describe",
-    "optim",
-    "to_numpy",
-]
+FACTS = Facts(
+    array="numpy",
+    gradients="hand-written",  # backward.py; models.loss_and_grads, attention_grads, optim
+    interpreted=False,
+    dtypes=("float64", "float32", "float16"),  # numpy has no bfloat16
+    devices=("cpu",),
+    description="numpy (vectorised), float64 by default; hand-written backward",
+)
+describe = FACTS.describe

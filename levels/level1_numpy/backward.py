@@ -12,8 +12,8 @@ gradients of the parameters.
 Notation: for an op ``y = f(x, ...)`` and a scalar loss ``L``, ``g`` is
 ``dL/dy`` (same shape as ``y``) and each backward returns ``dL/dx`` for every
 input (``None`` for inputs without a gradient: token ids, masks).
-Matrix shapes use the symbols of SPEC.md; ``N`` is "all leading axes
-flattened" (``B*T`` for a ``(B, T, D)`` activation).
+Matrix shapes use the symbols of docs/conventions.md; ``N`` is "all leading
+axes flattened" (``B*T`` for a ``(B, T, D)`` activation).
 
 Parameters are recognised by identity: the tape is given the parameter dict
 that the model computes with, and a gradient arriving at one of those arrays,
@@ -49,9 +49,12 @@ class Tape:
     with ``ops=tape``, then ``backward(output, grad)``. A tape serves one forward.
     """
 
-    # The converters are level 1's own functions, unchanged.
+    # The converters and the boundary's helpers are level 1's own functions, unchanged
+    # (nothing flows back through them: ids, masks, zeroed padding).
     asarray = staticmethod(ops.asarray)
     to_numpy = staticmethod(ops.to_numpy)
+    token_facts = staticmethod(ops.token_facts)
+    bools = staticmethod(ops.bools)
 
     def __init__(self, params: Mapping[str, np.ndarray]):
         self._params = dict(params)
@@ -161,7 +164,7 @@ class Tape:
 
         return self._record(ops.linear(x, weight, bias), (x, weight, bias), backward)
 
-    def layer_norm(self, x: np.ndarray, weight, bias, eps: float) -> np.ndarray:
+    def layer_norm(self, x: np.ndarray, weight, bias, eps: float, offset: float = 0.0):
         # y = xhat * w + b, xhat = (x - mean) * r, r = 1/sqrt(var + eps), over D features.
         # dw = sum over rows of g * xhat, db = sum of g. With gh = g * w (the
         # gradient at xhat), differentiating mean and var (both depend on every x_j):
@@ -169,11 +172,13 @@ class Tape:
         # (from dxhat_i/dx_j = r (delta_ij - 1/D - xhat_i xhat_j / D)). The two
         # subtracted terms are what the normalisation undoes: a shift of x along
         # the all-ones direction (taken out by the mean) and, up to eps, a scaling
-        # along xhat (taken out by the variance).
+        # along xhat (taken out by the variance). With Gemma's gains, w is offset + weight:
+        # the same formulas, since d(offset + weight) = d weight.
         xhat, inv_std = ops.normalise(x, eps)  # (..., D), (..., 1)
+        w = ops.gain(weight, offset)  # (D,)
 
         def backward(g):  # g (..., D)
-            gh = g * weight  # (..., D)
+            gh = g * w  # (..., D)
             d_x = inv_std * (
                 gh
                 - gh.mean(axis=-1, keepdims=True)
@@ -183,23 +188,24 @@ class Tape:
             d_bias = None if bias is None else _sum_to_last_axis(g)  # (D,)
             return d_x, d_weight, d_bias
 
-        y = xhat * weight if bias is None else xhat * weight + bias
+        y = xhat * w if bias is None else xhat * w + bias
         return self._record(y, (x, weight, bias), backward)
 
-    def rms_norm(self, x: np.ndarray, weight, eps: float) -> np.ndarray:
-        # y = xhat * w, xhat = x * r, r = 1/sqrt(mean(x^2) + eps) over D features.
-        # dw = sum over rows of g * xhat. With gh = g * w (the gradient at xhat),
-        # dr/dx_j = -r^3 x_j / D, so
+    def rms_norm(self, x: np.ndarray, weight, eps: float, offset: float = 0.0) -> np.ndarray:
+        # y = xhat * w, xhat = x * r, r = 1/sqrt(mean(x^2) + eps) over D features
+        # (w = offset + weight). dw = sum over rows of g * xhat. With gh = g * w (the
+        # gradient at xhat), dr/dx_j = -r^3 x_j / D, so
         #   dx = r * (gh - xhat * mean(gh * xhat))
         # LayerNorm's formula without the mean term: nothing is centred here.
         xhat, inv_rms = ops.rms_normalise(x, eps)  # (..., D), (..., 1)
+        w = ops.gain(weight, offset)  # (D,)
 
         def backward(g):  # g (..., D)
-            gh = g * weight  # (..., D)
+            gh = g * w  # (..., D)
             d_x = inv_rms * (gh - xhat * (gh * xhat).mean(axis=-1, keepdims=True))
             return d_x, _sum_to_last_axis(g * xhat), None
 
-        return self._record(xhat * weight, (x, weight, eps), backward)
+        return self._record(xhat * w, (x, weight, eps), backward)
 
     def mul(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         # d(x * y) = y dx + x dy, elementwise.
@@ -225,6 +231,17 @@ class Tape:
             return (g * (cdf + x * pdf),)
 
         return self._record(x * cdf, (x,), backward)
+
+    def gelu_tanh(self, x: np.ndarray) -> np.ndarray:
+        # y = x/2 (1 + t), t = tanh(u), u = b (x + k x^3) (b = sqrt(2/pi), k = 0.044715):
+        # dy/dx = (1 + t)/2 + x/2 (1 - t^2) b (1 + 3 k x^2).
+        b, k = ops.GELU_TANH_BETA, ops.GELU_TANH_KAPPA
+        t = np.tanh(b * (x + k * x * x * x))
+
+        def backward(g):
+            return (g * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * b * (1.0 + 3.0 * k * x * x)),)
+
+        return self._record(0.5 * x * (1.0 + t), (x,), backward)
 
     def rope(self, x: np.ndarray, position_offset: int, base: float) -> np.ndarray:
         # Each pair is multiplied by a rotation matrix R(theta), so dx = R(theta)^T g

@@ -10,50 +10,50 @@ training (``parameters()`` and ``loss_and_grads``, from ``training.py``).
 
 from __future__ import annotations
 
-from ..level0_loops import layers as loops
-from ..level0_loops import models as loop_models
+from ..level0_loops import layers as level0_layers
+from ..level0_loops import models as level0_models
 from . import ops
 from .training import DecoderOnlyTraining, Seq2SeqTraining
 
 
-class LayerNorm(loops.LayerNorm):
-    __doc__ = loops.LayerNorm.__doc__
+class LayerNorm(level0_layers.LayerNorm):
+    __doc__ = level0_layers.LayerNorm.__doc__
     ops = ops
 
 
-class RMSNorm(loops.RMSNorm):
-    __doc__ = loops.RMSNorm.__doc__
+class RMSNorm(level0_layers.RMSNorm):
+    __doc__ = level0_layers.RMSNorm.__doc__
     ops = ops
 
 
-class FeedForward(loops.FeedForward):
-    __doc__ = loops.FeedForward.__doc__
+class FeedForward(level0_layers.FeedForward):
+    __doc__ = level0_layers.FeedForward.__doc__
     ops = ops
 
 
-class MultiHeadAttention(loops.MultiHeadAttention):
-    __doc__ = loops.MultiHeadAttention.__doc__
+class MultiHeadAttention(level0_layers.MultiHeadAttention):
+    __doc__ = level0_layers.MultiHeadAttention.__doc__
     ops = ops
 
 
-class EncoderLayer(loops.EncoderLayer):
-    __doc__ = loops.EncoderLayer.__doc__
+class EncoderLayer(level0_layers.EncoderLayer):
+    __doc__ = level0_layers.EncoderLayer.__doc__
     ops = ops
 
 
-class DecoderLayer(loops.DecoderLayer):
-    __doc__ = loops.DecoderLayer.__doc__
+class DecoderLayer(level0_layers.DecoderLayer):
+    __doc__ = level0_layers.DecoderLayer.__doc__
     ops = ops
 
 
-class DecoderOnlyTransformer(DecoderOnlyTraining, loop_models.DecoderOnlyTransformer):
+class DecoderOnlyTransformer(DecoderOnlyTraining, level0_models.DecoderOnlyTransformer):
     """Level 0's decoder-only transformer in numpy, plus ``parameters()`` and
     ``loss_and_grads(inputs, targets)`` (the hand-written backward of ``backward.py``)."""
 
     ops = ops
 
 
-class Seq2SeqTransformer(Seq2SeqTraining, loop_models.Seq2SeqTransformer):
+class Seq2SeqTransformer(Seq2SeqTraining, level0_models.Seq2SeqTransformer):
     """Level 0's encoder-decoder transformer in numpy, plus ``parameters()`` and
     ``loss_and_grads(src, tgt_in, tgt_out)`` (the hand-written backward of ``backward.py``)."""
 

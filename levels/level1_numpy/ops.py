@@ -20,6 +20,37 @@ from .convert import asarray, to_numpy  # noqa: F401  (the pieces load parameter
 # ------------------------------------------------------ reshaping and joining
 
 
+def token_facts(x) -> tuple:
+    """``(shape, kind, dtype, bounds)`` of token ids for ``levels.common.boundary.check_ids``."""
+    x = np.asarray(x)
+    return x.shape, x.dtype.kind, x.dtype, lambda: (int(x.min()), int(x.max()))
+
+
+def unsqueeze_time(ids) -> np.ndarray:
+    """A decode step's ids ``(B,)`` -> ``(B,1)``: one new position per row."""
+    return np.asarray(ids)[:, None]
+
+
+def last_position(x: np.ndarray) -> np.ndarray:
+    """``(B,T,N) -> (B,N)``: each row's last position (a decode step's logits)."""
+    return x[:, -1]
+
+
+def bools(mask) -> np.ndarray:
+    """A mask of the boundary (nested lists of bools) as a numpy bool array."""
+    return np.asarray(mask, dtype=bool)
+
+
+def zero_padded(x: np.ndarray, valid) -> np.ndarray:
+    """``x (B,T,N)`` with the vectors at padded positions (``valid`` False) exactly zero."""
+    return np.where(np.asarray(valid, dtype=bool)[..., None], x, 0.0)
+
+
+def first_positions(x: np.ndarray, n: int) -> np.ndarray:
+    """``(B, H, S, D)`` -> ``(B, H, n, D)``: the first ``n`` positions (a rewound cache)."""
+    return x[:, :, :n]
+
+
 def concat(a: np.ndarray, b: np.ndarray, axis: int) -> np.ndarray:
     return np.concatenate([a, b], axis=axis)
 
@@ -61,9 +92,15 @@ def normalise(x: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
     return centred * inv_std, inv_std
 
 
-def layer_norm(x: np.ndarray, weight, bias, eps: float) -> np.ndarray:
-    """``nn.LayerNorm`` over the last axis: biased variance, ``eps`` inside the square root."""
-    y = normalise(x, eps)[0] * weight
+def gain(weight: np.ndarray, offset: float) -> np.ndarray:
+    """A norm's gain: ``offset + weight`` (Gemma's gains are offsets from 1), or ``weight``."""
+    return weight if offset == 0.0 else offset + weight
+
+
+def layer_norm(x: np.ndarray, weight, bias, eps: float, offset: float = 0.0) -> np.ndarray:
+    """``nn.LayerNorm`` over the last axis: biased variance, ``eps`` inside the square root;
+    the gain is ``offset + weight``."""
+    y = normalise(x, eps)[0] * gain(weight, offset)
     return y if bias is None else y + bias
 
 
@@ -77,9 +114,10 @@ def normal_cdf(x: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + erf(x / math.sqrt(2.0)))
 
 
-def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    """RMSNorm over the last axis: ``x / sqrt(mean(x^2) + eps) * weight`` (no centring, no bias)."""
-    return rms_normalise(x, eps)[0] * weight
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, offset: float = 0.0) -> np.ndarray:
+    """RMSNorm over the last axis: ``x / sqrt(mean(x^2) + eps) * (offset + weight)`` (no
+    centring, no bias)."""
+    return rms_normalise(x, eps)[0] * gain(weight, offset)
 
 
 def rms_normalise(x: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
@@ -106,6 +144,16 @@ def silu(x: np.ndarray) -> np.ndarray:
 def gelu(x: np.ndarray) -> np.ndarray:
     """Exact GELU, ``x * Phi(x)``, not the tanh approximation."""
     return x * normal_cdf(x)
+
+
+GELU_TANH_BETA = math.sqrt(2.0 / math.pi)  # the tanh approximation's constants
+GELU_TANH_KAPPA = 0.044715
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU's tanh approximation, ``x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`` (GeGLU's
+    gate in Gemma); ``np.tanh`` saturates, so nothing overflows."""
+    return 0.5 * x * (1.0 + np.tanh(GELU_TANH_BETA * (x + GELU_TANH_KAPPA * x * x * x)))
 
 
 def embed(table: np.ndarray, tokens: np.ndarray, scale: float) -> np.ndarray:

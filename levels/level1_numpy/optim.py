@@ -92,6 +92,8 @@ class AdamW:
 
     def state(self) -> dict:
         """``{"step": int, "exp_avg": {name: array}, "exp_avg_sq": {name: array}}``, copies."""
+        if self.step_count == 0:
+            return {"step": 0, "exp_avg": {}, "exp_avg_sq": {}}  # no moments yet, as in torch
         return {
             "step": self.step_count,
             "exp_avg": {name: m.copy() for name, m in self.exp_avg.items()},

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..common import checks
 from ..common.params import check_params, param_shapes
-from ..level0_loops import models as loop_models
+from ..level0_loops import models as level0_models
 from . import convert
 from .backward import Tape
 
@@ -90,10 +90,11 @@ class Trainable:
         return tape, self.architecture(self.config, self._params, ops=tape, dtype=self.dtype)
 
     def _scored(self, targets, scored):
-        """``targets (B,T)`` as int64 and ``scored (B,T)``, default ``targets != pad_id``."""
+        """``targets (B,T)`` as int64 and ``scored (B,T)`` (None: the real positions, once
+        the model has checked ``valid``)."""
         targets = convert.asarray(targets)
         if scored is None:
-            return targets, targets != self.config.pad_id
+            return targets, None
         scored = convert.asarray(scored)
         checks.check_valid_shape(
             scored.shape, targets.shape, scored.dtype == np.bool_, what="scored"
@@ -103,7 +104,7 @@ class Trainable:
 
 class DecoderOnlyTraining(Trainable):
     kind = "decoder_only"
-    architecture = loop_models.DecoderOnlyTransformer
+    architecture = level0_models.DecoderOnlyTransformer
 
     def loss_and_grads(
         self, inputs, targets, *, valid=None, scored=None
@@ -111,14 +112,16 @@ class DecoderOnlyTraining(Trainable):
         """Masked next-token cross-entropy and its gradient for every parameter.
 
         ``inputs (B,T)`` and ``targets (B,T)`` token ids; ``valid (B,T)`` as in
-        ``forward`` (default ``inputs != pad_id``); ``scored (B,T)``: the
-        targets that count (default ``targets != pad_id``). The loss is the
+        ``forward`` (default: every token is real); ``scored (B,T)``: the
+        targets that count (default: those of the real positions). The loss is the
         mean over scored targets. Returns ``(loss, {name: gradient})`` with
         exactly the keys of ``parameters()``.
         """
         targets, scored = self._scored(targets, scored)
         tape, model = self._on_tape()
         logits, valid = model.logits(inputs, valid=valid)  # (B,T,V), padded rows not zeroed
+        valid = np.asarray(valid, dtype=bool)  # (B,T), the boundary's rows
+        scored = valid if scored is None else scored
         _check_scored_is_real(scored, valid)
         loss, d_logits = cross_entropy(logits, targets, scored)
         return loss, tape.backward(logits, d_logits)
@@ -126,20 +129,22 @@ class DecoderOnlyTraining(Trainable):
 
 class Seq2SeqTraining(Trainable):
     kind = "seq2seq"
-    architecture = loop_models.Seq2SeqTransformer
+    architecture = level0_models.Seq2SeqTransformer
 
     def loss_and_grads(
         self, src, tgt_in, tgt_out, *, src_valid=None, tgt_valid=None, scored=None
     ) -> tuple[float, dict[str, np.ndarray]]:
         """Teacher-forced cross-entropy of ``tgt_out (B,T)`` and every parameter's gradient.
 
-        ``src (B,S)``, ``tgt_in (B,T)``; valid masks default to ``!= pad_id``
-        as in ``forward``; ``scored (B,T)`` defaults to ``tgt_out != pad_id``.
+        ``src (B,S)``, ``tgt_in (B,T)``; valid masks default to all real as in
+        ``forward``; ``scored (B,T)`` defaults to the real target positions.
         Returns ``(loss, {name: gradient})`` with the keys of ``parameters()``.
         """
         targets, scored = self._scored(tgt_out, scored)
         tape, model = self._on_tape()
         logits, valid = model.logits(src, tgt_in, src_valid=src_valid, tgt_valid=tgt_valid)
+        valid = np.asarray(valid, dtype=bool)  # (B,T), the boundary's rows
+        scored = valid if scored is None else scored
         _check_scored_is_real(scored, valid)  # logits (B,T,V), padded rows not zeroed
         loss, d_logits = cross_entropy(logits, targets, scored)
         return loss, tape.backward(logits, d_logits)

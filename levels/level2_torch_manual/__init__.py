@@ -7,20 +7,20 @@ weights load straight into PyTorch's ``nn.TransformerEncoderLayer`` /
 ``nn.TransformerDecoderLayer`` (``norm_first=True``) and back. Attention is
 still spelled out (``attention.py``: scores, mask, softmax, weighted sum),
 materialising the ``(B, H, T, S)`` score matrix; the KV cache grows by
-concatenation (``cache.py``).
+concatenation (``kernels.py``).
 
 Hooks for the levels above
 --------------------------
 Levels 3 and 4 change only pieces of this level, through one frozen
-dataclass, ``Kernels`` (``kernels.py``), with three fields:
+dataclass, ``Kernels`` (``kernels.py``), with four fields:
 
-- ``attention``: the core, ``attention(q, k, v, *, causal, mask, dropout_p=...)``
+- ``attention``: the core, ``attention(q, k, v, *, causal, mask, window, dropout_p=...)``
   with the semantics of :func:`attention.attention` (``dropout_p`` is passed
   only in training mode with ``config.dropout > 0``);
-- ``layer_norm``: the LayerNorm class, built as ``cls(config, params, *,
+- ``layer_norm`` and ``rms_norm``: the norm classes, built as ``cls(config, params, *,
   prefix, device, dtype)``, whose state dict is ``weight`` (and ``bias``);
-- ``kv_cache``: the cache class, built as ``cls(config, batch, *, device,
-  dtype)`` with the four-call interface documented in ``cache.py``.
+- ``kv_cache``: the cache class, built as ``cls(config, batch, *, device, dtype)``: a
+  ``levels.common.boundary.CacheBook`` with an ``append`` (``kernels.py``).
 
 Every module that uses one of these (``MultiHeadAttention``, ``EncoderLayer``,
 ``DecoderLayer``, ``DecoderOnlyTransformer``, ``Seq2SeqTransformer``) reads
@@ -43,55 +43,21 @@ from __future__ import annotations
 
 import torch
 
+from ..common.facts import Facts
 from .arrays import asarray, to_numpy
 from .attention import allowed_keys, attention, causal_mask, merge_attention
-from .cache import KVCache
-from .kernels import LEVEL2_KERNELS, Kernels
+from .kernels import LEVEL2_KERNELS, Kernels, KVCache, LayerNorm, RMSNorm
 from .layers import DecoderLayer, EncoderLayer, FeedForward, MultiHeadAttention, rope
 from .models import DecoderOnlyTransformer, Seq2SeqTransformer
-from .norm import LayerNorm, RMSNorm
 
 # What the harness and the tests read about this level (docs/conventions.md, "Levels").
-ARRAY = "torch"
-GRADIENTS = "autograd"
-INTERPRETED = False
-DTYPES = ("float64", "float32", "float16", "bfloat16")
-DEVICES = ("cpu", "cuda")
-DESCRIPTION = (
-    f"torch {torch.__version__} modules, attention written out "
-    "(matmul, mask, softmax, matmul; float32 by default), KV cache grown by concatenation"
+FACTS = Facts(
+    array="torch",
+    gradients="autograd",
+    interpreted=False,
+    dtypes=("float64", "float32", "float16", "bfloat16"),
+    devices=("cpu", "cuda"),
+    description=f"torch {torch.__version__} modules, attention written out "
+    "(matmul, mask, softmax, matmul; float32 by default), KV cache grown by concatenation",
 )
-
-
-def describe(*, device=None, dtype=None) -> str:
-    """One line saying what computes at this level (the same signature at every level)."""
-    return DESCRIPTION
-
-
-__all__ = [
-    "ARRAY",
-    "DESCRIPTION",
-    "DEVICES",
-    "DTYPES",
-    "GRADIENTS",
-    "INTERPRETED",
-    "LEVEL2_KERNELS",
-    "DecoderLayer",
-    "DecoderOnlyTransformer",
-    "EncoderLayer",
-    "FeedForward",
-    "KVCache",
-    "Kernels",
-    "LayerNorm",
-    "MultiHeadAttention",
-    "RMSNorm",
-    "Seq2SeqTransformer",
-    "allowed_keys",
-    "asarray",
-    "attention",
-    "causal_mask",
-    "merge_attention",
-    "describe",
-    "rope",
-    "to_numpy",
-]
+describe = FACTS.describe

@@ -1,9 +1,13 @@
-"""Converters between numpy and torch, the level's native array type."""
+"""Converters between numpy and torch, the level's native array type, and canonical
+numpy parameters as ``nn.Parameter``s under their canonical names."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import torch
+from torch import nn
 
 DEFAULT_DTYPE = torch.float32  # the torch levels compute in float32 unless told otherwise
 
@@ -43,3 +47,61 @@ def dtype_kind(dtype: torch.dtype) -> str:
     if dtype.is_floating_point:
         return "f"
     return "u" if dtype == torch.uint8 else "i"
+
+
+def fetch(
+    params: Mapping[str, object], name: str, shape: tuple[int, ...], *, device=None, dtype=None
+) -> nn.Parameter:
+    """``params[name]`` as a fresh parameter (a copy: training never writes into ``params``).
+
+    A missing or mis-shaped entry is a ``ValueError`` naming it; the models
+    check the whole dict up front with ``check_params``, the pieces rely on this.
+    """
+    if name not in params:
+        raise ValueError(f"bad parameters: missing: {name}")
+    value = torch.as_tensor(params[name])
+    if value.is_complex() or value.dtype == torch.bool:
+        raise TypeError(f"bad parameters: not real numbers: {name} ({value.dtype})")
+    if tuple(value.shape) != tuple(shape):
+        raise ValueError(
+            f"bad parameters: mis-shaped: {name}: expected {tuple(shape)}, got {tuple(value.shape)}"
+        )
+    value = value.to(device=device, dtype=dtype or DEFAULT_DTYPE, copy=True)
+    return nn.Parameter(matvec_layout(value) if value.ndim == 2 else value)
+
+
+def matvec_layout(w: torch.Tensor) -> torch.Tensor:
+    """``w (out, in)``, the same numbers and shape, laid out in memory so that a product with
+    one row, ``x (1, in) @ w.T``, streams it in the longest contiguous runs.
+
+    A decode step multiplies one row by every weight and reads each weight once,
+    so its speed is the rate at which the weights stream from memory. Row-major
+    ``(out, in)`` makes that a dot product per output over a row of ``in``
+    numbers; column-major (``w.T`` contiguous, ``(in, out)``) makes it ``x_i``
+    times row ``i`` of ``w.T``, accumulated over rows of ``out`` numbers. Short
+    rows pay loop and reduction overhead per row: for SmolLM2's weights one core
+    streamed 10.6 GB/s row-major, 13.1 GB/s column-major, and 15.7 GB/s with
+    each matrix in the layout of its longer side (``ladder bench --scenario
+    decode``; docs/decoding.md). ``F.linear`` and ``@`` take either layout,
+    autograd keeps it for the gradients, and ``state_dict()`` holds ``(out, in)``.
+    """
+    out, inner = w.shape
+    return w.t().contiguous().t() if out >= inner else w.contiguous()
+
+
+def linear(
+    params: Mapping[str, object],
+    prefix: str,
+    n_out: int,
+    n_in: int,
+    *,
+    bias: bool,
+    device=None,
+    dtype=None,
+) -> nn.Linear:
+    """An ``nn.Linear`` (``x @ W.T + b``) loaded from ``{prefix}weight (n_out, n_in)`` and ``{prefix}bias``."""
+    layer = nn.Linear(n_in, n_out, bias=bias, device="meta")  # no throwaway init
+    layer.weight = fetch(params, f"{prefix}weight", (n_out, n_in), device=device, dtype=dtype)
+    if bias:
+        layer.bias = fetch(params, f"{prefix}bias", (n_out,), device=device, dtype=dtype)
+    return layer

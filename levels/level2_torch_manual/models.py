@@ -1,8 +1,12 @@
 """The two models: decoder-only (tied logits) and encoder-decoder (seq2seq).
 
-Both check their parameters up front, validate token ids before any embedding
-gather, and share one step function between ``forward`` (no cache),
-``prefill`` (empty cache) and ``decode_step`` (one new position).
+The architecture is ``_decoder`` (embed, blocks, norm, head) and ``_encode``;
+the public methods around it check the inputs and plan each pass with
+``levels.common.boundary`` (which tokens are real, their positions, what each
+query sees: a step per distinct window of the layers, ``config.layer_windows``),
+the same code as every other level's. ``forward`` is a pass
+without a cache, ``prefill`` a pass into an empty one, ``decode_step`` one
+token into a filled one.
 """
 
 from __future__ import annotations
@@ -10,62 +14,16 @@ from __future__ import annotations
 from functools import partial
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from ..common.checks import (
-    NO_VALID_TOKEN_MESSAGE,
-    check_batch,
-    check_length,
-    check_position_offset,
-    check_token_ids,
-    check_valid_shape,
-)
+from ..common import boundary, checks
 from ..common.config import TransformerConfig
-from ..common.generation import generate_decoder_only, generate_seq2seq
+from ..common.generation import generate_decoder_only, generate_seq2seq, stream_decoder_only
 from ..common.params import check_params, param_shapes
-from .arrays import asarray, dtype_kind, to_numpy
+from .arrays import asarray, dtype_kind, fetch, to_numpy
 from .kernels import LEVEL2_KERNELS, Kernels
 from .layers import DecoderLayer, EncoderLayer
-from .parameters import fetch
-
-
-def _ids(tokens, vocab_size: int, device, what: str = "tokens", ndim: int = 2) -> torch.Tensor:
-    """``tokens`` as checked int64 ids on ``device``: ``ndim`` axes, none empty, all in ``[0, V)``.
-
-    Checked before the embedding gather reads memory; the range check waits for
-    the device once (one ``aminmax``). Any integer dtype is taken as ids (as
-    int64, so a uint8 tensor is never mistaken for a boolean index).
-    """
-    if not isinstance(tokens, torch.Tensor):
-        tokens = asarray(tokens, device=device)
-
-    def bounds() -> tuple[int, int]:
-        lo, hi = torch.aminmax(tokens)
-        return int(lo), int(hi)
-
-    check_token_ids(
-        tokens.shape,
-        dtype_kind(tokens.dtype),
-        tokens.dtype,
-        bounds,
-        vocab_size,
-        what=what,
-        ndim=ndim,
-    )
-    return tokens.to(device=device, dtype=torch.long)
-
-
-def _resolve_valid(tokens: torch.Tensor, valid, pad_id: int, what: str = "valid") -> torch.Tensor:
-    """``valid (B,T)`` bool, default ``tokens != pad_id``; every row needs a real token."""
-    if valid is None:
-        valid = tokens != pad_id
-    elif not isinstance(valid, torch.Tensor):
-        valid = asarray(valid)
-    check_valid_shape(valid.shape, tokens.shape, valid.dtype == torch.bool, what=what)
-    valid = valid.to(tokens.device)
-    if not bool(valid.any(dim=1).all()):
-        raise ValueError(f"{what}: {NO_VALID_TOKEN_MESSAGE}")
-    return valid
 
 
 class _Embedding(nn.Module):
@@ -93,7 +51,7 @@ class _Stack(nn.Module):
 
 
 class _Model(nn.Module):
-    """What both models share: the parameter check, the kernels, the input checks, the causal step."""
+    """What both models share: the parameter check, the kernels, the checks of the inputs."""
 
     kernels: Kernels = LEVEL2_KERNELS
 
@@ -118,44 +76,73 @@ class _Model(nn.Module):
         return self.kernels.kv_cache(self.config, batch, device=self.device, dtype=self.dtype)
 
     def _ids(self, tokens, what: str = "tokens", ndim: int = 2) -> torch.Tensor:
-        return _ids(tokens, self.config.vocab_size, self.device, what, ndim)
+        """``tokens`` as checked int64 ids on the model's device: ``ndim`` axes, none empty,
+        all in ``[0, V)`` (the range check waits for the device once: one ``aminmax``). Any
+        integer dtype is taken as ids, as int64 (a uint8 tensor is never a boolean index)."""
+        if not isinstance(tokens, torch.Tensor):
+            tokens = asarray(tokens, device=self.device)
 
-    def _check_step(self, tokens: torch.Tensor, cache, what: str) -> None:
-        """Room for ``tokens (B,T)``: at most ``max_seq_len``, or what the cache has left.
+        def bounds() -> tuple[int, int]:
+            lo, hi = torch.aminmax(tokens)
+            return int(lo), int(hi)
 
-        Checked once per call, before anything is written (on a GPU each check
-        waits for the device), so a refused call leaves the cache bit-identical.
-        """
-        if cache is None:
-            check_length(tokens.shape[1], self.config.max_seq_len, what=f"{what} length")
-        else:
-            check_batch(tokens.shape[0], cache.batch, what=f"{what} for this cache")
-            cache.check_room(tokens.shape[1])  # capacity max_seq_len; raises before any write
+        facts = (tokens.shape, dtype_kind(tokens.dtype), tokens.dtype, bounds)
+        boundary.check_ids(facts, self.config.vocab_size, what=what, ndim=ndim)
+        return tokens.to(device=self.device, dtype=torch.long)
 
-    def _causal_step(self, tokens, valid, cache, *, embedding, blocks, head) -> torch.Tensor:
-        """Logits ``(B,T,V)`` for ``tokens (B,T)`` placed after the cache's filled positions.
+    def _rows(self, tokens: torch.Tensor, valid, what: str = "valid") -> boundary.Rows:
+        if valid is not None and not isinstance(valid, torch.Tensor):
+            valid = asarray(valid)
+        is_bool = valid is None or valid.dtype == torch.bool
+        return boundary.rows(valid, tuple(tokens.shape), is_bool, what=what)
 
-        ``blocks(x (B,T,D), key_valid (B, length+T)) -> (B,T,D)`` runs the layers,
-        ``head`` maps ``(B,T,D) -> (B,T,V)``. Callers have checked ``tokens``
-        and run ``_check_step``; the cache's length grows only after the last layer.
-        """
-        key_valid = valid if cache is None else cache.key_valid(valid)  # (B, length + T)
-        # A decode step (only those follow filled positions) of a cache with no padding:
-        # every key and the new token are real, so there is no mask to build or apply.
-        all_real = cache is not None and cache.length > 0 and not cache.ragged
-        logits = head(blocks(embedding(tokens), None if all_real else key_valid))  # (B,T,V)
-        if cache is not None:
-            cache.advance(valid)
-        if all_real:
+    def _mask(self, step: boundary.Step) -> torch.Tensor | None:
+        """The step's mask on the device, built once for every layer (None: see every key)."""
+        if step.mask is None:
+            return None
+        return torch.tensor(step.mask, dtype=torch.bool, device=self.device)
+
+    def _plan(self, rows: boundary.Rows, **where) -> dict[int | None, boundary.Step]:
+        """The pass over ``rows (B,T)``: a step per distinct window of the layers; ``where``
+        is ``cache=`` or ``position_offset=`` (``boundary.plan_layers``)."""
+        return boundary.plan_layers(rows, windows=self.config.layer_windows, **where)
+
+    def _sees(self, steps: dict) -> dict:
+        """What each layer's queries may see: ``{window: (mask, window by slot)}``, each mask
+        on the device, built once per pass for all the layers of its window."""
+        return {w: (self._mask(step), step.window) for w, step in steps.items()}
+
+    def _layers(self, config: TransformerConfig, params, prefix: str, Layer, **kw) -> nn.ModuleList:
+        """``Layer`` ``{prefix}{i}.`` for each layer ``i``, each with its RoPE base."""
+        return nn.ModuleList(
+            Layer(
+                config,
+                params,
+                prefix=f"{prefix}{i}.",
+                rope_base=config.rope_base_of(w),
+                kernels=self.kernels,
+                **kw,
+            )
+            for i, w in enumerate(config.layer_windows)
+        )
+
+    def _zeroed(self, logits: torch.Tensor, valid: boundary.Rows) -> torch.Tensor:
+        """Logits ``(B,T,V)``, exactly zero (and of zero gradient) at padded positions."""
+        if boundary.all_real(valid):
             return logits
-        # masked_fill gives exact zeros and a zero (finite) gradient at padding.
-        return logits.masked_fill(~valid[..., None], 0.0)  # (B,T,V)
+        padded = ~torch.tensor(valid, dtype=torch.bool, device=logits.device)  # (B,T)
+        return logits.masked_fill(padded[..., None], 0.0)  # (B,T,V)
 
+    def _offset(self, step: boundary.Step) -> int | torch.Tensor:
+        """The step's first position: an int, or ``(B,)`` on the device when ragged."""
+        if isinstance(step.offset, int):
+            return step.offset
+        return torch.tensor(step.offset, device=self.device)
 
-def _one_position(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Decoding input ``tokens (B,)`` -> ``tokens (B,1)`` and an all-True ``valid (B,1)``."""
-    tokens = tokens.reshape(-1, 1)  # (B,) -> (B,1)
-    return tokens, torch.ones_like(tokens, dtype=torch.bool)
+    def _one_position(self, tokens, what: str):
+        """A decode step's ``tokens (B,)``, checked -> ``(B,1)`` ids and their validity."""
+        ids = self._ids(tokens, what, ndim=1).reshape(-1, 1)  # (B,) -> (B,1)
+        return ids, [[True] for _ in range(ids.shape[0])]
 
 
 class DecoderOnlyTransformer(_Model):
@@ -178,10 +165,7 @@ class DecoderOnlyTransformer(_Model):
         super().__init__(config, params, "decoder_only", dtype=dtype, kernels=kernels)
         kw = {"device": device, "dtype": self.dtype}
         self.token_embedding = _Embedding(config, params, "token_embedding.weight", **kw)
-        self.layers = nn.ModuleList(
-            EncoderLayer(config, params, prefix=f"layers.{i}.", kernels=self.kernels, **kw)
-            for i in range(config.n_layers)
-        )
+        self.layers = self._layers(config, params, "layers.", EncoderLayer, **kw)
         self.norm = self.kernels.norm(config)(config, params, prefix="norm.", **kw)
         if not config.tie_embeddings:  # a head of its own: output_projection.weight (V, D)
             self.output_projection = nn.Linear(
@@ -191,33 +175,30 @@ class DecoderOnlyTransformer(_Model):
                 params, "output_projection.weight", (config.vocab_size, config.d_model), **kw
             )
 
-    def _step(
-        self, tokens: torch.Tensor, valid: torch.Tensor, cache, position_offset: int = 0
-    ) -> torch.Tensor:
-        """Logits ``(B,T,V)`` for checked ``tokens (B,T)`` following the cache's filled positions
-        (or, without a cache, starting at ``position_offset``)."""
-
-        def blocks(x: torch.Tensor, key_valid: torch.Tensor) -> torch.Tensor:
-            for i, layer in enumerate(self.layers):
-                x = layer(
-                    x,
-                    valid=key_valid,
-                    causal=True,
-                    cache=cache,
-                    index=i,
-                    position_offset=position_offset,
-                )  # (B,T,D)
-            return x
-
-        def logits(x: torch.Tensor) -> torch.Tensor:
-            # Tied: h @ E^T with the input embedding E; untied: the head's own (V, D).
-            head = getattr(self, "output_projection", self.token_embedding)
-            return self.norm(x) @ head.weight.T  # (B,T,D) @ (D,V) -> (B,T,V)
-
-        self._check_step(tokens, cache, "tokens")
-        return self._causal_step(
-            tokens, valid, cache, embedding=self.token_embedding, blocks=blocks, head=logits
-        )
+    def _decoder(self, tokens: torch.Tensor, steps: dict, cache) -> torch.Tensor:
+        """The architecture: raw logits ``(B,T,V)`` of checked ``tokens (B,T)`` for ``steps``
+        (one per window, ``_plan``)."""
+        sees = self._sees(steps)
+        step = next(iter(steps.values()))  # what every window's step shares: the positions
+        offset = self._offset(step)
+        x = self.token_embedding(tokens)  # (B,T,D)
+        for i, (layer, w) in enumerate(zip(self.layers, self.config.layer_windows, strict=True)):
+            mask, window = sees[w]
+            x = layer(
+                x,
+                mask=mask,
+                causal=True,
+                window=window,
+                position_offset=offset,
+                cache=cache,
+                index=i,
+            )  # (B,T,D)
+        # Tied: h @ E^T with the input embedding E; untied: the head's own (V, D).
+        head = getattr(self, "output_projection", self.token_embedding)
+        logits = F.linear(self.norm(x), head.weight)  # (B,T,D) @ (D,V) -> (B,T,V)
+        if cache is not None:
+            cache.commit(step)  # only now do the step's keys count
+        return logits
 
     def forward(
         self,
@@ -226,28 +207,32 @@ class DecoderOnlyTransformer(_Model):
         valid: torch.Tensor | None = None,
         position_offset: int = 0,
     ) -> torch.Tensor:
-        """``tokens (B,T)`` ints, ``valid (B,T)`` bool (default ``tokens != pad_id``) -> ``(B,T,V)``.
+        """``tokens (B,T)`` ints, ``valid (B,T)`` bool (default: every token is real) -> ``(B,T,V)``.
 
         ``position_offset``: the position of the first token, for a shard of a longer
         sequence (context parallelism, ``levels.parallel``); RoPE rotates from there.
         """
         tokens = self._ids(tokens)
-        check_position_offset(position_offset, tokens.shape[1], self.config.max_seq_len)
-        valid = _resolve_valid(tokens, valid, self.config.pad_id)
-        return self._step(tokens, valid, None, position_offset)
+        checks.check_position_offset(position_offset, tokens.shape[1], self.config.max_seq_len)
+        rows = self._rows(tokens, valid)
+        steps = self._plan(rows, position_offset=position_offset)
+        return self._zeroed(self._decoder(tokens, steps, None), rows)
 
     def prefill(self, tokens: torch.Tensor, *, valid: torch.Tensor | None = None):
         """Run the prompt ``tokens (B,T)`` and keep its keys and values: ``(logits (B,T,V), cache)``."""
         tokens = self._ids(tokens)
-        valid = _resolve_valid(tokens, valid, self.config.pad_id)
-        self._check_step(tokens, None, "tokens")
+        rows = self._rows(tokens, valid)
+        checks.check_length(tokens.shape[1], self.config.max_seq_len, what="tokens length")
         cache = self.new_cache(tokens.shape[0])
-        return self._step(tokens, valid, cache), cache
+        steps = self._plan(rows, cache=cache)
+        return self._zeroed(self._decoder(tokens, steps, cache), rows), cache
 
     def decode_step(self, tokens: torch.Tensor, cache) -> torch.Tensor:
         """Append one position per row, ``tokens (B,)``, to ``cache`` in place -> logits ``(B,V)``."""
-        tokens = self._ids(tokens, ndim=1)
-        return self._step(*_one_position(tokens), cache)[:, 0]  # (B,V)
+        tokens, rows = self._one_position(tokens, "tokens")
+        cache.check(len(rows), 1, "tokens")  # raises before anything is written
+        steps = self._plan(rows, cache=cache)
+        return self._decoder(tokens, steps, cache)[:, 0]  # (B,V)
 
     def generate(self, prefix, max_new_tokens: int, **options) -> torch.Tensor:
         """Continue ``prefix (B,P)`` -> ``(B, P + max_new_tokens)``; greedy by default.
@@ -259,6 +244,14 @@ class DecoderOnlyTransformer(_Model):
             return generate_decoder_only(
                 self, prefix, max_new_tokens, **self._converters(), **options
             )
+
+    @torch.no_grad()  # on a generator: grad mode is off during each step, not between them
+    def stream(self, prompt, max_new_tokens: int, **options):
+        """Continue one prompt ``(P,)``, yielding each new token id as it is chosen (greedy by
+        default); ``options`` as ``levels.common.generation.stream_decoder_only`` takes them."""
+        yield from stream_decoder_only(
+            self, prompt, max_new_tokens, **self._converters(), **options
+        )
 
 
 class Seq2SeqTransformer(_Model):
@@ -279,18 +272,16 @@ class Seq2SeqTransformer(_Model):
         kernels: Kernels | None = None,
     ):
         super().__init__(config, params, "seq2seq", dtype=dtype, kernels=kernels)
-        kw = {"device": device, "dtype": self.dtype, "kernels": self.kernels}
         LN = self.kernels.norm(config)
-        n = range(config.n_layers)
         emb = {"device": device, "dtype": self.dtype}
         self.source_embedding = _Embedding(config, params, "source_embedding.weight", **emb)
         self.target_embedding = _Embedding(config, params, "target_embedding.weight", **emb)
         self.encoder = _Stack(
-            [EncoderLayer(config, params, prefix=f"encoder.layers.{i}.", **kw) for i in n],
+            self._layers(config, params, "encoder.layers.", EncoderLayer, **emb),
             LN(config, params, prefix="encoder.norm.", **emb),
         )
         self.decoder = _Stack(
-            [DecoderLayer(config, params, prefix=f"decoder.layers.{i}.", **kw) for i in n],
+            self._layers(config, params, "decoder.layers.", DecoderLayer, **emb),
             LN(config, params, prefix="decoder.norm.", **emb),
         )
         self.output_projection = nn.Linear(
@@ -300,49 +291,63 @@ class Seq2SeqTransformer(_Model):
             params, "output_projection.weight", (config.vocab_size, config.d_model), **emb
         )
 
-    def _source(self, src, src_valid) -> tuple[torch.Tensor, torch.Tensor]:
-        """Checked source ids ``(B,S)`` and their validity."""
-        src = self._ids(src, "source tokens")
-        check_length(src.shape[1], self.config.max_seq_len, what="source length")
-        return src, _resolve_valid(src, src_valid, self.config.pad_id, "src_valid")
+    # -- the architecture ---------------------------------------------------------
 
-    def _encode(self, src: torch.Tensor, src_valid: torch.Tensor) -> torch.Tensor:
+    def _encode(self, src: torch.Tensor, steps: dict) -> torch.Tensor:
         """The encoder stack on checked inputs: ``src (B,S)`` -> ``memory (B,S,D)``."""
         x = self.source_embedding(src)  # (B,S,D)
-        for layer in self.encoder.layers:
-            x = layer(x, valid=src_valid)  # (B,S,D), bidirectional over real tokens
+        sees = self._sees(steps)
+        for layer, w in zip(self.encoder.layers, self.config.layer_windows, strict=True):
+            mask, window = sees[w]
+            x = layer(x, mask=mask, window=window)  # (B,S,D), bidirectional over real tokens
         return self.encoder.norm(x)  # (B,S,D)
 
-    def encode(self, src, *, src_valid=None) -> torch.Tensor:
-        """``src (B,S)`` ids, ``src_valid (B,S)`` (default ``src != pad_id``) -> ``memory (B,S,D)``."""
-        return self._encode(*self._source(src, src_valid))
+    def _decoder(self, tgt, steps: dict, memory, memory_mask, cache) -> torch.Tensor:
+        """Logits ``(B,T,V)`` of checked ``tgt (B,T)`` following the cache's filled positions."""
+        sees = self._sees(steps)
+        step = next(iter(steps.values()))  # what every window's step shares: the positions
+        offset = self._offset(step)
+        x = self.target_embedding(tgt)  # (B,T,D)
+        windows = self.config.layer_windows
+        for i, (layer, w) in enumerate(zip(self.decoder.layers, windows, strict=True)):
+            mask, window = sees[w]
+            x = layer(
+                x,
+                memory,
+                mask=mask,
+                memory_mask=memory_mask,
+                window=window,
+                position_offset=offset,
+                cache=cache,
+                index=i,
+            )  # (B,T,D)
+        logits = self.output_projection(self.decoder.norm(x))  # (B,T,D) -> (B,T,V)
+        if cache is not None:
+            cache.commit(step)
+        return logits
 
-    def _decode(self, tgt, tgt_valid, memory, memory_valid, cache) -> torch.Tensor:
-        """Logits ``(B,T,V)`` for checked ``tgt (B,T)`` following the cache's filled positions."""
+    # -- the boundary --------------------------------------------------------------
 
-        def blocks(x: torch.Tensor, key_valid: torch.Tensor) -> torch.Tensor:
-            for i, layer in enumerate(self.decoder.layers):
-                x = layer(
-                    x, memory, valid=key_valid, memory_valid=memory_valid, cache=cache, index=i
-                )  # (B,T,D)
-            return x
+    def _source(self, src, src_valid):
+        """Checked source ids ``(B,S)``, the encoder's steps, and the cross-attention's key mask."""
+        src = self._ids(src, "source tokens")
+        checks.check_length(src.shape[1], self.config.max_seq_len, what="source length")
+        rows = self._rows(src, src_valid, "src_valid")
+        return src, self._plan(rows), self._mask(boundary.plan(rows, window=None))
 
-        def logits(x: torch.Tensor) -> torch.Tensor:
-            return self.output_projection(self.decoder.norm(x))  # (B,T,D) -> (B,T,V)
-
-        return self._causal_step(
-            tgt, tgt_valid, cache, embedding=self.target_embedding, blocks=blocks, head=logits
-        )
+    def _target(self, tgt_in, tgt_valid):
+        tgt = self._ids(tgt_in, "target tokens")
+        rows = self._rows(tgt, tgt_valid, "tgt_valid")
+        checks.check_length(tgt.shape[1], self.config.max_seq_len, what="target length")
+        return tgt, rows
 
     def _inputs(self, src, tgt_in, src_valid, tgt_valid):
-        """Check both sequences, the target first, so that bad target input fails before
-        the source is encoded (before any kernel launch) -> ``(src, src_valid, tgt, tgt_valid)``."""
-        tgt = self._ids(tgt_in, "target tokens")
-        tgt_valid = _resolve_valid(tgt, tgt_valid, self.config.pad_id, "tgt_valid")
-        self._check_step(tgt, None, "target")
-        src, src_valid = self._source(src, src_valid)
-        check_batch(tgt.shape[0], src.shape[0], what="target tokens for this source")
-        return src, src_valid, tgt, tgt_valid
+        """Both sequences checked, the target first, so that bad target input fails before
+        the source is encoded (before any kernel launch)."""
+        tgt, rows = self._target(tgt_in, tgt_valid)
+        src, src_steps, memory_mask = self._source(src, src_valid)
+        checks.check_batch(tgt.shape[0], src.shape[0], what="target tokens for this source")
+        return src, src_steps, memory_mask, tgt, rows
 
     def forward(
         self,
@@ -353,9 +358,14 @@ class Seq2SeqTransformer(_Model):
         tgt_valid: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``src (B,S)``, ``tgt_in (B,T)`` -> logits ``(B,T,V)`` (zero at padded targets)."""
-        src, src_valid, tgt, tgt_valid = self._inputs(src, tgt_in, src_valid, tgt_valid)
-        memory = self._encode(src, src_valid)  # (B,S,D)
-        return self._decode(tgt, tgt_valid, memory, src_valid, None)
+        src, src_steps, memory_mask, tgt, rows = self._inputs(src, tgt_in, src_valid, tgt_valid)
+        memory = self._encode(src, src_steps)  # (B,S,D)
+        return self._zeroed(self._decoder(tgt, self._plan(rows), memory, memory_mask, None), rows)
+
+    def encode(self, src, *, src_valid=None) -> torch.Tensor:
+        """``src (B,S)`` ids, ``src_valid (B,S)`` (default: every token is real) -> ``memory (B,S,D)``."""
+        src, steps, _ = self._source(src, src_valid)
+        return self._encode(src, steps)
 
     def prefill(self, src, tgt_in, *, src_valid=None, tgt_valid=None):
         """Encode ``src`` once and run ``tgt_in (B,T)``: ``(logits (B,T,V), cache)``.
@@ -363,17 +373,19 @@ class Seq2SeqTransformer(_Model):
         The cache keeps each decoder layer's cross-attention keys and values
         (of the encoded source) and its self-attention keys and values.
         """
-        src, src_valid, tgt, tgt_valid = self._inputs(src, tgt_in, src_valid, tgt_valid)
-        memory = self._encode(src, src_valid)  # (B,S,D)
+        src, src_steps, memory_mask, tgt, rows = self._inputs(src, tgt_in, src_valid, tgt_valid)
         cache = self.new_cache(src.shape[0])
-        cache.memory_valid = src_valid
-        return self._decode(tgt, tgt_valid, memory, src_valid, cache), cache
+        cache.memory_mask = memory_mask
+        steps = self._plan(rows, cache=cache)
+        memory = self._encode(src, src_steps)  # (B,S,D)
+        return self._zeroed(self._decoder(tgt, steps, memory, memory_mask, cache), rows), cache
 
     def decode_step(self, tokens: torch.Tensor, cache) -> torch.Tensor:
         """Append one target position per row, ``tokens (B,)``, to ``cache`` -> logits ``(B,V)``."""
-        tokens, valid = _one_position(self._ids(tokens, "target tokens", ndim=1))  # (B,1) each
-        self._check_step(tokens, cache, "target tokens")
-        return self._decode(tokens, valid, None, cache.memory_valid, cache)[:, 0]  # (B,V)
+        tokens, rows = self._one_position(tokens, "target tokens")
+        cache.check(len(rows), 1, "target tokens")
+        steps = self._plan(rows, cache=cache)
+        return self._decoder(tokens, steps, None, cache.memory_mask, cache)[:, 0]  # (B,V)
 
     def generate(self, src, **options) -> torch.Tensor:
         """Decoding from BOS -> ``(B, 1 + n)``; each row stops at its EOS, then ``pad_id``.

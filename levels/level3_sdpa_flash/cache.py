@@ -5,48 +5,32 @@ Level 2's cache concatenates at every step, so decoding ``N`` tokens copies
 and values live in one buffer of capacity ``C = max_seq_len`` allocated at
 construction; a step writes its ``T`` new positions into slots
 ``[length, length + T)`` and attention reads the filled prefix ``[:length + T]``
-as a view (no copy). Same four-call interface as level 2's ``KVCache``.
+as a view (no copy). The same interface as level 2's ``KVCache``.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..common.checks import check_cache_room
+from ..common.boundary import CacheBook
 from ..common.config import TransformerConfig
-from ..common.positions import RowPositions
 
 
-class StaticKVCache(RowPositions):
-    """Keys and values ``(n_layers, B, Hkv, C, Dh)`` and key validity ``(B, C)``, preallocated.
+class StaticKVCache(CacheBook):
+    """Keys and values ``(n_layers, B, Hkv, C, Dh)``, preallocated; the rest is ``CacheBook``'s.
 
     ``Hkv`` is the model's key/value heads: grouped-query attention shrinks the
     cache by ``H / Hkv`` (``levels.common.params.kv_bytes_per_token``).
     """
 
     def __init__(self, config: TransformerConfig, batch: int, *, device=None, dtype=None):
+        super().__init__(config, batch)
         L, H, Dh, C = config.n_layers, config.kv_heads, config.d_head, config.max_seq_len
-        self.capacity = C
-        self.batch = batch
-        self.length = 0  # filled positions, shared by every layer
         # Zeros rather than empty: slots past `length` are never read, but
         # deterministic contents make the cache comparable bit for bit.
         kw = {"device": device, "dtype": dtype or torch.float32}
         self.k = torch.zeros(L, batch, H, C, Dh, **kw)  # (L,B,Hkv,C,Dh)
         self.v = torch.zeros(L, batch, H, C, Dh, **kw)  # (L,B,Hkv,C,Dh)
-        self.valid = torch.zeros(batch, C, dtype=torch.bool, device=device)  # (B,C)
-        self.cross: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * L
-        self.memory_valid: torch.Tensor | None = None  # (B,S), seq2seq only
-
-    def check_room(self, adding: int) -> None:
-        """Raise before anything is written, so an overflow leaves the cache bit-identical."""
-        check_cache_room(self.length, adding, self.capacity)
-
-    def key_valid(self, valid_new: torch.Tensor) -> torch.Tensor:
-        """Record ``valid_new (B,T)`` in slots ``[length, length+T)``; -> ``(B, length+T)`` view."""
-        end = self.length + valid_new.shape[1]
-        self.valid[:, self.length : end] = valid_new  # (B,T), in place
-        return self.valid[:, :end]  # (B, length+T)
 
     def append(
         self, index: int, k_new: torch.Tensor, v_new: torch.Tensor
@@ -58,8 +42,3 @@ class StaticKVCache(RowPositions):
         # Views of the filled prefix: strided along C, contiguous in Dh, which SDPA accepts.
         end = self.length + T
         return k.narrow(2, 0, end), v.narrow(2, 0, end)  # (B,Hkv,length+T,Dh)
-
-    def advance(self, valid_new: torch.Tensor) -> None:
-        """Commit the step: the ``T`` written slots now count as filled."""
-        self._count_real(valid_new)
-        self.length += valid_new.shape[1]

@@ -5,7 +5,9 @@ kernel behind it (``aten::_scaled_dot_product_flash_attention_for_cpu``, the
 "flash" backend) computes each row's log-sum-exp anyway, for its backward, and
 returns it; this module calls that kernel directly and ties it to autograd,
 so that ``attention(..., return_lse=True)`` is as fused as plain attention and
-differentiable in both outputs.
+differentiable in both outputs. The kernel is private to PyTorch, with no
+public equivalent in torch 2.13: it is reached only through ``private.py``,
+which says why and what that costs.
 
 The backward
 ------------
@@ -49,9 +51,7 @@ from torch.nn.attention.bias import CausalBias
 
 from ..common.checks import group_size
 from ..level2_torch_manual.attention import causal_mask, repeat_heads
-
-_FORWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+from .private import flash_cpu_backward, flash_cpu_forward
 
 
 def _sum_groups(x: torch.Tensor, group: int) -> torch.Tensor:
@@ -71,7 +71,7 @@ class FusedAttentionWithLSE(torch.autograd.Function):
         width = max(Dh, Dv)  # one head width for the kernel: zero columns pad the others
         q, k, v = (F.pad(x, (0, width - x.shape[-1])) for x in (q, k, v))
         k, v = repeat_heads(k, group), repeat_heads(v, group)  # (B,H,S,width)
-        out, lse = _FORWARD(q, k, v, 0.0, is_causal, attn_mask=bias, scale=scale)
+        out, lse = flash_cpu_forward(q, k, v, is_causal=is_causal, attn_mask=bias, scale=scale)
         ctx.save_for_backward(q, k, v, out, lse, bias)
         ctx.is_causal, ctx.scale, ctx.group, ctx.widths = is_causal, scale, group, (Dh, Dv)
         return out[..., :Dv], lse  # (B,H,T,Dv), (B,H,T) float32 (float64 for float64 inputs)
@@ -81,16 +81,16 @@ class FusedAttentionWithLSE(torch.autograd.Function):
         q, k, v, out, lse, bias = ctx.saved_tensors
         causal, scale, group = ctx.is_causal, ctx.scale, ctx.group
         Dh, Dv = ctx.widths
-        kw = {"attn_mask": bias, "scale": scale}
+        kw = {"is_causal": causal, "attn_mask": bias, "scale": scale}
         g = torch.zeros_like(out) if g is None else F.pad(g, (0, out.shape[-1] - Dv))
-        dq, dk, dv = _BACKWARD(g.contiguous(), q, k, v, out, lse, 0.0, causal, **kw)
+        dq, dk, dv = flash_cpu_backward(g.contiguous(), q, k, v, out, lse, **kw)
         if e is not None:
             e = e.to(q.dtype)[..., None]  # (B,H,T,1)
-            pk, _ = _FORWARD(q, k, k, 0.0, causal, **kw)  # p k: (B,H,T,Dh)
+            pk, _ = flash_cpu_forward(q, k, k, **kw)  # p k: (B,H,T,Dh)
             dq = dq + scale * e * pk
             # A backward fed x = e q as the output gradient returns p^T x as its value gradient.
             eq = (e * q).contiguous()
-            _, _, ptq = _BACKWARD(eq, q, k, k, torch.zeros_like(q), lse, 0.0, causal, **kw)
+            _, _, ptq = flash_cpu_backward(eq, q, k, k, torch.zeros_like(q), lse, **kw)
             dk = dk + scale * ptq
         dk, dv = _sum_groups(dk, group), _sum_groups(dv, group)
         return dq[..., :Dh], dk[..., :Dh], dv[..., :Dv], None, None, None, None

@@ -1,0 +1,232 @@
+"""The models' public edge, written once for every level: which tokens are real, where each
+sits, what each query may see.
+
+Everything here is bookkeeping on small plain-Python data (``(B, T)`` booleans, a
+length, a position per row), never a level's arithmetic, so one copy serves the
+five rungs: a model checks its inputs and asks for a ``Step`` here, converts the
+step's mask to its own arrays once, and computes. The rules:
+
+* **Real tokens.** ``valid (B, T)``, True = a real token, right-padded; without
+  it every token is real. Padding is never inferred from token values: in a
+  real checkpoint ``pad_id`` is the EOS token, which every chat turn contains.
+  Every row needs one real token. The outputs at padded positions are zeroed
+  by the model (``Step.padded``).
+* **Keys.** A query may attend the real keys of its row: a ``(B, 1, 1, S)``
+  mask, or none at all when every key is real (the common case, and every
+  decode step of an unpadded cache). Under a sliding window a padded query may
+  also see the padded keys of its window (its window may hold no real key; its
+  output is zeroed anyway, and real queries never see padding).
+* **Positions.** A slot's position (what RoPE rotates by, what a window
+  measures) is the number of real slots before it in its row. Without padding
+  that is the slot. After a prefill of prompts of different lengths the cache
+  is *ragged*: decoding appends one slot per row, and a short row's new token
+  sits past its padding but at the position after its last real token, which
+  is what makes a batched row equal that row alone. Causal masking by slot
+  stays right (slots are in time order); a window, which counts distance, is
+  then a mask by position.
+* **The cache.** ``CacheBook`` is what every level's KV cache knows besides its
+  keys and values: capacity, batch, the filled length, each slot's validity,
+  each row's real count. A step is planned (nothing written), the layers append
+  their keys and values, and only ``commit`` makes the step count, so a step
+  that fails half-way leaves the cache as it was.
+* **Layers of several kinds.** Layers with different windows (Gemma 3's local
+  and global ones) see different keys: ``plan_layers`` gives a step per
+  distinct window, each mask built once per pass, shared by its layers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from . import checks
+
+Rows = list[list[bool]]  # (B, T) booleans as plain lists
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+def check_ids(facts: tuple, vocab_size: int, *, what: str = "tokens", ndim: int = 2) -> None:
+    """Token ids, from ``facts = (shape, kind, dtype, bounds)`` a level reads off its own array
+    (``bounds()`` gives ``(min, max)``, called only once shape and dtype are right)."""
+    shape, kind, dtype, bounds = facts
+    checks.check_token_ids(shape, kind, dtype, bounds, vocab_size, what=what, ndim=ndim)
+
+
+def rows(valid: Any, shape: Sequence[int], is_bool: bool, *, what: str = "valid") -> Rows:
+    """``valid (B, T)`` (nested lists, a numpy array or a tensor) as checked plain lists;
+    None: every token real. Every row needs a real token."""
+    B, T = shape
+    if valid is None:
+        return [[True] * T for _ in range(B)]
+    shape_of = tuple(getattr(valid, "shape", (len(valid), len(valid[0]) if len(valid) else 0)))
+    checks.check_valid_shape(shape_of, tuple(shape), is_bool, what=what)
+    out = valid.tolist() if hasattr(valid, "tolist") else [list(row) for row in valid]
+    if not all(any(row) for row in out):
+        raise ValueError(f"{what}: {checks.NO_VALID_TOKEN_MESSAGE}")
+    return out
+
+
+def all_real(valid: Rows) -> bool:
+    return all(all(row) for row in valid)
+
+
+# ----------------------------------------------------------------------------- one step
+
+
+@dataclass(frozen=True)
+class Step:
+    """One pass over ``T`` new tokens, after ``past`` filled positions of a cache (0 without one).
+
+    ``valid (B,T)`` the new tokens; ``offset`` the first one's position (an int, or one
+    per row when ragged); ``window`` the sliding window applied by slot (None when the
+    ``mask`` carries it, or there is none); ``mask`` what the queries may see as nested
+    lists, ``(B,1,1,S)`` or ``(B,1,T,S)``, None when every key is visible.
+    """
+
+    valid: Rows
+    past: int
+    offset: int | list[int]
+    window: int | None
+    mask: list | None
+
+    @property
+    def padded(self) -> bool:
+        """Whether some new position is padding (its outputs are then zeroed)."""
+        return not all_real(self.valid)
+
+
+def key_mask(keys: Rows, T: int, window: int | None) -> list | None:
+    """Key validity ``keys (B,S)`` -> a mask ``(B,1,1,S)`` (``(B,1,T,S)`` under a window,
+    letting a padded query see its window's padded keys); None when every key is real."""
+    if all_real(keys):
+        return None
+    if window is None:
+        return [[[row]] for row in keys]
+    S = len(keys[0])
+    return [[[[k or not row[S - T + t] for k in row] for t in range(T)]] for row in keys]
+
+
+def window_by_position(keys: Rows, T: int, window: int) -> list:
+    """The sliding window in positions for the last ``T`` slots of ``keys (B,S)``: ``(B,1,T,S)``,
+    True where a key is real and among its query's ``W`` latest positions. (A padded
+    query sees nothing; its output is zeroed. Causal masking by slot still applies.)"""
+    out = []
+    for row in keys:
+        pos, count = [], 0
+        for real in row:
+            pos.append(count - 1 if not real else count)  # a real slot's position
+            count += real
+        S = len(row)
+        grid = []
+        for t in range(S - T, S):
+            q = pos[t]
+            grid.append([row[j] and pos[j] > q - window for j in range(S)])
+        out.append([grid])
+    return out
+
+
+def plan(
+    valid: Rows,
+    *,
+    window: int | None,
+    cache: CacheBook | None = None,
+    position_offset: int = 0,
+) -> Step:
+    """The ``Step`` of ``valid (B,T)`` new tokens: after ``cache``'s filled slots, or alone
+    starting at ``position_offset`` (a shard of a longer sequence)."""
+    T = len(valid[0])
+    if cache is None:
+        return Step(valid, 0, position_offset, window, key_mask(valid, T, window))
+    if not cache.padded and all_real(valid):  # every key real: nothing to mask (a decode step)
+        return Step(valid, cache.length, cache.position_offset(), window, None)
+    keys = [old + new for old, new in zip(cache.valid, valid, strict=True)]  # (B, past + T)
+    if cache.ragged and window is not None:
+        mask = window_by_position(keys, T, window)
+        return Step(valid, cache.length, cache.position_offset(), None, mask)
+    return Step(valid, cache.length, cache.position_offset(), window, key_mask(keys, T, window))
+
+
+def plan_layers(
+    valid: Rows,
+    *,
+    windows: Sequence[int | None],
+    cache: CacheBook | None = None,
+    position_offset: int = 0,
+) -> dict[int | None, Step]:
+    """A model's pass: one ``Step`` per distinct window among its layers' ``windows``
+    (``config.layer_windows``), planned as ``plan`` plans one.
+
+    The layers of one window share its step, so each mask is built once per pass,
+    not once per layer: Gemma 3's local and global layers need two, a model with
+    one window for every layer one. The steps differ only in ``window`` and
+    ``mask``; their tokens, positions and cache length are the same.
+    """
+    return {
+        w: plan(valid, window=w, cache=cache, position_offset=position_offset)
+        for w in dict.fromkeys(windows)
+    }
+
+
+# ----------------------------------------------------------------------------- the cache
+
+
+class CacheBook:
+    """What a KV cache keeps besides keys and values; every level's cache subclasses it.
+
+    ``capacity`` (``max_seq_len``) positions for ``batch`` rows; ``length`` filled,
+    the same for every row and layer; ``valid (B, length)`` each slot's validity;
+    ``ragged`` once a prefill had padding, and then each row's real count. A
+    step's keys are appended by the layers; ``commit(step)`` then makes it count.
+    """
+
+    def __init__(self, config, batch: int):
+        self.capacity = config.max_seq_len
+        self.batch = batch
+        self.length = 0
+        self.valid: Rows = [[] for _ in range(batch)]
+        self.padded = False  # whether some filled slot is padding
+        self.ragged = False
+        self._real: list[int] | None = None
+        self.cross: list[tuple[Any, Any] | None] = [None] * config.n_layers  # seq2seq memory
+        self.memory_mask: Any = None  # seq2seq: the source's real keys, in the level's arrays
+
+    def check(self, rows_: int, adding: int, what: str) -> None:
+        """Room for ``adding`` positions of ``rows_`` rows, checked before anything is written."""
+        checks.check_batch(rows_, self.batch, what=f"{what} for this cache")
+        checks.check_cache_room(self.length, adding, self.capacity)
+
+    def position_offset(self) -> int | list[int]:
+        """Where the next step's first token sits: ``length``, or per row when ragged."""
+        return list(self._real) if self.ragged else self.length
+
+    def commit(self, step: Step) -> None:
+        """Every layer has appended this step's keys and values: they now count."""
+        if self.length == 0:
+            self.ragged = not all_real(step.valid)
+            if self.ragged:
+                self._real = [sum(row) for row in step.valid]
+        elif self.ragged:
+            self._real = [n + sum(row) for n, row in zip(self._real, step.valid, strict=True)]
+        for row, new in zip(self.valid, step.valid, strict=True):
+            row.extend(new)  # in place: a decode step adds one slot per row
+        self.padded = self.padded or step.padded
+        self.length += len(step.valid[0])
+
+    def rewind(self, length: int) -> None:
+        """Forget every position past ``length``, as if only the first ``length`` had been
+        decoded: a new continuation of the same prompt without a second prefill (the
+        benchmark's repeated decode; a chat that resumes from a shared prefix). Only a
+        cache without padding rewinds (a ragged one counts positions per row)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot rewind a cache of {self.length} positions to {length}")
+        if self.padded:
+            raise ValueError("a cache with padding cannot be rewound")
+        self._forget(length)
+        self.valid = [row[:length] for row in self.valid]
+        self.length = length
+
+    def _forget(self, length: int) -> None:
+        """The level's part of ``rewind``: nothing where ``length`` already bounds every read."""
