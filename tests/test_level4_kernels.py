@@ -605,11 +605,11 @@ def test_bfloat16_runs_compiled_and_is_refused_interpreted(device):
     """The interpreter's numpy arithmetic has no bfloat16 (results off by ~1e8): level 4
     refuses it there, saying why; compiled on a GPU it is one of the tested dtypes."""
     q = torch.randn(1, 2, 5, 16, device=device)
-    if L4.INTERPRETED:
+    if L4.FACTS.interpreted:
         with count_kernel_launches() as launches, pytest.raises(TypeError, match="interpreter"):
             L4.attention(q.bfloat16(), q.bfloat16(), q.bfloat16())
         assert launches[0] == 0
-        assert "bfloat16" not in L4.DTYPES
+        assert "bfloat16" not in L4.FACTS.dtypes
     else:
         out = L4.attention(q.bfloat16(), q.bfloat16(), q.bfloat16())
         want = reference_attention(q.double(), q.double(), q.double())

@@ -27,6 +27,18 @@ the fused kernels themselves, written out so they can be read.
 - ``models.py``: level 2's modules with only the attention core and the
   LayerNorm swapped, and level 3's static KV cache (level 2's ``Kernels``
   hook); no model code is repeated.
+- ``compile_check.py`` (with ``compile_matrix.py``, ``compile_report.py``):
+  every kernel compiled ahead of time for sm_80 and sm_90 by Triton's real
+  compiler, on a machine without a GPU, in every launch the autotuner or a
+  launcher can give it; ``shared_memory.py`` holds what each autotuning
+  candidate needs, from which ``tiles.CandidatePrune`` drops, on a GPU, the
+  candidates over its limit before anything is compiled (``ladder check``).
+
+The kernel modules (``tiles``, ``flash_forward``, ``flash_backward``,
+``flash_decode``, ``fused_layer_norm``, and the compile check's) import only
+torch, triton and each other, never this ``__init__``'s names: a process that
+compiles for a GPU it does not have loads them on their own
+(levels/level4_compile.py), since this ``__init__`` refuses such a process.
 
 Without CUDA the kernels run in Triton's interpreter (numpy on the CPU, one
 program instance at a time): correct for float32 and float16, wrong for
@@ -63,6 +75,9 @@ if not interpreting() and not torch.cuda.is_available():
         "Triton's interpreter was not chosen: set TRITON_INTERPRET=1 before importing levels"
     )
 
+from dataclasses import replace  # noqa: E402
+
+from .. import level2_torch_manual as level2  # noqa: E402
 from ..level2_torch_manual import asarray, merge_attention, to_numpy  # noqa: E402
 from .flash_attention import FlashAttention, attention  # noqa: E402
 from .fused_layer_norm import FusedLayerNorm, layer_norm, rms_norm  # noqa: E402
@@ -81,51 +96,20 @@ from .models import (  # noqa: E402
 from .tiles import Tiles  # noqa: E402
 
 # What the harness and the tests read about this level (docs/conventions.md, "Levels").
-ARRAY = "torch"
-GRADIENTS = "autograd"  # through the kernels' own backward (autograd.Function)
-INTERPRETED = interpreting()  # kernels emulated by numpy on the CPU: correct, very slow
-# float64 has no tensor-core path and is not compiled; the interpreter gets bfloat16 wrong.
-DTYPES = ("float32", "float16") if INTERPRETED else ("float32", "float16", "bfloat16")
-DEVICES = ("cpu",) if INTERPRETED else ("cuda",)
-if INTERPRETED:
-    why = "no CUDA" if not torch.cuda.is_available() else "TRITON_INTERPRET=1, CUDA unused"
-    DESCRIPTION = (
-        f"Triton interpreter ({why}): triton {triton.__version__} kernels run by numpy on the CPU"
+_INTERPRETED = interpreting()  # kernels emulated by numpy on the CPU: correct, very slow
+if _INTERPRETED:
+    _why = "no CUDA" if not torch.cuda.is_available() else "TRITON_INTERPRET=1, CUDA unused"
+    _what = (
+        f"Triton interpreter ({_why}): triton {triton.__version__} kernels run by numpy on the CPU"
     )
 else:
-    DESCRIPTION = f"Triton {triton.__version__} kernels on CUDA ({torch.cuda.get_device_name()})"
-
-
-def describe(*, device=None, dtype=None) -> str:
-    """One line saying what computes at this level (the same signature at every level)."""
-    return DESCRIPTION
-
-
-__all__ = [
-    "ARRAY",
-    "DESCRIPTION",
-    "DEVICES",
-    "DTYPES",
-    "GRADIENTS",
-    "INTERPRETED",
-    "KERNELS",
-    "DecoderLayer",
-    "DecoderOnlyTransformer",
-    "EncoderLayer",
-    "FeedForward",
-    "FlashAttention",
-    "FusedLayerNorm",
-    "LayerNorm",
-    "MultiHeadAttention",
-    "RMSNorm",
-    "Seq2SeqTransformer",
-    "Tiles",
-    "asarray",
-    "attention",
-    "describe",
-    "kernel_attention",
-    "layer_norm",
-    "merge_attention",
-    "rms_norm",
-    "to_numpy",
-]
+    _what = f"Triton {triton.__version__} kernels on CUDA ({torch.cuda.get_device_name()})"
+FACTS = replace(  # level 2's: torch arrays, autograd (through the kernels' own backward)
+    level2.FACTS,
+    interpreted=_INTERPRETED,
+    # float64 has no tensor-core path and is not compiled; the interpreter gets bfloat16 wrong.
+    dtypes=("float32", "float16") if _INTERPRETED else ("float32", "float16", "bfloat16"),
+    devices=("cpu",) if _INTERPRETED else ("cuda",),
+    description=_what,
+)
+describe = FACTS.describe

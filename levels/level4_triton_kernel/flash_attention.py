@@ -147,7 +147,10 @@ def attention(
     if window is not None and not window_binds(T, S, causal=causal, window=window):
         window = None  # a window wider than the sequence changes nothing: no bound to apply
     if mask is not None:
+        # Broadcast along the key axis too ((T, 1), a scalar True): the checks and the
+        # kernel index the mask by key, so its last axis is made S wide, as a stride-0 view.
         mask = as_4d(mask.to(q.device))
+        mask = mask.expand(*mask.shape[:-1], S)
     check_rows_nonempty(mask, causal, window, T, S)
     if mask is not None:
         mask = mask.expand(B, H, T, S)  # a view: stride 0 on every broadcast dimension

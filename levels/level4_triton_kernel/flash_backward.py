@@ -250,6 +250,31 @@ _dkdv_tuned = autotuned(_attn_bwd_dkdv_kernel, TUNING_KEY, DKDV_SHAPES)
 _dq_tuned = autotuned(_attn_bwd_dq_kernel, TUNING_KEY, DQ_SHAPES)
 
 
+def delta_arguments(out: torch.Tensor, d_out: torch.Tensor, delta: torch.Tensor):
+    """The delta pre-pass's runtime arguments and constants: ``out``, ``d_out``
+    ``(B,H,T,Dv)`` contiguous, ``delta (B*H, T)`` fp32 (shared with compile_check.py)."""
+    Dv = out.shape[-1]
+    args = (out, d_out, delta, delta.numel(), Dv)
+    return args, dict(BLOCK_R=DELTA_BLOCK_ROWS, BLOCK_DV=head_block(Dv))
+
+
+def gradient_arguments(
+    q, k, v, mask, d_out, lse, delta, grads: tuple, causal: bool, scale: float, window
+) -> tuple[tuple, dict]:
+    """The runtime arguments and constants (all but the tiles) of the dK/dV kernel
+    (``grads = (dk, dv)``) or the dQ kernel (``grads = (dq,)``); shapes as in
+    ``flash_backward``. Shared by the launches below and compile_check.py."""
+    H, T, Dh = q.shape[1], q.shape[2], q.shape[3]
+    Hkv, S, Dv = k.shape[1], k.shape[2], v.shape[3]
+    args = (
+        q, k, v, mask if mask is not None else q, d_out, lse, delta, *grads,
+        *q.stride(), *k.stride(), *v.stride(), *mask_strides(mask),
+        H, H // Hkv, T, S, Dh, Dv, window or 0, scale, scale * LOG2E,
+        length_key(T), length_key(S),
+    )  # fmt: skip
+    return args, kernel_constants(q, Dh, Dv, causal, window, mask)
+
+
 def flash_backward(
     d_out: torch.Tensor,
     q: torch.Tensor,
@@ -282,37 +307,32 @@ def flash_backward(
 
     # 1. delta = rowsum(dO * O), fp32: (B*H*T,)
     delta = torch.empty((B * H, T), device=q.device, dtype=torch.float32)
-    rows = B * H * T
-    _attn_bwd_delta_kernel[(triton.cdiv(rows, DELTA_BLOCK_ROWS),)](
-        out, d_out, delta, rows, Dv, BLOCK_R=DELTA_BLOCK_ROWS, BLOCK_DV=head_block(Dv)
-    )
+    args, constants = delta_arguments(out, d_out, delta)
+    _attn_bwd_delta_kernel[(triton.cdiv(B * H * T, DELTA_BLOCK_ROWS),)](*args, **constants)
     if d_lse is not None:
         delta -= d_lse.reshape(B * H, T).to(torch.float32)
 
-    shared = (
-        *q.stride(), *k.stride(), *v.stride(), *mask_strides(mask),
-        H, H // Hkv, T, S, Dh, Dv, window or 0, scale, scale * LOG2E,
-        length_key(T), length_key(S),
-    )  # fmt: skip
-    constants = kernel_constants(q, Dh, Dv, causal, window, mask)
-    mask_ptr = mask if mask is not None else q
-    inputs = (q, k, v, mask_ptr, d_out, lse, delta)
-
     # 2. dK, dV: one program per key tile and key/value head (looping over its group).
+    args, constants = gradient_arguments(
+        q, k, v, mask, d_out, lse, delta, (dk, dv), causal, scale, window
+    )
     launch(
         _attn_bwd_dkdv_kernel,
         _dkdv_tuned,
         lambda block_m, block_n: (triton.cdiv(S, block_n), B * Hkv),
-        (*inputs, dk, dv, *shared),
+        args,
         constants,
         tiles,
     )
     # 3. dQ: one program per query tile and query head.
+    args, constants = gradient_arguments(
+        q, k, v, mask, d_out, lse, delta, (dq,), causal, scale, window
+    )
     launch(
         _attn_bwd_dq_kernel,
         _dq_tuned,
         lambda block_m, block_n: (triton.cdiv(T, block_m), B * H),
-        (*inputs, dq, *shared),
+        args,
         constants,
         tiles,
     )

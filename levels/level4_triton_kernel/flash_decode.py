@@ -41,7 +41,7 @@ from .flash_forward import (
     mask_strides,
     store_tile,
 )
-from .tiles import DECODE_TILES, INTERPRETER_TILES, head_block, interpreting
+from .tiles import INTERPRETER_TILES, decode_tiles, head_block, interpreting
 
 MIN_SPLIT_KEYS = 256  # keys per slice at least: a shorter slice costs more to merge than it saves
 PROGRAMS_PER_SM = 2  # enough programs to keep every multiprocessor busy while others wait on memory
@@ -149,6 +149,36 @@ def _decode_merge_kernel(
     tl.store(Lse + pid_bh * T + offs_m, m + tl.math.log2(safe), mask=offs_m < T)
 
 
+def split_arguments(
+    q, k, v, mask, out_part, lse_part, causal: bool, scale: float, window, split_keys: int,
+    block_n: int,
+) -> tuple[tuple, dict]:  # fmt: skip
+    """The split kernel's runtime arguments and constants for these tensors (shapes as in
+    ``flash_decode``; ``out_part (B*H, n, T, Dv)``, ``lse_part (B*H, n, T)``). Shared by
+    the launch below and compile_check.py."""
+    H, T, Dh = q.shape[1], q.shape[2], q.shape[3]
+    Hkv, S, Dv = k.shape[1], k.shape[2], v.shape[3]
+    args = (
+        q, k, v, mask if mask is not None else q, out_part, lse_part,
+        *q.stride(), *k.stride(), *v.stride(), *mask_strides(mask),
+        H, H // Hkv, T, S, Dh, Dv, window or 0, scale * LOG2E, split_keys, out_part.shape[1],
+    )  # fmt: skip
+    constants = kernel_constants(q, Dh, Dv, causal, window, mask)
+    # Every query of the step in one tile: T <= 16 rows, padded to 16 for tl.dot.
+    return args, constants | dict(BLOCK_M=max(16, triton.next_power_of_2(T)), BLOCK_N=block_n)
+
+
+def merge_arguments(out_part, lse_part, out, lse) -> tuple[tuple, dict]:
+    """The merge kernel's runtime arguments and constants: ``out_part (B*H, n, T, Dv)``,
+    ``lse_part (B*H, n, T)`` in, ``out (B,H,T,Dv)``, ``lse (B*H, T)`` out."""
+    H, T, Dv = out.shape[1], out.shape[2], out.shape[3]
+    args = (out_part, lse_part, out, lse, *out.stride(), H, T, Dv, out_part.shape[1])
+    return args, dict(BLOCK_M=max(16, triton.next_power_of_2(T)), BLOCK_DV=head_block(Dv))
+
+
+MERGE_WARPS = 4  # the merge kernel's num_warps: it reads n x T x Dv fp32 numbers per program
+
+
 def flash_decode(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -164,31 +194,27 @@ def flash_decode(
 
     ``q (B,H,T,Dh)``, ``k (B,Hkv,S,Dh)``, ``v (B,Hkv,S,Dv)``, ``mask`` a bool
     ``(B,H,T,S)`` view or None; ``splits`` slices of the keys (each a whole number
-    of ``block_n`` tiles, default ``DECODE_TILES``' or the interpreter's). Returns ``out
+    of ``block_n`` tiles, default ``decode_tiles(q.dtype)``' or the interpreter's). Returns ``out
     (B,H,T,Dv)`` in q's dtype and ``lse (B*H, T)`` fp32 in base-2 units, as
     ``flash_forward`` does.
     """
-    B, H, T, Dh = q.shape
+    B, H, T = q.shape[:3]
     S, Dv = k.shape[2], v.shape[3]
     if block_n is None:  # the interpreter's small tiles, so short test caches still split
-        block_n = (INTERPRETER_TILES if interpreting() else DECODE_TILES).block_n
-    block_m = max(16, triton.next_power_of_2(T))
+        block_n = (INTERPRETER_TILES if interpreting() else decode_tiles(q.dtype)).block_n
     split_keys = triton.cdiv(triton.cdiv(S, splits), block_n) * block_n  # whole tiles per slice
     n = triton.cdiv(S, split_keys)  # slices that hold keys (rounding may leave fewer)
     out_part = torch.empty((B * H, n, T, Dv), device=q.device, dtype=torch.float32)
     lse_part = torch.empty((B * H, n, T), device=q.device, dtype=torch.float32)
-    constants = kernel_constants(q, Dh, Dv, causal, window, mask)
-    constants |= dict(BLOCK_M=block_m, BLOCK_N=block_n)
+    args, constants = split_arguments(
+        q, k, v, mask, out_part, lse_part, causal, scale, window, split_keys, block_n
+    )
+    pinned = decode_tiles(q.dtype)  # its warps and pipeline stages
     _decode_split_kernel[(n, B * H)](
-        q, k, v, mask if mask is not None else q, out_part, lse_part,
-        *q.stride(), *k.stride(), *v.stride(), *mask_strides(mask),
-        H, H // k.shape[1], T, S, Dh, Dv, window or 0, scale * LOG2E, split_keys, n,
-        **constants, num_warps=DECODE_TILES.num_warps, num_stages=DECODE_TILES.num_stages,
-    )  # fmt: skip
+        *args, **constants, num_warps=pinned.num_warps, num_stages=pinned.num_stages
+    )
     out = torch.empty((B, H, T, Dv), device=q.device, dtype=q.dtype)
     lse = torch.empty((B * H, T), device=q.device, dtype=torch.float32)
-    _decode_merge_kernel[(B * H,)](
-        out_part, lse_part, out, lse, *out.stride(), H, T, Dv, n,
-        BLOCK_M=block_m, BLOCK_DV=head_block(Dv), num_warps=4,
-    )  # fmt: skip
+    args, constants = merge_arguments(out_part, lse_part, out, lse)
+    _decode_merge_kernel[(B * H,)](*args, **constants, num_warps=MERGE_WARPS)
     return out, lse

@@ -55,10 +55,10 @@ import triton.language as tl
 
 from .tiles import (
     DECODE_MAX_T,
-    DECODE_TILES,
     FORWARD_SHAPES,
     Tiles,
     autotuned,
+    decode_tiles,
     head_block,
     launch,
     length_key,
@@ -305,6 +305,35 @@ def mask_strides(mask: torch.Tensor | None) -> tuple[int, int, int, int]:
     return tuple(mask.stride()) if mask is not None else (0, 0, 0, 0)
 
 
+def forward_arguments(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    causal: bool,
+    scale: float,
+    window: int | None,
+) -> tuple[tuple, dict]:
+    """The forward kernel's runtime arguments, in order, and its compile-time constants
+    (all but the tiles) for these tensors.
+
+    The launch below and the ahead-of-time compile check (compile_check.py, which
+    passes ``device="meta"`` tensors) both build them here, so both compile the
+    signature a real launch specialises. Shapes as in ``flash_forward``.
+    """
+    H, T, Dh = q.shape[1], q.shape[2], q.shape[3]
+    Hkv, S, Dv = k.shape[1], k.shape[2], v.shape[3]
+    args = (
+        q, k, v, mask if mask is not None else q, out, lse,
+        *q.stride(), *k.stride(), *v.stride(), *mask_strides(mask), *out.stride(),
+        H, H // Hkv, T, S, Dh, Dv, window or 0, scale * LOG2E,
+        length_key(T), length_key(S),
+    )  # fmt: skip
+    return args, kernel_constants(q, Dh, Dv, causal, window, mask)
+
+
 def flash_forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -321,21 +350,15 @@ def flash_forward(
     ``(B,H,T,S)`` view or None. Returns ``out (B,H,T,Dv)`` in q's dtype and
     ``lse (B*H, T)`` fp32 in base-2 units. ``tiles`` pins the tile sizes
     (default: autotuned on a GPU, fixed under the interpreter; decoding with
-    ``T <= 16`` uses ``DECODE_TILES``).
+    ``T <= 16`` uses ``decode_tiles(q.dtype)``).
     """
-    B, H, T, Dh = q.shape
-    S, Dv = k.shape[2], v.shape[3]
+    B, H, T = q.shape[:3]
+    Dv = v.shape[3]
     out = torch.empty((B, H, T, Dv), device=q.device, dtype=q.dtype)  # (B, H, T, Dv)
     lse = torch.empty((B * H, T), device=q.device, dtype=torch.float32)  # (B*H, T)
     if tiles is None and T <= DECODE_MAX_T:
-        tiles = DECODE_TILES
-    args = (
-        q, k, v, mask if mask is not None else q, out, lse,
-        *q.stride(), *k.stride(), *v.stride(), *mask_strides(mask), *out.stride(),
-        H, H // k.shape[1], T, S, Dh, Dv, window or 0, scale * LOG2E,
-        length_key(T), length_key(S),
-    )  # fmt: skip
-    constants = kernel_constants(q, Dh, Dv, causal, window, mask)
+        tiles = decode_tiles(q.dtype)
+    args, constants = forward_arguments(q, k, v, mask, out, lse, causal, scale, window)
 
     def grid(block_m: int, block_n: int) -> tuple[int, int]:
         return (triton.cdiv(T, block_m), B * H)

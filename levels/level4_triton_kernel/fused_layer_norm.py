@@ -174,6 +174,31 @@ def _row_block(D: int, element_size: int) -> tuple[int, int]:
     return max(1, min(16, ROW_TILE_ELEMENTS // block)), block
 
 
+def norm_forward_arguments(x2, y, weight, bias, mean, rstd, eps: float, rms: bool):
+    """The forward kernel's runtime arguments and constants: ``x2``, ``y (N, D)``
+    contiguous, ``weight``, ``bias (D,)`` (bias None: no bias), ``mean``, ``rstd (N,)``
+    fp32. Shared by ``FusedLayerNorm`` and compile_check.py."""
+    N, D = x2.shape
+    rows, block = _row_block(D, x2.element_size())
+    args = (x2, y, weight, bias if bias is not None else weight, mean, rstd, N, D, eps)
+    return args, dict(HAS_BIAS=bias is not None, IS_RMS=rms, ROWS=rows, BLOCK_D=block)
+
+
+def norm_backward_arguments(x2, dy2, weight, mean, rstd, dx, dw_partial, db_partial, has_bias, rms):
+    """The backward kernel's runtime arguments and constants: ``x2``, ``dy2``, ``dx (N, D)``,
+    ``dw_partial``, ``db_partial (G, D)`` fp32, one row of partial sums per program."""
+    N, D = x2.shape
+    rows, block = _row_block(D, x2.element_size())
+    args = (x2, dy2, weight, mean, rstd, dx, dw_partial, db_partial, N, D, dw_partial.shape[0])
+    return args, dict(HAS_BIAS=has_bias, IS_RMS=rms, ROWS=rows, BLOCK_D=block)
+
+
+def backward_programs(N: int, D: int, element_size: int) -> int:
+    """G: how many backward programs (and rows of dw, db partial sums) for ``N`` rows."""
+    rows, _ = _row_block(D, element_size)
+    return max(1, min(BACKWARD_PROGRAMS, triton.cdiv(N, rows)))
+
+
 class FusedLayerNorm(torch.autograd.Function):
     """Autograd glue for the two kernels; ``bias`` may be None (config.bias = False);
     ``rms`` selects RMSNorm (no centring, no bias)."""
@@ -186,13 +211,10 @@ class FusedLayerNorm(torch.autograd.Function):
         y = torch.empty_like(x2)  # (N, D)
         mean = torch.empty(N, device=x.device, dtype=torch.float32)  # (N,)
         rstd = torch.empty(N, device=x.device, dtype=torch.float32)  # (N,)
-        rows, block = _row_block(D, x.element_size())
-        _layer_norm_fwd_kernel[(triton.cdiv(N, rows),)](
-            x2, y, weight, bias if bias is not None else weight, mean, rstd, N, D, eps,
-            HAS_BIAS=bias is not None, IS_RMS=rms, ROWS=rows, BLOCK_D=block,
-        )  # fmt: skip
+        args, constants = norm_forward_arguments(x2, y, weight, bias, mean, rstd, eps, rms)
+        _layer_norm_fwd_kernel[(triton.cdiv(N, constants["ROWS"]),)](*args, **constants)
         ctx.save_for_backward(x2, weight, bias, mean, rstd)
-        ctx.rows, ctx.block, ctx.rms = rows, block, rms
+        ctx.rms = rms
         return y.view(x.shape)
 
     @staticmethod
@@ -201,13 +223,13 @@ class FusedLayerNorm(torch.autograd.Function):
         N, D = x2.shape
         dy2 = dy.reshape(N, D).contiguous()  # (N, D)
         dx = torch.empty_like(x2)
-        G = max(1, min(BACKWARD_PROGRAMS, triton.cdiv(N, ctx.rows)))
+        G = backward_programs(N, D, x2.element_size())
         dw_partial = torch.empty((G, D), device=x2.device, dtype=torch.float32)  # (G, D)
         db_partial = torch.empty_like(dw_partial) if bias is not None else dw_partial
-        _layer_norm_bwd_kernel[(G,)](
-            x2, dy2, weight, mean, rstd, dx, dw_partial, db_partial, N, D, G,
-            HAS_BIAS=bias is not None, IS_RMS=ctx.rms, ROWS=ctx.rows, BLOCK_D=ctx.block,
-        )  # fmt: skip
+        args, constants = norm_backward_arguments(
+            x2, dy2, weight, mean, rstd, dx, dw_partial, db_partial, bias is not None, ctx.rms
+        )
+        _layer_norm_bwd_kernel[(G,)](*args, **constants)
         dw = dw_partial.sum(0).to(weight.dtype)  # (D,)
         db = db_partial.sum(0).to(bias.dtype) if bias is not None else None
         return dx.view(dy.shape), dw, db, None, None

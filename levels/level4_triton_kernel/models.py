@@ -29,6 +29,7 @@ def kernel_attention(
     causal: bool = False,
     mask: torch.Tensor | None = None,
     window: int | None = None,
+    scale: float | None = None,
     dropout_p: float = 0.0,
 ) -> torch.Tensor:
     """The ``Kernels.attention`` hook: the flash kernel, which has no attention dropout.
@@ -41,21 +42,28 @@ def kernel_attention(
             "level 4's attention kernel has no attention dropout; train with "
             "config.dropout = 0.0 (the default) or use a lower level"
         )
-    return attention(q, k, v, causal=causal, mask=mask, window=window)
+    return attention(q, k, v, causal=causal, mask=mask, scale=scale, window=window)
+
+
+def kernel_gain(norm: level2.LayerNorm | level2.RMSNorm) -> torch.Tensor:
+    """The gain the fused kernel multiplies by: ``weight``, or Gemma's ``offset + weight``
+    added beforehand in float32 (one ``(N,)`` vector; autograd carries its gradient back
+    to ``weight``)."""
+    return norm.weight if norm.offset == 0.0 else norm.gain(torch.float32)
 
 
 class LayerNorm(level2.LayerNorm):
     """Level 2's LayerNorm (same parameters and state dict) computed by the fused kernel."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return layer_norm(x, self.weight, self.bias, self.eps)  # (..., D) -> (..., D)
+        return layer_norm(x, kernel_gain(self), self.bias, self.eps)  # (..., N) -> (..., N)
 
 
 class RMSNorm(level2.RMSNorm):
     """Level 2's RMSNorm (same parameter and state dict) computed by the fused kernel."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)  # (..., D) -> (..., D)
+        return rms_norm(x, kernel_gain(self), self.eps)  # (..., N) -> (..., N)
 
 
 KERNELS = level2.Kernels(

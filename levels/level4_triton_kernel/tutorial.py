@@ -1,0 +1,239 @@
+"""Level 4's on-ramp: three small Triton kernels, each one idea past the last, up to the
+shape of the real forward kernel (flash_forward.py).
+
+Numbered as llm.c's ``dev/cuda`` numbers its kernel versions, and climbing as
+Triton's own tutorials climb from a vector add to fused attention
+(docs/level4_triton_kernel.md reads them in order):
+
+1. ``softmax_rows``: the programming model. One *program* per row (the grid
+   is the number of rows), a block of ``BLOCK`` columns loaded with a *mask*
+   for the columns past the row's end. One read and one write of the row.
+2. ``attention_v2``: the online softmax over key tiles, FlashAttention-2's
+   loop: one program per (query tile, batch x head), every key visible. No
+   attention mask, no causal rule, no grouped heads, no window.
+3. ``attention_v3``: bottom-right causal. Key tiles past the diagonal are
+   never loaded, and the loop is split in two, as Triton's tutorial 06 splits
+   it: the tiles every query of the tile sees in full run without any mask
+   arithmetic, and only the tiles on the diagonal apply the causal rule.
+
+What the real kernel adds to version 3: grouped-query heads, boolean masks,
+sliding windows (whose tiles make the ``-inf`` guard necessary), the saved
+log-sum-exp for the backward, any strides, and autotuned tiles.
+
+Nothing in the package imports this module: the rung's behaviour does not
+depend on it. The chapter and tests/test_level4_tutorial.py do; it imports
+triton, so import ``levels`` first (which sets ``TRITON_INTERPRET=1`` on a
+machine without a GPU).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = math.log2(math.e)  # exp(x) == exp2(x * LOG2E)
+
+
+# ----------------------------------------------------------------------------- 1. softmax_rows
+
+
+@triton.jit
+def _softmax_rows_kernel(
+    X,  # (R, C) input, each row contiguous
+    Y,  # (R, C) output, each row contiguous
+    stride_x,  # elements from one row of X to the next
+    stride_y,  # elements from one row of Y to the next
+    C,  # the true number of columns
+    BLOCK: tl.constexpr,  # a power of two >= C: one program holds a whole row
+):
+    row = tl.program_id(0)  # which row this program owns: 0 .. R-1, one per grid entry
+    cols = tl.arange(0, BLOCK)  # (BLOCK,) column offsets, a compile-time size
+    inside = cols < C  # columns past C are the block's padding: never read, never written
+    x = tl.load(X + row * stride_x + cols, mask=inside, other=float("-inf"))  # (BLOCK,)
+    x = x - tl.max(x, axis=0)  # padding stays -inf, so exp gives it exactly 0
+    e = tl.exp(x)
+    tl.store(Y + row * stride_y + cols, e / tl.sum(e, axis=0), mask=inside)
+
+
+def softmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """``softmax(x, dim=-1)`` of a 2-D ``x (R, C)`` whose rows are contiguous: one program per row."""
+    if x.dim() != 2 or x.stride(1) != 1:
+        raise ValueError(
+            f"softmax_rows takes a 2-D tensor with contiguous rows, got {tuple(x.shape)}"
+        )
+    R, C = x.shape
+    y = torch.empty((R, C), device=x.device, dtype=x.dtype)  # (R, C), contiguous
+    _softmax_rows_kernel[(R,)](x, y, x.stride(0), y.stride(0), C, BLOCK=triton.next_power_of_2(C))
+    return y
+
+
+# ----------------------------------------------------------------------------- 2. attention_v2
+
+
+@triton.jit
+def _attention_v2_kernel(
+    Q,  # (N, T, Dh) queries, contiguous; N = B * H
+    K,  # (N, S, Dh) keys, contiguous
+    V,  # (N, S, Dh) values, contiguous
+    Out,  # (N, T, Dh) output
+    T,  # number of queries
+    S,  # number of keys
+    DH,  # true head width
+    qk_scale,  # softmax scale * log2(e): exp2 of these scores is exp of the scaled scores
+    BLOCK_M: tl.constexpr,  # queries per program
+    BLOCK_N: tl.constexpr,  # keys per loop iteration
+    BLOCK_DH: tl.constexpr,  # DH padded to a power of two >= 16 (tl.dot's minimum)
+):
+    start_m = tl.program_id(0) * BLOCK_M  # this program's query tile
+    n = tl.program_id(1)  # this program's (batch, head)
+    offs_m = start_m + tl.arange(0, BLOCK_M)  # (BLOCK_M,) query indices
+    offs_d = tl.arange(0, BLOCK_DH)  # (BLOCK_DH,) feature indices
+    in_head = offs_d[None, :] < DH  # (1, BLOCK_DH): padded features load as 0, adding nothing
+    q = tl.load(
+        Q + n * T * DH + offs_m[:, None] * DH + offs_d[None, :],
+        mask=(offs_m[:, None] < T) & in_head,
+        other=0.0,
+    )  # (BLOCK_M, BLOCK_DH), in registers for the whole loop
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max of each row
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of exp2(s - m_i)
+    acc = tl.zeros([BLOCK_M, BLOCK_DH], dtype=tl.float32)  # running sum of exp2(s - m_i) v
+    for start_n in range(0, S, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key indices of this tile
+        rows = n * S * DH + offs_n[:, None] * DH + offs_d[None, :]  # (BLOCK_N, BLOCK_DH)
+        k = tl.load(K + rows, mask=(offs_n[:, None] < S) & in_head, other=0.0)
+        v = tl.load(V + rows, mask=(offs_n[:, None] < S) & in_head, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # (BLOCK_M, BLOCK_N)
+        s = tl.where(offs_n[None, :] < S, s, float("-inf"))  # the last tile's padding keys
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # (BLOCK_M,)
+        p = tl.math.exp2(s - m_new[:, None])  # (BLOCK_M, BLOCK_N), in [0, 1]
+        alpha = tl.math.exp2(m_i - m_new)  # rescales the old state to the new max
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        m_i = m_new
+
+    out = acc / l_i[:, None]  # (BLOCK_M, BLOCK_DH)
+    tl.store(
+        Out + n * T * DH + offs_m[:, None] * DH + offs_d[None, :],
+        out,
+        mask=(offs_m[:, None] < T) & in_head,
+    )
+
+
+def _heads(q, k, v):
+    """``(B,H,T,Dh)``, ``(B,H,S,Dh)`` float32 -> contiguous ``(B*H, T, Dh)``, ``(B*H, S, Dh)``."""
+    if not (q.dtype == k.dtype == v.dtype == torch.float32):
+        raise TypeError("the tutorial kernels take float32 q, k and v")
+    if k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q (B,H,T,Dh), k and v (B,H,S,Dh); got {q.shape}, {k.shape}, {v.shape}")
+    return [x.reshape(-1, x.shape[-2], x.shape[-1]).contiguous() for x in (q, k, v)]
+
+
+def attention_v2(q, k, v, *, scale=None, block_m=16, block_n=16):
+    """``softmax(q kᵀ * scale) v`` over every key: ``q (B,H,T,Dh)``, ``k, v (B,H,S,Dh)`` float32."""
+    B, H, T, Dh = q.shape
+    S = k.shape[2]
+    q3, k3, v3 = _heads(q, k, v)
+    out = torch.empty_like(q3)  # (B*H, T, Dh)
+    scale = 1.0 / math.sqrt(Dh) if scale is None else scale
+    grid = (triton.cdiv(T, block_m), B * H)  # one program per (query tile, batch x head)
+    _attention_v2_kernel[grid](
+        q3, k3, v3, out, T, S, Dh, scale * LOG2E,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_DH=max(16, triton.next_power_of_2(Dh)),
+    )  # fmt: skip
+    return out.view(B, H, T, Dh)
+
+
+# ----------------------------------------------------------------------------- 3. attention_v3
+
+
+@triton.jit
+def _attend_tiles(
+    q, m_i, l_i, acc,  # the query tile and its online-softmax state
+    K, V, n, offs_m, offs_d, T, S, DH, qk_scale,
+    lo, hi,  # the key tiles [lo, hi) to walk, lo on a tile boundary
+    MASKED: tl.constexpr,  # apply the causal rule (tiles on the diagonal) or not (tiles below it)
+    BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Version 2's loop over the keys ``[lo, hi)``; with ``MASKED`` the causal rule too."""
+    in_head = offs_d[None, :] < DH
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        rows = n * S * DH + offs_n[:, None] * DH + offs_d[None, :]  # (BLOCK_N, BLOCK_DH)
+        k = tl.load(K + rows, mask=(offs_n[:, None] < S) & in_head, other=0.0)
+        v = tl.load(V + rows, mask=(offs_n[:, None] < S) & in_head, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # (BLOCK_M, BLOCK_N)
+        if MASKED:  # bottom-right: query i sits at i + (S - T) and sees the keys up to there
+            visible = (offs_n[None, :] <= offs_m[:, None] + (S - T)) & (offs_n[None, :] < S)
+            s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.math.exp2(s - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _attention_v3_kernel(
+    Q, K, V, Out,  # as version 2's: (N, T, Dh), (N, S, Dh), (N, S, Dh), (N, T, Dh)
+    T, S, DH, qk_scale,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DH: tl.constexpr,
+):  # fmt: skip
+    start_m = tl.program_id(0) * BLOCK_M
+    n = tl.program_id(1)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_DH)
+    in_tile = (offs_m[:, None] < T) & (offs_d[None, :] < DH)
+    q = tl.load(Q + n * T * DH + offs_m[:, None] * DH + offs_d[None, :], mask=in_tile, other=0.0)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DH], dtype=tl.float32)
+
+    # The tile's first query sits at start_m + S - T: the key tiles wholly at or before
+    # that key are seen in full by every query of the tile, and need no mask at all.
+    full_end = ((start_m + S - T + 1) // BLOCK_N) * BLOCK_N
+    # One past the last key the tile's last query sees: the tiles after it are skipped.
+    end = tl.minimum(S, start_m + BLOCK_M + S - T)
+    m_i, l_i, acc = _attend_tiles(
+        q, m_i, l_i, acc, K, V, n, offs_m, offs_d, T, S, DH, qk_scale, 0, full_end,
+        False, BLOCK_N,
+    )  # fmt: skip
+    m_i, l_i, acc = _attend_tiles(
+        q, m_i, l_i, acc, K, V, n, offs_m, offs_d, T, S, DH, qk_scale, full_end, end,
+        True, BLOCK_N,
+    )  # fmt: skip
+    tl.store(
+        Out + n * T * DH + offs_m[:, None] * DH + offs_d[None, :], acc / l_i[:, None], mask=in_tile
+    )
+
+
+def tile_plan(T: int, S: int, block_m: int = 16, block_n: int = 16) -> list[tuple[int, int, int]]:
+    """What version 3 does per query tile, as the kernel computes it: ``(start_m, full_end,
+    end)``, the unmasked key tiles ``[0, full_end)`` and the masked ones ``[full_end, end)``."""
+    return [
+        (m, (m + S - T + 1) // block_n * block_n, min(S, m + block_m + S - T))
+        for m in range(0, T, block_m)
+    ]
+
+
+def attention_v3(q, k, v, *, scale=None, block_m=16, block_n=16):
+    """Bottom-right causal attention: ``q (B,H,T,Dh)``, ``k, v (B,H,S,Dh)`` float32, ``T <= S``
+    (with more queries than keys the first ones would see nothing)."""
+    B, H, T, Dh = q.shape
+    S = k.shape[2]
+    if T > S:
+        raise ValueError(f"causal attention needs T <= S (got T={T}, S={S}): query 0 sees no key")
+    q3, k3, v3 = _heads(q, k, v)
+    out = torch.empty_like(q3)
+    scale = 1.0 / math.sqrt(Dh) if scale is None else scale
+    grid = (triton.cdiv(T, block_m), B * H)
+    _attention_v3_kernel[grid](
+        q3, k3, v3, out, T, S, Dh, scale * LOG2E,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_DH=max(16, triton.next_power_of_2(Dh)),
+    )  # fmt: skip
+    return out.view(B, H, T, Dh)

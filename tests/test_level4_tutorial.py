@@ -1,0 +1,92 @@
+"""The tutorial kernels of level 4's chapter (levels/level4_triton_kernel/tutorial.py) against
+PyTorch and level 2, on awkward sizes: partial tiles at every edge, a padded head width,
+``T != S``. They are not part of the rung; these tests keep the chapter's kernels honest."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import levels
+
+try:
+    levels.load("level4_triton_kernel")
+except levels.LevelUnavailable as exc:  # no triton: the chapter's blocks are skipped too
+    pytest.skip(f"level 4 is unavailable: {exc}", allow_module_level=True)
+
+from levels.level4_triton_kernel import tutorial  # noqa: E402
+from levels.level4_triton_kernel.tiles import interpreting  # noqa: E402
+
+L2 = levels.load("level2_torch_manual")
+DEVICE = "cpu" if interpreting() else "cuda"  # the interpreter takes CPU tensors, a GPU CUDA ones
+
+
+def _qkv(B, H, T, S, Dh, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, T, Dh, generator=g)  # (B,H,T,Dh)
+    k = torch.randn(B, H, S, Dh, generator=g)  # (B,H,S,Dh)
+    v = torch.randn(B, H, S, Dh, generator=g)
+    return (x.to(DEVICE) for x in (q, k, v))
+
+
+@pytest.mark.parametrize("R,C", [(7, 13), (3, 1), (5, 100), (1, 16)])
+def test_softmax_rows_matches_torch(R, C):
+    x = (torch.randn(R, C, generator=torch.Generator().manual_seed(R * C)) * 5).to(DEVICE)
+    torch.testing.assert_close(tutorial.softmax_rows(x), x.softmax(-1), atol=1e-6, rtol=1e-6)
+
+
+def test_softmax_rows_reads_rows_with_a_stride():
+    x = torch.randn(6, 40, generator=torch.Generator().manual_seed(1)).to(DEVICE)[:, :25]
+    torch.testing.assert_close(tutorial.softmax_rows(x), x.softmax(-1), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("T,S,Dh", [(13, 29, 24), (1, 7, 4), (37, 37, 16), (20, 3, 33)])
+def test_attention_v2_is_attention_over_every_key(T, S, Dh):
+    q, k, v = _qkv(2, 3, T, S, Dh)
+    want = L2.attention(q.cpu().double(), k.cpu().double(), v.cpu().double())
+    got = tutorial.attention_v2(q, k, v).cpu().double()
+    assert (got - want).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize(
+    "T,S,Dh", [(13, 29, 24), (1, 7, 4), (37, 37, 16), (16, 48, 8), (33, 40, 16)]
+)
+@pytest.mark.parametrize("blocks", [(16, 16), (16, 32), (32, 16)])
+def test_attention_v3_is_bottom_right_causal_attention(T, S, Dh, blocks):
+    q, k, v = _qkv(1, 2, T, S, Dh, seed=T + S)
+    want = L2.attention(q.cpu().double(), k.cpu().double(), v.cpu().double(), causal=True)
+    got = tutorial.attention_v3(q, k, v, block_m=blocks[0], block_n=blocks[1]).cpu().double()
+    assert (got - want).abs().max() < 1e-5
+
+
+# The interpreter's numpy reductions warn about the NaN rows this probe creates on purpose.
+@pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")
+def test_attention_v3_never_loads_the_tiles_past_the_diagonal():
+    """Keys 32..63 poisoned with NaN: query tiles 0 and 1 (rows 0..31) must stop before them."""
+    q, k, v = _qkv(1, 1, 64, 64, 16)
+    k, v = k.clone(), v.clone()
+    k[:, :, 32:], v[:, :, 32:] = float("nan"), float("nan")
+    out = tutorial.attention_v3(q, k, v)
+    want = L2.attention(q[:, :, :32].cpu(), k[:, :, :32].cpu(), v[:, :, :32].cpu(), causal=True)
+    torch.testing.assert_close(out[:, :, :32].cpu(), want, atol=1e-5, rtol=1e-5)
+    assert out[:, :, 32:].isnan().all()
+
+
+@pytest.mark.parametrize("T,S", [(13, 29), (64, 64), (37, 37), (5, 80)])
+def test_the_unmasked_tiles_are_exactly_those_every_query_sees_in_full(T, S):
+    """tile_plan's split, against the position rule pair by pair: every key of a tile below
+    ``full_end`` is visible to every query of the tile, and the first tile from there is not."""
+    bm = bn = 16
+    for start_m, full_end, end in tutorial.tile_plan(T, S, bm, bn):
+        queries = range(start_m, min(T, start_m + bm))
+        assert all(j <= i + S - T for i in queries for j in range(full_end))
+        if full_end < end:
+            tile = range(full_end, min(S, full_end + bn))
+            assert not all(j <= i + S - T for i in queries for j in tile)
+        assert end == min(S, max(queries) + S - T + 1 + (bm - len(queries)))
+
+
+def test_attention_v3_refuses_more_queries_than_keys():
+    q, k, v = _qkv(1, 1, 5, 3, 4)
+    with pytest.raises(ValueError, match="T <= S"):
+        tutorial.attention_v3(q, k, v)
