@@ -1,6 +1,6 @@
 """The training lab: train the ladder's models on generated tasks, after checking them.
 
-``ladder train`` / ``preflight`` / ``generate`` (``lab.commands``) are the way in;
+``ladder train`` / ``preflight`` / ``generate`` (``ladder/train.py``) are the way in;
 docs/training.md is the chapter. The modules, in the order a run uses them:
 
 * ``levels.common.tasks``: the generated tasks (copy, reverse, cycle);

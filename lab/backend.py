@@ -18,13 +18,9 @@ serves all three: autograd computes the gradients. A level without autograd
 hand-written backward and optimiser; ``make_backend`` is the one place that
 chooses.
 
-AdamW (Loshchilov & Hutter), as ``torch.optim.AdamW`` computes it, per parameter ``w``
-with gradient ``g`` at step ``t``::
-
-    w  <- w - lr * weight_decay * w          (decoupled decay; matrices only)
-    m  <- b1 m + (1 - b1) g ;  v <- b2 v + (1 - b2) g^2
-    w  <- w - lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
-
+The update is AdamW (Loshchilov & Hutter): ``torch.optim.AdamW`` for the torch
+levels, and for level 1 the course's own hand-written one, ``levels.level1_numpy.optim.AdamW``,
+whose docstring derives it and which computes what torch's does, step for step.
 Decay is applied to weight matrices only (``ndim >= 2``): shrinking biases and
 LayerNorm gains towards zero has no regularising purpose. Embeddings are
 matrices and are decayed, as in nanoGPT.
@@ -170,6 +166,11 @@ class TorchAutogradBackend(TrainerBackend):
         if world is not None and fsdp:
             from torch.distributed.fsdp import fully_shard
 
+            # FSDP2 shards a parameter along its first axis and takes only contiguous ones;
+            # level 2 lays its matrices out for one-row decoding (arrays.matvec_layout),
+            # which training, a product of whole batches, does not need.
+            for param in self.model.parameters():
+                param.data = param.data.contiguous()
             for module in self.model.modules():
                 if isinstance(module, (level.EncoderLayer, getattr(level, "DecoderLayer", ()))):
                     fully_shard(module)
@@ -391,15 +392,9 @@ class NumpyBackend(TrainerBackend):
         return float(norm)
 
     def state(self) -> dict[str, Any]:
-        opt = self.optimizer
-        copy = lambda d: {n: np.array(a) for n, a in d.items()}  # noqa: E731
         return {
-            "params": copy(self.model.parameters()),
-            "optimizer": {
-                "step": opt.step_count,
-                "exp_avg": copy(opt.exp_avg) if opt.step_count else {},
-                "exp_avg_sq": copy(opt.exp_avg_sq) if opt.step_count else {},
-            },
+            "params": {n: np.array(w) for n, w in self.model.parameters().items()},
+            "optimizer": self.optimizer.state(),
             "rng": None,  # nothing random: level 1 has no dropout
         }
 
@@ -413,20 +408,12 @@ class NumpyBackend(TrainerBackend):
             )
         for name, w in live.items():
             w[...] = params[name]  # in place: the model reads these very arrays
-        opt, saved = self.optimizer, state["optimizer"]
-        opt.step_count = int(saved["step"])
-        for name in live:
-            if opt.step_count:
-                opt.exp_avg[name][...] = saved["exp_avg"][name]
-                opt.exp_avg_sq[name][...] = saved["exp_avg_sq"][name]
-            else:
-                opt.exp_avg[name][...] = 0.0
-                opt.exp_avg_sq[name][...] = 0.0
+        self.optimizer.load_state(state["optimizer"])
 
 
 def is_torch_level(level: ModuleType) -> bool:
     """Whether the level's arrays are torch tensors (and so autograd can train it)."""
-    return level.ARRAY == "torch"
+    return level.FACTS.array == "torch"
 
 
 def check_trainable(level: ModuleType, kind: str, *, parallel: bool = False) -> None:
@@ -434,11 +421,11 @@ def check_trainable(level: ModuleType, kind: str, *, parallel: bool = False) -> 
     or, with ``parallel``, none that data-parallel training can use (autograd's)."""
     _model_class(level, kind)  # an unknown kind is refused first
     name = level.__name__.rsplit(".", 1)[-1]
-    if level.GRADIENTS is None:
+    if level.FACTS.gradients is None:
         raise ValueError(
             f"{name} computes no gradients (inference only); train at level 1 or above"
         )
-    if parallel and level.GRADIENTS != "autograd":
+    if parallel and level.FACTS.gradients != "autograd":
         raise ValueError(
             f"{name} trains with its own numpy backward; "
             "data-parallel training needs a torch level (2, 3 or 4)"
@@ -462,7 +449,7 @@ def make_backend(
     with a hand-written backward. ``dtype`` is the level's native float dtype (default:
     the level's default)."""
     check_trainable(level, kind, parallel=world is not None)
-    if level.GRADIENTS == "autograd":
+    if level.FACTS.gradients == "autograd":
         return TorchAutogradBackend(
             level,
             config,

@@ -5,7 +5,7 @@
 process fails, stops the others) and each runs the same training loop. The
 one torchrun line that does the same by hand::
 
-    torchrun --standalone --nproc_per_node 2 -m benchmarks.cli train seq2seq --task reverse
+    torchrun --standalone --nproc_per_node 2 -m ladder train seq2seq --task reverse
 
 What makes N processes train the model one process would:
 
@@ -103,21 +103,33 @@ def join_group(
     )
 
 
-def spawn(fn, world: int, out_dir: str | Path, *args, deadline_s: float) -> list[dict]:
-    """Run ``fn(rank, world, rendezvous, out_dir, *args)`` in ``world`` spawned processes and
-    return each rank's ``out_dir/rank{r}.json``.
+def spawn(
+    fn,
+    world: int,
+    out_dir: str | Path,
+    *args,
+    deadline_s: float,
+    backend: str = "gloo",
+    timeout: timedelta = TIMEOUT,
+) -> list[dict]:
+    """Run ``fn(rank, world, *args) -> dict`` in ``world`` spawned processes, one rank each,
+    and return what each rank's ``fn`` returned, in rank order.
 
-    The ranks meet through a fresh file in ``out_dir`` (``join_group``). A rank that fails
-    or a run past ``deadline_s`` seconds raises here, and every rank still alive is
-    terminated: none is left behind.
+    ``fn`` does only its rank's work: ``_rank`` around it joins the process group
+    (``backend``: gloo, or nccl with one GPU per rank; collectives time out after
+    ``timeout``), and after it waits for every rank, tears the group down, writes the
+    result to ``out_dir/rank{r}.json`` and ends the process (``leave``). The ranks meet
+    through a fresh file in ``out_dir`` (``join_group``). A rank that fails or a run past
+    ``deadline_s`` seconds raises here, and every rank still alive is terminated: none is
+    left behind.
     """
     import torch.multiprocessing as mp
 
     out_dir = Path(out_dir)
     rendezvous = out_dir / f"rendezvous-{fn.__name__}-{world}-{time.monotonic_ns()}"
     context = mp.start_processes(
-        fn, args=(world, str(rendezvous), str(out_dir), *args), nprocs=world, join=False,
-        start_method="spawn",
+        _rank, args=(fn, world, str(rendezvous), str(out_dir), backend, timeout, args),
+        nprocs=world, join=False, start_method="spawn",
     )  # fmt: skip
     deadline = time.monotonic() + deadline_s
     try:
@@ -130,6 +142,24 @@ def spawn(fn, world: int, out_dir: str | Path, *args, deadline_s: float) -> list
                 process.terminate()
             process.join(timeout=10)
     return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def _rank(rank: int, fn, world: int, rendezvous: str, out_dir: str, backend: str, timeout, args):
+    """One spawned rank of ``spawn``: join, run ``fn``, wait for the others, tear down, leave."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)  # the ranks share the machine's cores
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    join_group(rank, world, rendezvous, backend=backend, timeout=timeout)
+    try:
+        result = fn(rank, world, *args)
+        dist.barrier()  # nobody tears the group down while another rank still talks
+    finally:
+        dist.destroy_process_group()  # also after a failure: the error, not a hang, ends it
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+    leave(0)  # done: past gloo's teardown at exit, which can abort a rank
 
 
 def leave(status: int = 0) -> NoReturn:
@@ -192,8 +222,8 @@ def all_sum(value: float) -> float:
     return float(t[0])
 
 
-def launch(argv: list[str], nproc: int) -> int:
-    """Run ``ladder <argv>`` in ``nproc`` processes under torchrun; its exit status.
+def launch(module: str, argv: list[str], nproc: int) -> int:
+    """Run ``python -m <module> <argv>`` in ``nproc`` processes under torchrun; its exit status.
 
     torchrun's own logging stays on stderr; a failing rank's error and status
     come back through it.
@@ -205,7 +235,7 @@ def launch(argv: list[str], nproc: int) -> int:
         "--standalone",
         f"--nproc_per_node={nproc}",
         "-m",
-        "benchmarks.cli",
+        module,
         *argv,
     ]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}

@@ -33,7 +33,7 @@ def load_model(
     spec = spec_from_dict(saved["spec"])
     module = levels.load(level) if isinstance(level, str) else level
     cls = module.Seq2SeqTransformer if spec.kind == "seq2seq" else module.DecoderOnlyTransformer
-    kwargs = {} if module.ARRAY != "torch" or device is None else {"device": device}
+    kwargs = {} if module.FACTS.array != "torch" or device is None else {"device": device}
     return cls(spec.config, saved["params"], **kwargs), spec
 
 

@@ -301,7 +301,7 @@ def train(
     seen = set(train_set)  # examples are frozen dataclasses, so hashable
     result: dict[str, Any] = {
         "level": level.__name__.rsplit(".", 1)[-1],
-        "describe": level.DESCRIPTION,
+        "describe": level.FACTS.description,
         "kind": spec.kind,
         "task": spec.task.name,
         "steps": stop,

@@ -10,31 +10,35 @@ import json
 import math
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 import levels
-from benchmarks import cli, flops
-from benchmarks.backends import level_backend, sdpa_backend
-from benchmarks.figures import kv_cache_figures
-from benchmarks.memory import peak_memory
-from benchmarks.plan import Budget, Plan
-from benchmarks.records import SKIPPED_BUDGET, WRONG, Record
-from benchmarks.reference import Reference
-from benchmarks.report import (
+from benchmarks import flops
+from benchmarks.attention_scenarios import Attention
+from benchmarks.measure import TimingPolicy, measure, peak_memory, summarize
+from benchmarks.plan import Budget, Plan, kv_cache_figures
+from benchmarks.records import (
+    SKIPPED_BUDGET,
+    WRONG,
+    Ratio,
+    Record,
     fmt_percent,
-    kv_cache_ratios,
-    level_ratios,
-    pair_ratios,
-    summary,
-    window_ratios,
+    read_json,
+    read_ratios,
 )
+from benchmarks.reference import Reference
+from benchmarks.report import RATIOS
 from benchmarks.runner import run_case
-from benchmarks.scenarios import Attention
-from benchmarks.timing import TimingPolicy, measure, summarize
+from benchmarks.subjects import level_subject, sdpa_subject
+from ladder import cli
 from levels.common.config import TransformerConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+COMMITTED_RUNS = ("cpu_default.json", "cpu_quick.json")  # in docs/data
 
 FAST = TimingPolicy(warmup=1, min_repeat=2, max_repeat=3, min_time_s=0.0, min_sample_s=0.0)
 
@@ -155,10 +159,10 @@ def _plan(budget: Budget) -> Plan:
 
 
 def test_budget_skips_over_the_work_cap_without_running():
-    backend = level_backend("level1_numpy", _load("level1_numpy"), "cpu")
+    subject = level_subject("level1_numpy", _load("level1_numpy"), "cpu")
     work = Attention(B=1, H=2, T=64, Dh=8)  # 4*2*64*64*8 / 2 = 131072 FLOPs
     record = run_case(
-        backend,
+        subject,
         work,
         dtype="float32",
         plan=_plan(Budget(max_gflop=1e-4)),  # 100000 FLOPs < 131072
@@ -172,31 +176,31 @@ def test_budget_skips_over_the_work_cap_without_running():
 def test_pace_extrapolates_the_growth_two_sizes_showed():
     from benchmarks.runner import Pace
 
-    backend = level_backend("level1_numpy", _load("level1_numpy"), "cpu")
+    subject = level_subject("level1_numpy", _load("level1_numpy"), "cpu")
     # A window of 4: FLOPs grow with T, twice per doubling.
     a, b, c = (Attention(B=1, H=1, T=T, Dh=8, window=4) for T in (64, 128, 256))
     pace = Pace()
-    pace.record(backend, a, 1.0)
-    assert pace.predict(backend, b) == pytest.approx(1.0 * b.flops() / a.flops())  # one size
-    pace.record(backend, b, 4.0)  # but time quadrupled: a (T, S) matrix, not the window
+    pace.record(subject, a, 1.0)
+    assert pace.predict(subject, b) == pytest.approx(1.0 * b.flops() / a.flops())  # one size
+    pace.record(subject, b, 4.0)  # but time quadrupled: a (T, S) matrix, not the window
     p = math.log(4.0) / math.log(b.flops() / a.flops())
-    assert pace.predict(backend, c) == pytest.approx(4.0 * (c.flops() / b.flops()) ** p)
+    assert pace.predict(subject, c) == pytest.approx(4.0 * (c.flops() / b.flops()) ** p)
     # Full causal attention is another series: nothing measured there yet, so the guess
     # is its FLOPs at the best rate seen.
     full = Attention(B=1, H=1, T=256, Dh=8, window=256)
-    assert pace.predict(backend, full) == pytest.approx(full.flops() / (a.flops() / 1.0))
+    assert pace.predict(subject, full) == pytest.approx(full.flops() / (a.flops() / 1.0))
 
 
 def test_budget_skips_a_size_predicted_too_slow():
     from benchmarks.runner import Pace
 
-    backend = level_backend("level1_numpy", _load("level1_numpy"), "cpu")
+    subject = level_subject("level1_numpy", _load("level1_numpy"), "cpu")
     small, large = Attention(B=1, H=2, T=16, Dh=8), Attention(B=1, H=2, T=64, Dh=8)
     pace = Pace()
-    pace.record(backend, small, 1.0)  # pretend the small size took 1 s
+    pace.record(subject, small, 1.0)  # pretend the small size took 1 s
     # The large one is 16x the work, so it would take about 16 s > 5 s.
     record = run_case(
-        backend,
+        subject,
         large,
         dtype="float32",
         plan=_plan(Budget(max_call_s=5.0)),
@@ -208,11 +212,11 @@ def test_budget_skips_a_size_predicted_too_slow():
 
 
 def test_run_case_measures_and_checks_against_float64():
-    backend = level_backend("level2_torch_manual", _load("level2_torch_manual"), "cpu")
+    subject = level_subject("level2_torch_manual", _load("level2_torch_manual"), "cpu")
     _load("level1_numpy")  # the reference
     work = Attention(B=1, H=2, T=24, Dh=8)
     record = run_case(
-        backend, work, dtype="float32", plan=_plan(Budget()), reference=Reference(), peak=None
+        subject, work, dtype="float32", plan=_plan(Budget()), reference=Reference(), peak=None
     )
     assert record.ok, record.status
     assert record.q1_s <= record.median_s <= record.q3_s
@@ -226,7 +230,7 @@ def test_sdpa_peer_runs_on_the_cpu_math_backend():
     _load("level1_numpy")
     work = Attention(B=1, H=2, T=24, Dh=8, backward=False)
     record = run_case(
-        sdpa_backend("math", "cpu"),
+        sdpa_subject("math", "cpu"),
         work,
         dtype="float32",
         plan=_plan(Budget()),
@@ -254,41 +258,76 @@ def _rec(level, scenario, T, median, tokens=None):
     )
 
 
-def test_ratios_use_the_longest_common_length():
-    records = [
-        _rec("a", "attention fwd", 128, 2.0),
-        _rec("a", "attention fwd", 1024, 8.0),
-        _rec("b", "attention fwd", 128, 1.0),
-        _rec("b", "attention fwd", 1024, 2.0),
-        _rec("b", "attention fwd", 2048, 5.0),
-    ]
-    (ratio,) = level_ratios(records)
-    assert ratio.value == 4.0 and "T=1024" in ratio.detail  # 8 s / 2 s
+def _readings(records, start):
+    """The report's ratios read off ``records`` whose label starts with ``start``."""
+    return [r for r in read_ratios(RATIOS, records) if r.label.startswith(start)]
 
 
-def test_kv_cache_and_bucketing_ratios():
-    records = [
-        _rec("a", "generate uncached", 64, 3.0),
-        _rec("a", "generate cached", 64, 0.5),
-        _rec("a", "varlen padded", 64, 1.0, tokens=100.0),
-        _rec("a", "varlen bucketed", 64, 1.0, tokens=250.0),
+@pytest.mark.parametrize("run", COMMITTED_RUNS)
+def test_the_ratios_of_the_committed_runs_are_those_of_the_ten_old_functions(run):
+    """The ratios became data (``report.RATIOS``); on the committed runs their table reads
+    exactly as the hand-written functions it replaced made it (tests/data, computed then)."""
+    fixture = json.loads((ROOT / "tests" / "data" / "ratios_of_committed_runs.json").read_text())
+    records = read_json(ROOT / "docs" / "data" / run)
+    got = [
+        {"what": r.label, "value": r.value, "ratio": r.shown, "from": r.detail}
+        for r in read_ratios(RATIOS, records)
     ]
-    (kv,) = pair_ratios(records, "generate uncached", "generate cached", "kv")
-    (bucket,) = pair_ratios(records, "varlen padded", "varlen bucketed", "b", throughput=True)
-    assert kv.value == 6.0 and bucket.value == 2.5
+    assert got == fixture["runs"][run]
+
+
+L1, L2, L3 = "level1_numpy", "level2_torch_manual", "level3_sdpa_flash"
+
+
+def test_each_level_is_over_the_next_one_up_at_the_longest_common_length():
+    records = [
+        _rec(L1, "attention fwd", 128, 2.0),
+        _rec(L1, "attention fwd", 1024, 8.0),
+        _rec(L2, "attention fwd", 128, 1.0),
+        _rec(L2, "attention fwd", 1024, 2.0),
+        _rec(L2, "attention fwd", 2048, 5.0),
+        _rec(L3, "attention fwd", 2048, 0.5),
+        _rec("sdpa:math", "attention fwd", 2048, 1.0),
+    ]
+    one, two, peer = _readings(records, "attention fwd:")
+    assert (one.label, one.value, one.detail) == (
+        f"attention fwd: {L1} / {L2}",
+        4.0,
+        "T=1024: 8 s / 2 s",
+    )
+    assert (two.value, two.detail) == (10.0, "T=2048: 5 s / 500 ms")  # level 2 over level 3
+    # Then the top rung over each peer: 0.5 s / 1 s.
+    assert peer.label == f"attention fwd: {L3} / sdpa:math" and peer.value == 0.5
+
+
+def test_kv_cache_and_bucketing_ratios_pair_each_level_with_itself():
+    records = [
+        _rec(L1, "generate uncached", 64, 3.0),
+        _rec(L2, "generate uncached", 64, 4.0),
+        _rec(L1, "generate cached", 64, 0.5),
+        _rec(L1, "varlen padded", 64, 1.0, tokens=100.0),
+        _rec(L1, "varlen bucketed", 64, 1.0, tokens=250.0),
+    ]
+    (kv,) = _readings(records, "KV-cache speed-up")  # level 2 has no cached run
+    (bucket,) = _readings(records, "bucketing")
+    assert (kv.label, kv.value) == (f"KV-cache speed-up: {L1}", 6.0)  # 3 s / 0.5 s
+    # Tokens/s bucketed over padded: 250 / 100; no waste recorded, so none in the detail.
+    assert bucket.value == 2.5 and bucket.detail == "250 / 100 tok/s"
 
 
 def test_window_ratio_is_full_over_window_at_the_longest_common_length():
     def rec(T, W, median, peak):
-        r = _rec("a", "attention window", T, median)
+        r = _rec(L1, "attention window", T, median)
         r.shape |= {"W": W}
         r.peak_memory_bytes = peak
         return r
 
     records = [rec(1024, 256, 1.0, 10), rec(1024, 1024, 2.0, 10), rec(4096, 256, 3.0, 40)]
     records += [rec(4096, 4096, 12.0, 40), rec(8192, 256, 6.0, 80)]  # 8192: no full run
-    (ratio,) = window_ratios(records)
-    assert ratio.value == 4.0 and "T=4096, W=256" in ratio.detail
+    (ratio,) = _readings(records, "full causal")
+    assert (
+        ratio.value == 4.0 and ratio.detail == "T=4096, W=256: 12 s / 3 s; peak memory 40 B / 40 B"
+    )
 
 
 def test_flash_decoding_ratio_is_keyed_by_the_cache_length():
@@ -300,8 +339,31 @@ def test_flash_decoding_ratio_is_keyed_by_the_cache_length():
     records = [rec("level4:no-split", 4096, 2.0), rec("level4_triton_kernel", 4096, 1.0)]
     records += [rec("level4:no-split", 65536, 9.0), rec("level4_triton_kernel", 65536, 3.0)]
     records += [rec("level4:no-split", 131072, 20.0)]  # no split run at this length
-    (ratio,) = [r for r in summary(records) if r.label.startswith("decode attention")]
+    (ratio,) = _readings(records, "decode attention")
     assert ratio.value == 3.0 and ratio.detail.startswith("S=65536")  # 9 s / 3 s
+
+
+def test_a_ratio_is_data_read_by_one_function():
+    """The rules of ``Ratio`` on a made-up scenario: named fields pick the records, a
+    record is never its own denominator, ``keep`` chooses among one label's pairs, and a
+    detail part naming a value a record lacks is left out."""
+    records = [_rec(L1, "s", T, m) for T, m in ((8, 1.0), (16, 4.0))]
+    records += [_rec(L2, "s", T, m) for T, m in ((8, 2.0), (16, 2.0))]
+    records[1].peak_memory_bytes = 3 * 2**20
+    over = Ratio(
+        "{num.level} over any",
+        {"scenario": "s"},
+        {"scenario": "s"},
+        same=("T",),
+        keep="T",
+        detail=("T={num.T}", "{num.memory} / {den.memory}"),
+    )
+    a, b = read_ratios([over], records)  # level 1 over level 2 and level 2 over level 1
+    assert (a.label, a.value, a.detail) == (f"{L1} over any", 2.0, "T=16")  # 4 s / 2 s
+    assert (b.label, b.value) == (f"{L2} over any", 0.5)
+    first = Ratio("{num.level}", {"scenario": "s", "level": L1}, {"scenario": "s", "level": L2})
+    (reading,) = read_ratios([first], records)  # no same size asked for: the first pair
+    assert reading.value == 0.5 and reading.shown == "0.5x"
 
 
 def test_decode_attention_reads_k_and_v_once():
@@ -328,7 +390,7 @@ def test_kv_cache_figures_are_read_off_allocated_buffers():
     per_token = {r.note.split(";")[0]: r.cache_bytes_per_token for r in records}
     # TinyLlama's shape in bfloat16: 2 (k and v) * 22 layers * Hkv * 64 * 2 bytes.
     assert per_token == {"MHA": 2 * 22 * 32 * 64 * 2, "GQA": 2 * 22 * 4 * 64 * 2, "MQA": 5632}
-    assert [r.value for r in kv_cache_ratios(records)] == [8.0, 32.0]
+    assert [r.value for r in _readings(records, "KV-cache bytes")] == [8.0, 32.0]
 
 
 # --------------------------------------------------------------------------- the command
@@ -436,9 +498,9 @@ def test_measure_makes_the_warm_up_calls_itself():
 
 def test_level0_is_measured_in_float64_whatever_the_run_dtype():
     _load("level1_numpy")
-    backend = level_backend("level0_loops", _load("level0_loops"), "cpu")
+    subject = level_subject("level0_loops", _load("level0_loops"), "cpu")
     record = run_case(
-        backend,
+        subject,
         Attention(B=1, H=2, T=8, Dh=4),
         dtype="bfloat16",
         plan=_plan(Budget()),
@@ -465,14 +527,14 @@ class _Sleeper:
     def tokens(self):
         return None
 
-    def unsupported(self, backend):
+    def unsupported(self, subject):
         return None
 
     def __init__(self, error=0.0):
         self.error, self.calls = error, 0
 
-    def build(self, backend, dtype, reference):
-        from benchmarks.scenarios import Case
+    def build(self, subject, dtype, reference):
+        from benchmarks.reference import Case
 
         def fn():
             self.calls += 1
@@ -486,9 +548,9 @@ class _Sleeper:
 
 
 def test_budget_stops_a_case_whose_first_call_is_far_over_the_cap():
-    backend = level_backend("level1_numpy", _load("level1_numpy"), "cpu")
+    subject = level_subject("level1_numpy", _load("level1_numpy"), "cpu")
     record = run_case(
-        backend,
+        subject,
         _Sleeper(),
         dtype="float32",
         plan=_plan(Budget(max_call_s=0.01)),  # 0.05 s > 2 x 0.01 s
@@ -500,25 +562,25 @@ def test_budget_stops_a_case_whose_first_call_is_far_over_the_cap():
 
 
 def test_a_case_over_its_error_bound_is_reported_wrong_and_never_timed():
-    backend = level_backend("level1_numpy", _load("level1_numpy"), "cpu")
+    subject = level_subject("level1_numpy", _load("level1_numpy"), "cpu")
     wrong = _Sleeper(error=0.5)  # bound 1e-3
     record = run_case(
-        backend, wrong, dtype="float32", plan=_plan(Budget()), reference=Reference(), peak=None
+        subject, wrong, dtype="float32", plan=_plan(Budget()), reference=Reference(), peak=None
     )
     assert record.status == WRONG and record.note == "output error 0.5 > bound 0.001"
     assert wrong.calls == 1  # the check only: no warm-up, no sample
     assert record.median_s is None and record.max_error == 0.5
     right = _Sleeper(error=1e-4)
     record = run_case(
-        backend, right, dtype="float32", plan=_plan(Budget()), reference=Reference(), peak=None
+        subject, right, dtype="float32", plan=_plan(Budget()), reference=Reference(), peak=None
     )
     assert record.ok and record.error_bound == 1e-3 and right.calls > 2
 
 
 def test_a_nan_result_is_wrong():
-    backend = level_backend("level1_numpy", _load("level1_numpy"), "cpu")
+    subject = level_subject("level1_numpy", _load("level1_numpy"), "cpu")
     record = run_case(
-        backend,
+        subject,
         _Sleeper(error=float("nan")),
         dtype="float32",
         plan=_plan(Budget()),
@@ -531,7 +593,7 @@ def test_a_nan_result_is_wrong():
 def test_cpu_threads_are_set_for_the_run_and_restored():
     from threadpoolctl import threadpool_info
 
-    from benchmarks.bench import cpu_threads
+    from benchmarks.measure import cpu_threads
 
     before = torch.get_num_threads()
     with cpu_threads(1):
@@ -555,11 +617,10 @@ def _rendered(records, width: int) -> str:
 @pytest.mark.parametrize("width", [80, 120, 200])
 def test_tables_never_break_or_crop_a_number(width):
     """Below the full width columns go (note first, then IQR, memory, ...), never digits."""
-    from benchmarks.doc_tables import BENCH_JSON
-    from benchmarks.records import read_json
-    from benchmarks.report import CEILINGS, fmt_time
+    from benchmarks.records import fmt_time
+    from benchmarks.report import CEILINGS
 
-    records = read_json(BENCH_JSON)
+    records = read_json(ROOT / "docs" / "data" / "cpu_quick.json")
     text = _rendered(records, width)
     lines = text.splitlines()
     assert max(len(line) for line in lines) <= width

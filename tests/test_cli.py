@@ -1,6 +1,6 @@
 """The ``ladder`` command answers every misuse with one line and a non-zero exit.
 
-Most cases call ``benchmarks.cli.main`` in this process (what the console
+Most cases call ``ladder.cli.main`` in this process (what the console
 script runs) and read its exit status and stderr; a few run ``ladder`` as a
 subprocess, where only a real process shows the behaviour: Ctrl-C, and a
 machine without triton. Every refused command must leave the files it was
@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.cli import main as ladder
 from lab.checkpoint import save_checkpoint
+from ladder.cli import main as ladder
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -215,7 +215,7 @@ def test_an_interruption_before_the_first_step_says_so(tmp_path, monkeypatch, re
 
 def _ladder_process(*argv: str, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.cli", *argv],
+        [sys.executable, "-m", "ladder", *argv],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -253,3 +253,20 @@ def test_level_4_without_triton_is_one_line(tmp_path):
     assert proc.returncode == 1, err
     (line,) = err.strip().splitlines()
     assert "level4_triton_kernel is unavailable here" in line and "Traceback" not in err
+
+
+def test_a_swallowed_ctrl_c_still_stops_training_at_the_next_step():
+    """Python prints and ignores a KeyboardInterrupt raised inside a finalizer; the training
+    command's handler remembers the signal, so the next step stops the run all the same."""
+    from ladder.train import _CtrlC
+
+    with _CtrlC() as stop:
+        stop.check()  # no signal yet: nothing to raise
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1.0)  # the handler runs at the next bytecode
+        except KeyboardInterrupt:
+            pass  # swallowed, as a finalizer would
+        with pytest.raises(KeyboardInterrupt):
+            stop.check()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -7,6 +7,7 @@ with one thread here (see ``one_thread``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import types
@@ -16,12 +17,12 @@ import pytest
 import torch
 
 import levels
-from benchmarks.cli import main as ladder
 from lab.checkpoint import load_checkpoint
 from lab.data import BatchStream, collate
 from lab.loss import masked_cross_entropy
 from lab.preflight import PreflightError, run_preflight
 from lab.train import RunSpec, TrainSettings, build_backend, learning_rate, train
+from ladder.cli import main as ladder
 from levels.common.config import TransformerConfig
 from levels.common.tasks import (
     BOS_ID,
@@ -178,9 +179,10 @@ def _broken_level(model_class: type) -> types.ModuleType:
     base = levels.load(LEVEL2)
     level = types.ModuleType(f"broken_{model_class.__name__}")
     level.asarray, level.to_numpy = base.asarray, base.to_numpy
-    level.ARRAY, level.GRADIENTS, level.INTERPRETED = base.ARRAY, base.GRADIENTS, False
-    level.DESCRIPTION = f"level 2 with a broken {model_class.__name__}"
-    level.describe = lambda **kw: level.DESCRIPTION
+    level.FACTS = dataclasses.replace(
+        base.FACTS, interpreted=False, description=f"level 2 with a broken {model_class.__name__}"
+    )
+    level.describe = level.FACTS.describe
     level.DecoderOnlyTransformer = model_class
     return level
 

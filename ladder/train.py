@@ -1,7 +1,7 @@
-"""The training lab's commands: ``ladder train``, ``ladder preflight`` and ``ladder generate``.
+"""``ladder train`` and ``ladder preflight``: the lab's models (``ladder generate`` runs them too).
 
-The arguments are declared in ``benchmarks/cli.py`` (the one ``ladder``
-parser); these functions run them. Everything a run needs is checked before
+The arguments are declared in ``ladder/cli.py`` (the one parser); these
+functions run them over the training lab (``lab``). Everything a run needs is checked before
 the first step: the level loads and has gradients, the device exists, the
 task fits the kind, every output path is writable, and a checkpoint to resume
 is verified and belongs to the run asked for.
@@ -14,12 +14,11 @@ import contextlib
 import signal
 import sys
 import time
-from pathlib import Path
 
-from benchmarks.cli import Interrupted, UsageError, check_device, check_output_path
 from benchmarks.report import make_console
 
-KINDS = {"seq2seq": "seq2seq", "decoder-only": "decoder_only"}
+from .cli import KINDS, Interrupted, UsageError, check_device, check_output_path, kind_argument
+
 INTERPRETER_WARNING_S = 60.0  # warn before a run predicted to take longer than this
 
 
@@ -28,8 +27,7 @@ def _level(args: argparse.Namespace):
     import torch
 
     import levels
-
-    from .backend import check_trainable
+    from lab.backend import check_trainable
 
     check_device(args.device)
     torch.set_num_threads(args.threads)
@@ -42,7 +40,7 @@ def _level(args: argparse.Namespace):
 
 
 def _spec(args: argparse.Namespace, *, quick: bool = False, steps: int | None = None):
-    from .train import default_spec
+    from lab.train import default_spec
 
     try:
         seed = 0 if args.seed is None else args.seed
@@ -52,8 +50,8 @@ def _spec(args: argparse.Namespace, *, quick: bool = False, steps: int | None = 
 
 
 def preflight(args: argparse.Namespace) -> int:
-    from .preflight import run_preflight
-    from .train import build_backend
+    from lab.preflight import run_preflight
+    from lab.train import build_backend
 
     level = _level(args)
     spec = _spec(args)
@@ -77,8 +75,8 @@ def _model_line(spec) -> str:
 
 def _resumed_spec(args: argparse.Namespace):
     """The spec saved in ``--checkpoint``, refused if it is not the run the command line names."""
-    from .checkpoint import load_checkpoint
-    from .train import spec_from_dict
+    from lab.checkpoint import load_checkpoint
+    from lab.train import spec_from_dict
 
     if args.checkpoint is None:
         raise UsageError("--resume needs --checkpoint PATH")
@@ -87,7 +85,7 @@ def _resumed_spec(args: argparse.Namespace):
     saved = load_checkpoint(args.checkpoint)  # CheckpointError (one line) if unusable
     spec = spec_from_dict(saved["spec"])
     asked = {"kind": args.kind, "task": args.task, "seed": args.seed}
-    there = {"kind": _kind_name(spec.kind), "task": spec.task.name, "seed": spec.settings.seed}
+    there = {"kind": kind_argument(spec.kind), "task": spec.task.name, "seed": spec.settings.seed}
     for key, value in asked.items():
         if value is not None and value != there[key]:
             raise UsageError(
@@ -99,16 +97,11 @@ def _resumed_spec(args: argparse.Namespace):
     return spec, int(saved["step"])
 
 
-def _kind_name(kind: str) -> str:
-    """``decoder_only`` as the command line spells it, ``decoder-only``."""
-    return next(name for name, value in KINDS.items() if value == kind)
-
-
 def _estimate(spec, level, device) -> float:
     """Seconds a run will take, from one timed training step on a throwaway model (for
     levels that run interpreted, where a step takes seconds)."""
-    from .data import BatchStream
-    from .train import build_backend
+    from lab.data import BatchStream
+    from lab.train import build_backend
 
     backend = build_backend(spec, level, device=device)
     stream = BatchStream(
@@ -127,7 +120,7 @@ def _estimate(spec, level, device) -> float:
 
 
 def train(args: argparse.Namespace) -> int:
-    from . import distributed
+    from lab import distributed
 
     world = distributed.from_environment()
     if args.fsdp and args.nproc == 1 and world is None:
@@ -153,8 +146,8 @@ def train(args: argparse.Namespace) -> int:
 
 def _launch_ranks(args: argparse.Namespace, level) -> int:
     """``--nproc N``: check what can be checked here, then run this command in N processes."""
-    from . import distributed
-    from .backend import check_trainable
+    from lab import distributed
+    from lab.backend import check_trainable
 
     try:
         check_trainable(level, KINDS[args.kind], parallel=True)
@@ -176,7 +169,7 @@ def _launch_ranks(args: argparse.Namespace, level) -> int:
     except ValueError as exc:
         raise UsageError(f"--nproc: {exc}") from None
     argv = _argv_without_nproc(sys.argv[1:])
-    status = distributed.launch(argv, args.nproc)
+    status = distributed.launch("ladder", argv, args.nproc)
     if status in (130, -signal.SIGINT):
         raise Interrupted(f"interrupted; {args.nproc} processes stopped")
     if status != 0:
@@ -206,9 +199,9 @@ def _train(args: argparse.Namespace, level, world) -> int:
         TimeRemainingColumn,
     )
 
-    from .preflight import PreflightError
-    from .train import TrainingInterrupted, plot_losses, write_json
-    from .train import train as run_training
+    from lab.preflight import PreflightError
+    from lab.train import TrainingInterrupted, plot_losses, write_json
+    from lab.train import train as run_training
 
     main = world is None or world.main
     console = make_console()
@@ -223,10 +216,10 @@ def _train(args: argparse.Namespace, level, world) -> int:
             return 0
     else:
         spec = _spec(args, quick=args.quick, steps=args.steps)
-        if level.INTERPRETED and args.quick:
+        if level.FACTS.interpreted and args.quick:
             spec = _interpreter_quick(spec)
     name = level.__name__.rsplit(".", 1)[-1]
-    if level.INTERPRETED and main:
+    if level.FACTS.interpreted and main:
         seconds = _estimate(spec, level, args.device)
         if seconds > INTERPRETER_WARNING_S:
             print(
@@ -256,7 +249,8 @@ def _train(args: argparse.Namespace, level, world) -> int:
             flush=True,
         )
     started = time.perf_counter()
-    with bar if main else contextlib.nullcontext():
+    stop = _CtrlC()
+    with stop, bar if main else contextlib.nullcontext():
         job = bar.add_task(
             f"{name} {spec.kind} {spec.task.name}",
             total=spec.settings.steps,
@@ -264,6 +258,11 @@ def _train(args: argparse.Namespace, level, world) -> int:
             loss=float("nan"),
             tps=0.0,
         )
+
+        def report(step: int, loss: float, tps: float) -> None:
+            stop.check()
+            bar.update(job, completed=step, loss=loss, tps=tps)
+
         try:
             result = run_training(
                 spec,
@@ -271,9 +270,7 @@ def _train(args: argparse.Namespace, level, world) -> int:
                 checkpoint=args.checkpoint,
                 resume=args.resume,
                 device=args.device,
-                progress=lambda step, loss, tps: bar.update(
-                    job, completed=step, loss=loss, tps=tps
-                ),
+                progress=report,
                 world=world,
                 fsdp=args.fsdp,
             )
@@ -298,6 +295,33 @@ def _train(args: argparse.Namespace, level, world) -> int:
     return 0
 
 
+class _CtrlC:
+    """Ctrl-C during training, kept: the handler raises ``KeyboardInterrupt`` as Python's
+    does, and also remembers the signal, so that the step after it stops the run even if the
+    exception was raised inside code that swallows it (Python prints and ignores an exception
+    raised in a finalizer or a weakref callback, which torch runs between steps)."""
+
+    def __enter__(self):
+        self.seen = False
+        self.previous = signal.getsignal(signal.SIGINT)
+        if self.previous is signal.default_int_handler:  # not where a caller set its own
+            signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.seen = True
+        raise KeyboardInterrupt
+
+    def check(self) -> None:
+        if self.seen:
+            raise KeyboardInterrupt
+
+    def __exit__(self, *exc):
+        if signal.getsignal(signal.SIGINT) == self._handle:
+            signal.signal(signal.SIGINT, self.previous)
+        return False
+
+
 def _interpreter_quick(spec):
     """``--quick`` at a level that runs interpreted: fewer steps and a smaller held-out set,
     so the smoke run stays a smoke run (the interpreter takes seconds per step)."""
@@ -307,89 +331,3 @@ def _interpreter_quick(spec):
         spec.settings, steps=8, batch_size=8, n_train=256, n_heldout=8, eval_batch_size=8
     )
     return dataclasses.replace(spec, settings=settings)
-
-
-def generate(args: argparse.Namespace) -> int:
-    check_device(args.device)
-    if args.hf is not None:
-        return _generate_text(args)
-    from .inference import continue_symbols, load_model
-
-    for flag, value in (("--prompt", args.prompt), ("--dtype", args.dtype)):
-        if value is not None:
-            raise UsageError(f"{flag} goes with --hf; a trained checkpoint takes --input")
-    if args.input is None:
-        raise UsageError("--checkpoint needs --input, the content symbols to continue")
-    try:
-        symbols = [int(s) for s in args.input.replace(",", " ").split()]
-    except ValueError:
-        raise UsageError(
-            f"--input must be integers separated by spaces, got {args.input!r}"
-        ) from None
-    model, spec = load_model(Path(args.checkpoint), args.level, device=args.device)
-    try:
-        out = continue_symbols(model, spec, symbols, max_new_tokens=args.max_new_tokens)
-    except ValueError as exc:
-        raise UsageError(f"--input: {exc}") from None
-    print(
-        f"{spec.kind} {spec.task.name}: {' '.join(map(str, symbols))} -> {' '.join(map(str, out))}"
-    )
-    return 0
-
-
-HF_NEW_TOKENS = 32  # --max-new-tokens when a Hugging Face model is given none
-
-
-def _generate_text(args: argparse.Namespace) -> int:
-    """``ladder generate --hf PATH --prompt TEXT``: greedy text from a Hugging Face model."""
-    import numpy as np
-
-    import levels
-    from levels import hf
-
-    if args.input is not None:
-        raise UsageError("--input goes with --checkpoint; a Hugging Face model takes --prompt")
-    if args.prompt is None:
-        raise UsageError("--hf needs --prompt, the text to continue")
-    if not args.hf.is_dir():
-        raise UsageError(f"--hf {args.hf}: not a directory")
-    level = levels.load(args.level)
-    dtype = args.dtype or ("float32" if "float32" in level.DTYPES else level.DTYPES[0])
-    if dtype not in level.DTYPES:
-        raise UsageError(f"--dtype {dtype}: {args.level} computes in {', '.join(level.DTYPES)}")
-    tokenizer = hf.load_tokenizer(args.hf)
-    prompt = tokenizer.encode(args.prompt).ids
-    if not prompt:
-        raise UsageError(f"--prompt {args.prompt!r} encodes to no tokens")
-    new = HF_NEW_TOKENS if args.max_new_tokens is None else args.max_new_tokens
-    # The model is built for this prompt and continuation only: the KV cache and the
-    # RoPE tables are as long as they need to be, not the checkpoint's whole context.
-    config = hf.load_config(args.hf)
-    if len(prompt) + new > config.max_seq_len:
-        raise UsageError(
-            f"{len(prompt)} prompt tokens + --max-new-tokens {new} exceed the model's "
-            f"context of {config.max_seq_len}"
-        )
-    config, params = hf.load(
-        args.hf,
-        max_seq_len=len(prompt) + new,
-        dtype=np.float64 if dtype == "float64" else np.float32,
-    )
-    kwargs = {}
-    if level.ARRAY == "numpy":
-        kwargs["dtype"] = np.dtype(dtype)
-    elif level.ARRAY == "torch":
-        import torch
-
-        kwargs |= {"dtype": getattr(torch, dtype), "device": args.device}
-    model = level.DecoderOnlyTransformer(config, params, **kwargs)
-    started = time.perf_counter()
-    text = hf.generate_text(model, tokenizer, args.prompt, new)
-    seconds = time.perf_counter() - started
-    print(args.prompt + text)
-    print(
-        f"{new} new tokens in {seconds:.3g} s ({new / seconds:.3g} tok/s) at {args.level}, "
-        f"{dtype}, {args.device}",
-        file=sys.stderr,
-    )
-    return 0

