@@ -1,19 +1,25 @@
-"""The benchmark harness: one place that warms up, synchronises, repeats, and reports.
+"""The benchmark harness: one place that checks, warms up, synchronises, repeats, and reports.
 
 A level contributes only callables (its ``attention``, its models); everything
-that turns a call into a number lives here:
+that turns a call into a number lives here, one idea a module, in the order a
+case meets them:
 
-* ``timing``    warm-up, repetition, CUDA-event or wall-clock timing, median and spread;
-* ``flops``     the FLOP formulas behind every GFLOP/s figure, with their sources;
-* ``memory``    peak memory of one call, by the method that fits the level;
-* ``machine``   the matmul peak measured in the same run, and what the CPU is;
-* ``backends``  a level (or a PyTorch SDPA backend) seen through one small adapter;
-* ``scenarios`` the workloads: attention, decoder forward, generation, bucketing;
-* ``runner``    the sweep over levels, scenarios and sizes, with the size budget;
-* ``report``    the rich tables and the ratios; ``plot`` the PNG;
-* ``cli``       the ``ladder`` command.
+* ``subjects``             who is measured: a level, or a peer beside it, through one adapter;
+* ``attention_scenarios``  the attention workloads, and ``ring`` across processes;
+* ``model_scenarios``      the model workloads: forward, generation, batching, varlen, training;
+* ``flops``                what a call costs: FLOP and byte formulas, with their sources;
+* ``reference``            what is right: the float64 reference, the error, each dtype's bound;
+* ``plan``                 what a run measures: sizes, the size budget, computed figures;
+* ``runner``               the sweep: screen, check, then time every case;
+* ``measure``              how a call becomes numbers: timing, peak memory, the machine's ceilings;
+* ``records``              the record, its JSON, its numbers as text, ratios read off records;
+* ``report``               the tables and the ratios a run ends with; ``plot`` the PNG.
 
-Run ``ladder bench`` (or ``python -m benchmarks.cli bench``); docs/benchmarks.md
+``test_ladder.py`` hands the same cases to pytest-benchmark. The ``ladder``
+command (``ladder/``) runs the harness, and the docs' generated tables
+(``docs/tools/``) read its JSON; nothing here imports either.
+
+Run ``ladder bench`` (or ``python -m ladder bench``); docs/benchmarks.md
 explains every column.
 """
 
@@ -30,6 +36,7 @@ SCENARIOS = (
     "varlen",
     "train",
     "ring",
+    "real-model",
 )
 """Scenario groups selectable with ``--scenario``, in the order they run (here, so that the
 ``ladder`` parser lists them without importing the harness)."""

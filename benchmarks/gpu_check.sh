@@ -1,49 +1,148 @@
 #!/usr/bin/env bash
 # The ladder on a CUDA GPU (written for an H200), in one run of under 8 minutes:
 #
-#   bash benchmarks/gpu_check.sh [RESULTS_DIR]      (default: gpu_results/)
+#   bash benchmarks/gpu_check.sh [--dry-run] [RESULTS_DIR]      (default: gpu_results/)
 #
-# 1. the test suite on CUDA: `pytest --device cuda` (every level's float16 and bfloat16
+# 1. the compile check: every level-4 kernel compiled for this GPU's target (sm_80 or sm_90)
+#    as CI does it without a GPU (`ladder check`), on this machine's cores; compile_check.txt, compile_check.json;
+# 2. the test suite on CUDA: `pytest --device cuda` (every level's float16 and bfloat16
 #    cases under the 2x-PyTorch-error rule, level 4's kernels at odd sizes with the
-#    autotuned tiles), log in tests.log;
-# 2. `ladder bench --device cuda`: every scenario, with SDPA's flash / efficient / cudnn /
+#    autotuned tiles, pruned by shared memory), log in tests.log;
+# 3. real-model decode at levels 3 and 4, float16 and bfloat16 (placeholder, below);
+# 4. flash-decoding against plain decode (placeholder, below);
+# 5. `ladder bench --device cuda`: every scenario, with SDPA's flash / efficient / cudnn /
 #    math backends as peers, TFLOP/s from the shared formulas against the measured bf16
 #    matmul peak, generation tokens/s; bench.json, bench.png and bench.txt;
-# 3. device.txt: the GPU, driver, torch and triton versions and the date.
+# 6. device.txt: the GPU, its compute capability and shared memory per block, the driver,
+#    torch and triton versions and the date.
 #
 # The harness and the tests are the project's own, the same as on a CPU; this script only
-# runs them, each step under a hard time limit. Exit status: 0 if both passed, 1 if one
-# failed, 2 without CUDA. Nothing in the project depends on this script.
+# runs them, each step under a hard time limit. Exit status: 0 if every step passed, 1 if
+# one failed, 2 without CUDA. Nothing in the project depends on this script.
+#
+# --dry-run (or GPU_CHECK_DRY_RUN=1) runs everything but the launches, on any machine:
+# each step's arguments are parsed by its own command and its modules imported, the
+# output paths are created, the compile check builds every job's compile inputs
+# (--plan-only) and pytest collects the suite; no kernel is compiled or run. CI runs it
+# (tests/test_level4_compile.py), so the first session with a GPU only has to run the
+# script and commit the results.
 set -uo pipefail
 
+DRY_RUN="${GPU_CHECK_DRY_RUN:-0}"
+if [ "${1:-}" = "--dry-run" ]; then
+    DRY_RUN=1
+    shift
+fi
+
 TOTAL_S=465          # the whole script: under 8 minutes, with 15 s to spare
-TESTS_S=210          # the test step (much of it compiles kernels)
+COMPILE_S=60         # step 1: this GPU's target, ~6 core-minutes cold, on 16 cores
+TESTS_S=170          # step 2 (much of it compiles kernels)
+DECODE_S=45          # step 3, reserved for its command
+SPLIT_S=25           # step 4, reserved for its command
+# step 5 gets what is left
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 RESULTS="$(mkdir -p "${1:-gpu_results}" && cd "${1:-gpu_results}" && pwd)"
 cd "$ROOT"
 export PYTHONUNBUFFERED=1
 PY="${PYTHON:-python3}"
 start=$(date +%s)
+failed=0
 
-if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
-    echo "gpu_check: no CUDA device visible to $PY; nothing to do" >&2
-    exit 2
+# run_step NAME SECONDS LOG COMMAND...: COMMAND under a hard time limit, its output in LOG too.
+run_step() {
+    local name=$1 limit=$2 log=$3
+    shift 3
+    local shown="$*"
+    [ "${2:-}" = "-c" ] && shown="$1 -c \"\$DRY_LADDER\" ${*:4}"  # not the script itself
+    echo "gpu_check: $name (at most $limit s): $shown"
+    timeout "$limit" "$@" 2>&1 | tee "$log"
+    local rc=${PIPESTATUS[0]}
+    echo "gpu_check: $name exit status $rc"
+    [ "$rc" -eq 0 ] || failed=1
+}
+
+# "$PY" -c "$DRY_LADDER" ARGS...: `ladder ARGS` parsed by the command's own parser, its module
+# imported and its output paths checked (their folders created), without running it.
+DRY_LADDER=$(cat <<'PY'
+import importlib
+import sys
+
+from ladder.cli import build_parser, check_output_path
+
+args = build_parser().parse_args(sys.argv[1:])
+module, _, name = args.run.partition(":")
+getattr(importlib.import_module(module), name)
+for flag in ("json", "plot"):
+    check_output_path(getattr(args, flag, None), f"--{flag}")
+print("gpu_check: dry run: ladder", " ".join(sys.argv[1:]), "parses, imports, can write its files")
+PY
+)
+
+if [ "$DRY_RUN" = 1 ]; then
+    echo "gpu_check: dry run: every step but the launches, results in $RESULTS"
+    {
+        echo "dry run on $(uname -n), $(date -u +%Y-%m-%dT%H:%M:%SZ): no device used"
+        "$PY" -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
+    } > "$RESULTS/device.txt" 2>&1
+else
+    if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+        echo "gpu_check: no CUDA device visible to $PY; nothing to do (--dry-run runs the rest)" >&2
+        exit 2
+    fi
+    {
+        date -u +"date %Y-%m-%dT%H:%M:%SZ"
+        nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+        "$PY" -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)'
+        # The compile check's limits (compile_check.TARGETS) against the device's own.
+        "$PY" -c 'import torch; p = torch.cuda.get_device_properties(0); print(f"compute capability {p.major}.{p.minor}, shared memory per block (opt-in) {p.shared_memory_per_block_optin} bytes, {p.multi_processor_count} SMs")'
+    } > "$RESULTS/device.txt" 2>&1
+    echo "gpu_check: $(tr '\n' ' ' < "$RESULTS/device.txt"), results in $RESULTS"
 fi
-{
-    date -u +"date %Y-%m-%dT%H:%M:%SZ"
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-    "$PY" -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)'
-} > "$RESULTS/device.txt" 2>&1
-echo "gpu_check: $(tr '\n' ' ' < "$RESULTS/device.txt"), results in $RESULTS"
 
-timeout "$TESTS_S" "$PY" -m pytest -q -p no:cacheprovider --device cuda 2>&1 | tee "$RESULTS/tests.log"
-tests_rc=${PIPESTATUS[0]}
-echo "gpu_check: tests exit status $tests_rc"
+# 1. The compile check: CPU work, the same as CI's (tests/test_level4_compile.py -m extended),
+# here for this GPU's own target (sm_80 for 8.x, sm_90 for 9.x; both for another GPU).
+if [ "$DRY_RUN" = 1 ]; then
+    compile_args=(--plan-only)
+else
+    compile_args=(--json "$RESULTS/compile_check.json")
+    target=$("$PY" -c 'import levels, torch; from levels.level4_triton_kernel.tiles import shared_memory_target; print(shared_memory_target(torch.cuda.get_device_capability(0)) or "")')
+    [ -n "$target" ] && compile_args+=(--target "$target")
+fi
+run_step "compile check" "$COMPILE_S" "$RESULTS/compile_check.txt" \
+    "$PY" -m ladder check "${compile_args[@]}"
 
-left=$(( TOTAL_S - ($(date +%s) - start) ))
-timeout "$left" "$PY" -m benchmarks.cli bench --device cuda --no-progress \
-    --json "$RESULTS/bench.json" --plot "$RESULTS/bench.png" 2>&1 | tee "$RESULTS/bench.txt"
-bench_rc=${PIPESTATUS[0]}
-echo "gpu_check: bench exit status $bench_rc, $(( $(date +%s) - start )) s in all"
+# 2. The test suite on CUDA (dry run: collected, on the CPU).
+if [ "$DRY_RUN" = 1 ]; then
+    run_step "tests" "$TESTS_S" "$RESULTS/tests.log" \
+        "$PY" -m pytest -q -p no:cacheprovider --collect-only
+else
+    run_step "tests" "$TESTS_S" "$RESULTS/tests.log" \
+        "$PY" -m pytest -q -p no:cacheprovider --device cuda
+fi
 
-[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]
+# 3. Real-model decode at levels 3 and 4, float16 and bfloat16: decode.txt, decode.json.
+# PLACEHOLDER, to be filled in with its command (DECODE_S seconds are reserved for it), as
+#   args=(<ladder command> <flags> --json "$RESULTS/decode.json")
+#   if [ "$DRY_RUN" = 1 ]; then
+#       run_step "real-model decode" 60 "$RESULTS/decode.txt" "$PY" -c "$DRY_LADDER" "${args[@]}"
+#   else
+#       run_step "real-model decode" "$DECODE_S" "$RESULTS/decode.txt" "$PY" -m ladder "${args[@]}"
+#   fi
+echo "gpu_check: real-model decode at levels 3 and 4 (float16, bfloat16): not written yet"
+
+# 4. Flash-decoding against plain decode: splits.txt, splits.json.
+# PLACEHOLDER, to be filled in with its command (SPLIT_S seconds are reserved for it), as
+#   (the same pattern as step 3, with "$SPLIT_S" and splits.txt / splits.json)
+echo "gpu_check: flash-decoding against plain decode: not written yet"
+
+# 5. The benchmark, with what is left of the budget.
+bench=(bench --device cuda --no-progress --json "$RESULTS/bench.json" --plot "$RESULTS/bench.png")
+if [ "$DRY_RUN" = 1 ]; then
+    run_step "bench" 60 "$RESULTS/bench.txt" "$PY" -c "$DRY_LADDER" "${bench[@]}"
+else
+    left=$(( TOTAL_S - ($(date +%s) - start) ))
+    run_step "bench" "$left" "$RESULTS/bench.txt" "$PY" -m ladder "${bench[@]}"
+fi
+
+echo "gpu_check: $(( $(date +%s) - start )) s in all, $([ "$failed" -eq 0 ] && echo "every step passed" || echo "a step failed")"
+[ "$failed" -eq 0 ]

@@ -9,13 +9,30 @@ the sizes it can manage.
 The size budget
 ---------------
 Level 0 (pure Python) and the Triton interpreter are thousands of times
-slower than the rest, so each kind of backend has a ``Budget``: a cap on the
+slower than the rest, so each kind of subject has a ``Budget``: a cap on the
 estimated work of one call (GFLOP, from ``benchmarks/flops.py``), and a cap
 on the predicted time of one call, extrapolated from the previous size of the
 same scenario (or, for a scenario's first size, from the best rate the level
 reached in a similar scenario; see ``runner.Pace``). A size over either cap is not run and
 shows as "skipped (budget)", so a slow level runs the small sizes and never
 hangs the sweep.
+
+Computed figures
+----------------
+Two scenarios compute a figure rather than time a call (recorded with status
+``"figure"``), and the ring scenario times its own processes; the plan lists
+the functions that make their records beside the timed workloads:
+
+* ``kv cache``: KV-cache bytes per token of multi-head, grouped-query and
+  multi-query attention, read off the buffers level 3's static cache allocates
+  for TinyLlama-1.1B's attention shape (and checked against the formula);
+* ``padding waste``: of length bucketing on a long-tailed mix of lengths:
+  10,000 lengths drawn from a Pareto(1.5) distribution (most sequences short,
+  a few very long, as in real corpora; capped at 2048), batched in arrival
+  order or by length (``levels.common.bucketing``), with a fixed number of
+  sequences per batch or a budget of padded tokens per batch. The timed
+  ``varlen`` scenario measures what such waste costs; this says how much of
+  it there is at the scale of a real data set.
 """
 
 from __future__ import annotations
@@ -26,15 +43,21 @@ from functools import partial
 
 import numpy as np
 
+import levels
+from levels.common.bucketing import make_batches, padding_waste
 from levels.common.config import TransformerConfig
+from levels.common.params import kv_bytes_per_token
 
 from . import SCENARIOS
-from .backends import Backend
-from .figures import kv_cache_figures, padding_figures
-from .records import Record
-from .ring import ring_records
-from .scenarios import Attention, DecoderForward, Generate, TrainStep, VarlenBatch, Workload
-from .timing import TimingPolicy
+from .attention_scenarios import Attention, ring_records
+from .measure import TimingPolicy
+from .model_scenarios import DecoderForward, Generate, TrainStep, VarlenBatch
+from .real_model import RealModel
+from .real_model import workloads as real_model_workloads
+from .records import FIGURE, Record
+from .subjects import Subject
+
+Workload = Attention | DecoderForward | Generate | VarlenBatch | TrainStep | RealModel
 
 
 @dataclass(frozen=True)
@@ -50,7 +73,7 @@ class Plan:
     """Everything a run needs besides the levels: workloads, budgets, timing."""
 
     workloads: dict[str, list[Workload]]  # scenario group -> sizes, smallest first
-    budgets: dict[str, Budget] = field(default_factory=dict)  # by budget_key(backend)
+    budgets: dict[str, Budget] = field(default_factory=dict)  # by budget_key(subject)
     timing: TimingPolicy = TimingPolicy()
     peak_n: int = 2048  # matmul size for the peak
     # Computed figures (no timing) by scenario group: functions returning records.
@@ -59,8 +82,8 @@ class Plan:
     # cap is unchanged): a comparison that is only worth its longest size.
     stretch: dict[str, float] = field(default_factory=dict)
 
-    def budget_for(self, backend: Backend, scenario: str = "") -> Budget:
-        budget = self.budgets.get(budget_key(backend), Budget())
+    def budget_for(self, subject: Subject, scenario: str = "") -> Budget:
+        budget = self.budgets.get(budget_key(subject), Budget())
         factor = self.stretch.get(scenario, 1.0)
         return replace(budget, max_call_s=budget.max_call_s * factor)
 
@@ -76,9 +99,9 @@ class Plan:
         )
 
 
-def budget_key(backend: Backend) -> str:
-    """``"interpreted"`` for the Triton interpreter, otherwise the backend's array kind."""
-    return "interpreted" if backend.interpreted else backend.kind
+def budget_key(subject: Subject) -> str:
+    """``"interpreted"`` for the Triton interpreter, otherwise the subject's array kind."""
+    return "interpreted" if subject.interpreted else subject.kind
 
 
 def bench_model(max_seq_len: int = 2048) -> TransformerConfig:
@@ -269,6 +292,7 @@ def plan_from(
         ],
         "varlen": [VarlenBatch(config, lengths, batch, bucketed=b) for b in (False, True)],
         "train": [TrainStep(config, *sizes.train)],
+        "real-model": real_model_workloads(quick=sizes is CPU_QUICK or sizes is CUDA_QUICK),
     }
     figures = {
         "kv-cache": [kv_cache_figures],
@@ -299,3 +323,79 @@ def default_plan(
     else:
         sizes = CPU_QUICK if quick else CPU
     return plan_from(sizes, seq_lens=seq_lens, causal=causal, device=device)
+
+
+# --------------------------------------------------------------------------- computed figures
+
+PARETO_N, PARETO_SHAPE, PARETO_SCALE, PARETO_MAX = 10_000, 1.5, 32, 2048
+
+
+def pareto_lengths(seed: int = 0) -> np.ndarray:
+    """``PARETO_N`` sequence lengths, at least 1 and at most ``PARETO_MAX``."""
+    rng = np.random.default_rng(seed)
+    lengths = 1 + (rng.pareto(PARETO_SHAPE, PARETO_N) * PARETO_SCALE).astype(int)
+    return np.minimum(lengths, PARETO_MAX)
+
+
+def padding_figures() -> list[Record]:
+    """Padded / real positions, arrival order vs bucketed, per batching rule."""
+    lengths = pareto_lengths()
+    shape = {"N": len(lengths), "median": int(np.median(lengths)), "max": int(lengths.max())}
+    records = []
+    for rule, kw in (
+        ("batch_size=32", {"batch_size": 32}),
+        ("max_tokens=16384", {"max_tokens": 16384}),
+    ):
+        for bucketed in (False, True):
+            waste = padding_waste(make_batches(lengths, bucketed=bucketed, **kw), lengths)
+            records.append(
+                Record(
+                    level="levels.common.bucketing",
+                    scenario="padding waste",
+                    device="-",
+                    dtype="-",
+                    shape=shape,
+                    status=FIGURE,
+                    padding_waste=waste,
+                    description="make_batches + padding_waste",
+                    note=f"{rule}, {'bucketed' if bucketed else 'arrival order'}",
+                )
+            )
+    return records
+
+
+# TinyLlama-1.1B's attention shape; its checkpoint uses 4 KV heads.
+KV_MODEL = TransformerConfig(
+    vocab_size=32000, d_model=2048, n_heads=32, d_ff=5632, n_layers=22, max_seq_len=16
+)
+KV_HEADS = (("MHA", 32), ("GQA", 4), ("MQA", 1))
+CONTEXT = 2048  # tokens, for the note's per-sequence figure
+
+
+def kv_cache_figures() -> list[Record]:
+    """Bytes per cached position for MHA, GQA and MQA, measured on allocated buffers."""
+    import torch
+
+    static_cache = levels.load("level3_sdpa_flash").StaticKVCache
+    records = []
+    for kind, n_kv in KV_HEADS:
+        config = replace(KV_MODEL, n_kv_heads=n_kv)
+        cache = static_cache(config, 1, dtype=torch.bfloat16)
+        per_token = (cache.k.nbytes + cache.v.nbytes) // (cache.batch * cache.capacity)
+        formula = kv_bytes_per_token(config, torch.bfloat16.itemsize)
+        if per_token != formula:  # the buffers are the truth; the formula must agree
+            raise AssertionError(f"{kind}: allocated {per_token} B/token, formula {formula}")
+        records.append(
+            Record(
+                level="level3_sdpa_flash.StaticKVCache",
+                scenario="kv cache",
+                device="-",
+                dtype="bfloat16",
+                shape={"L": config.n_layers, "H": config.n_heads, "Hkv": n_kv, "Dh": config.d_head},
+                status=FIGURE,
+                cache_bytes_per_token=per_token,
+                description="StaticKVCache(k, v).nbytes / (B C)",
+                note=f"{kind}; {per_token * CONTEXT / 2**20:.4g} MiB per {CONTEXT}-token sequence",
+            )
+        )
+    return records

@@ -1,4 +1,5 @@
-"""The PNG: time and GFLOP/s against T, one line per level, log scales.
+"""The PNGs: time and GFLOP/s against T, one line per level, log scales; and the decode
+roofline of the real model (``roofline``).
 
 Drawn with matplotlib's object API on an Agg canvas: no pyplot, no global
 backend switch, so it works on a machine without a display.
@@ -54,18 +55,69 @@ def plot(records: list[Record], path: str | Path, *, title: str = "") -> Path:
     return path
 
 
+def roofline(records: list[Record], path: str | Path, *, title: str = "") -> Path:
+    """Decode tokens/s of the real model against the bytes a token reads, per thread count.
+
+    A decode step reads every weight once, so a machine that streams ``BW`` bytes
+    a second cannot decode faster than ``BW / bytes per token``: the line on the
+    plot, drawn at the copy bandwidth measured in the same run. Each point is a
+    level at one weight format; halving the bytes (float32 -> bfloat16 -> int8)
+    moves the ceiling up by two, and a point's distance under the line is what
+    the level leaves on the table.
+    """
+    decode = [r for r in records if r.ok and r.scenario.startswith("real decode") and r.gbs]
+    copy = next((r for r in records if r.scenario == "copy bandwidth" and r.gbs), None)
+    if not decode or copy is None:
+        raise ValueError("nothing to plot: no measured real-model decode records")
+    threads = sorted({r.shape["threads"] for r in decode})
+    fig = Figure(figsize=(6 * len(threads), 4.6), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(threads), squeeze=False)[0]
+    names = dict.fromkeys(r.level for r in decode)
+    colour = {name: f"C{i % 10}" for i, name in enumerate(names)}
+    markers = {"float32": "o", "bfloat16": "s", "int8": "^"}
+    for ax, n in zip(axes, threads, strict=True):
+        mine = [r for r in decode if r.shape["threads"] == n]
+        per_token = [r.bytes_read / r.shape["new"] for r in mine]  # bytes read per new token
+        lo, hi = min(per_token) / 1.5, max(per_token) * 1.5
+        xs = [lo * (hi / lo) ** (i / 50) for i in range(51)]
+        ax.plot(xs, [copy.gbs * 1e9 / x for x in xs], color="black", lw=1)
+        ax.annotate(
+            f"ceiling: {copy.gbs:.0f} GB/s copy", (xs[5], copy.gbs * 1e9 / xs[5]), fontsize="small"
+        )
+        for r, b in zip(mine, per_token, strict=True):
+            fmt = r.scenario.rsplit(" ", 1)[-1]
+            ax.scatter(b, r.tokens_per_s, color=colour[r.level], marker=markers.get(fmt, "o"),
+                       label=f"{r.level} {fmt}")  # fmt: skip
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("bytes read per decoded token (weights and cache)")
+        ax.set_ylabel("decode tokens/s")
+        ax.set_title(f"SmolLM2-135M decode, {n} thread{'s' if n > 1 else ''}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize="x-small")
+    if title:
+        fig.suptitle(title)
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m benchmarks.plot RUN.json OUT.png``: redraw the plot of a saved run."""
+    """``python -m benchmarks.plot [--roofline] RUN.json OUT.png``: redraw a saved run's plot."""
     from .records import read_json
 
     argv = sys.argv[1:] if argv is None else argv
+    draw = plot
+    if argv[:1] == ["--roofline"]:
+        draw, argv = roofline, argv[1:]
     if len(argv) != 2:
-        print("usage: python -m benchmarks.plot RUN.json OUT.png", file=sys.stderr)
+        print("usage: python -m benchmarks.plot [--roofline] RUN.json OUT.png", file=sys.stderr)
         return 2
     records = read_json(argv[0])
     stamp = next((r for r in records if r.machine), None)
     title = f"{stamp.machine}; {stamp.date}" if stamp else ""
-    plot(records, argv[1], title=title)
+    draw(records, argv[1], title=title)
     return 0
 
 

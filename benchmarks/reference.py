@@ -1,10 +1,18 @@
-"""The float64 reference every error figure is measured against.
+"""What counts as right: the float64 reference, the error measure, and each dtype's bound.
 
+A ``Case`` is one workload built for one subject: the call to time and its
+check against this reference. The runner checks every case before timing it,
+and a case over its bound is reported as wrong and never timed: a fast wrong
+answer is not a result.
+
+The reference
+-------------
 Level 1 (numpy) run in float64 is the reference for values: attention outputs,
 logits and generated tokens. The attention gradients come from level 2 (torch
 autograd through the written-out attention) run in float64, so level 1's
-hand-written backward is measured against an independent computation. A level measured against itself in float64 shows an error of zero,
-which is what that comparison means.
+hand-written backward is measured against an independent computation. A level
+measured against itself in float64 shows an error of zero, which is what that
+comparison means.
 
 On a GPU run (``device="cuda"``) the attention reference is level 2 in float64
 on the GPU instead: at the GPU sweep's sizes (``B=4, H=16, T=16384``) level 1 on
@@ -14,11 +22,36 @@ The inputs the reference sees are the level's own inputs after rounding to
 the level's dtype (``round_to``), so an error figure is the computation's error,
 not the rounding of the inputs. Results are cached per workload, since every
 level is compared against the same numbers.
+
+The error and its bounds
+------------------------
+Errors are ``max |x - ref| / max(1, max |ref|)`` (``scaled_error``: the absolute
+error for values of order one, a relative one for large values), or, for
+generated tokens, the number of tokens that differ from the reference's. The
+bounds are loose enough for the rounding of each dtype on these workloads,
+tight enough that a real bug (a wrong mask, a dropped bias, a misaligned
+causal rule: errors of order 0.1 to 1) fails:
+
+* float64: 1e-9. The levels agree to ~1e-14 in float64 (the test suite holds
+  them to 1e-13); one hidden float32 step would show as ~1e-7.
+* float32: 1e-3. eps is 1.2e-7; sums over thousands of keys and a few layers
+  give up to ~1e-5 here, so two orders of margin.
+* float16: 2e-2 and bfloat16: 1e-1. eps is 9.8e-4 and 7.8e-3; a low-precision
+  output is a few eps off on values of order one. (The test suite holds the
+  levels to the sharper rule, at most 2x PyTorch's own error in the dtype.)
+
+Generated tokens are compared one by one: in float64 and float32 greedy
+decoding must reproduce the reference's tokens exactly (the argmax margins of
+these random models are far above float32 rounding); in float16 and bfloat16
+a near-tie may flip one argmax and everything after it, so up to half the
+generated tokens may differ before the case counts as wrong.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
@@ -30,6 +63,37 @@ from levels.common.config import TransformerConfig
 VALUE_LEVEL = "level1_numpy"
 WINDOW_CHUNK = 512  # queries per chunk of the windowed reference
 GRAD_LEVEL = "level2_torch_manual"
+ERROR_BOUNDS = {"float64": 1e-9, "float32": 1e-3, "float16": 2e-2, "bfloat16": 1e-1}
+
+
+@dataclass
+class Case:
+    """One workload built for one subject: a callable to time and how to judge it."""
+
+    fn: Callable[[], object]  # the timed call; inputs are already native
+    error: Callable[[], float] | None = None  # the error against the float64 reference
+    error_of: str = ""  # what the error compares, e.g. "output", "dq,dk,dv", "logits"
+    bound: float = 0.0  # the largest error that counts as right (``error_bound``)
+    extras: dict[str, float] = field(default_factory=dict)
+
+
+def error_bound(dtype: str) -> float:
+    return ERROR_BOUNDS[dtype]
+
+
+def token_bound(dtype: str, generated: int) -> float:
+    """How many of ``generated`` tokens may differ from the reference's."""
+    return 0.0 if dtype in ("float64", "float32") else float(math.floor(generated / 2))
+
+
+def scaled_error(got: np.ndarray, want: np.ndarray) -> float:
+    """``max |got - want| / max(1, max |want|)``, in float64 (inf for a non-finite value)."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if got.shape != want.shape:
+        raise ValueError(f"shape {got.shape} != reference shape {want.shape}")
+    if not np.isfinite(got).all():
+        return float("inf")
+    return float(np.max(np.abs(got - want)) / max(1.0, float(np.max(np.abs(want)))))
 
 
 def round_to(a: np.ndarray, dtype: str) -> np.ndarray:

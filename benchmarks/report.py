@@ -2,60 +2,35 @@
 
 Absolute times on a shared, throttled machine drift from run to run; ratios
 between levels measured minutes apart in one run are far steadier. So the
-report ends with ratios, each computed from records of the same run.
+report ends with ratios, each computed from records of the same run: the
+list ``RATIOS``, data read by ``records.read_ratios``.
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterable
-from dataclasses import dataclass
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .records import FIGURE, Record
+from .records import (
+    FIGURE,
+    LAST,
+    NEXT,
+    Ratio,
+    Record,
+    fmt_bytes,
+    fmt_error,
+    fmt_percent,
+    fmt_rate,
+    fmt_time,
+    read_ratios,
+    size_label,
+)
 
 # A table wider than the console drops columns in this order until it fits, and
 # then shortens level names ("level2_torch_manual" -> "level2"): no number is ever
 # broken across lines or cropped. --json keeps every field.
 DROP_ORDER = ("note", "IQR", "peak mem", "% peak", "% bw", "waste", "dtype", "GB/s", "GFLOP/s")
-
-
-def fmt_time(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if seconds >= scale:
-            return f"{seconds / scale:.3g} {unit}"
-    return f"{seconds / 1e-9:.3g} ns"
-
-
-def fmt_bytes(n: int | None) -> str:
-    if n is None:
-        return "n/a"
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n} B"
-
-
-def fmt_percent(fraction: float) -> str:
-    """``0.0712 -> "7.1%"``, ``1.004 -> "100%"``: two figures, never an exponent."""
-    percent = 100 * fraction
-    return f"{percent:.2g}%" if percent < 99.5 else f"{percent:.0f}%"
-
-
-def fmt_rate(x: float | None) -> str:
-    return "-" if x is None else f"{x:.3g}"
-
-
-def fmt_error(r: Record) -> str:
-    if r.max_error is None:
-        return "n/a"
-    if r.error_of == "tokens != ref":
-        return f"{int(r.max_error)} tok"
-    return f"{r.max_error:.2g}"
 
 
 def _text(cell: str) -> Text:
@@ -64,12 +39,6 @@ def _text(cell: str) -> Text:
 
 
 SHORT_DTYPES = {"float64": "f64", "float32": "f32", "float16": "f16", "bfloat16": "bf16"}
-
-
-def size_label(shape: dict[str, int], keys: Iterable[str] | None = None) -> str:
-    """``"T=1024"``: the entries of ``shape`` named in ``keys`` (default: all)."""
-    keys = list(shape) if keys is None else list(keys)
-    return " ".join(f"{k}={shape[k]}" for k in keys if k in shape)
 
 
 def _split_shape(records: list[Record]) -> tuple[list[str], list[str]]:
@@ -237,219 +206,108 @@ def scenario_table(scenario: str, records: list[Record], *, width: int | None = 
             short = True
 
 
-@dataclass(frozen=True)
-class Ratio:
-    """A number read off one run: ``value`` = ``numerator`` / ``denominator`` of ``what``."""
-
-    label: str
-    value: float
-    detail: str
+# --------------------------------------------------------------------------- ratios
 
 
-def _ok(records: Iterable[Record], scenario: str) -> list[Record]:
-    return [r for r in records if r.ok and r.scenario == scenario]
+def _ladder(scenario: str) -> tuple[Ratio, Ratio]:
+    """Each level's time over the next one up, then the top rung's over each peer's, at
+    the longest T both ran."""
+    rung = {"scenario": scenario, "peer": False}
+    label, at = "{num.scenario}: {num.level} / {den.level}", ("T={num.T}: {num.time} / {den.time}",)
+    longest = {"same": ("T",), "keep": "T", "detail": at}
+    return (
+        Ratio(label, rung, rung | {"level": NEXT}, **longest),
+        Ratio(label, rung | {"level": LAST}, rung | {"peer": True}, **longest),
+    )
 
 
-def level_ratios(records: list[Record], scenario: str = "attention fwd") -> list[Ratio]:
-    """Time of each level over the next one up, at the longest T both measured; then
-    level 4's time over each SDPA peer's (``sdpa:<backend>``)."""
-    ok = _ok(records, scenario)
-    names = list(dict.fromkeys(r.level for r in ok))
-    rungs = [n for n in names if not n.startswith("sdpa:")]
-    pairs = list(zip(rungs, rungs[1:], strict=False))
-    pairs += [(rungs[-1], n) for n in names if n.startswith("sdpa:") and rungs]
-    return _time_ratios(ok, pairs, scenario)
+def _per_level(label: str, num: str, den: str, **how) -> Ratio:
+    """Each level's ``num`` scenario over its ``den`` scenario."""
+    return Ratio(label, {"scenario": num}, {"scenario": den}, same=("level",), **how)
 
 
-def _time_ratios(
-    ok: list[Record], pairs: list[tuple[str, str]], scenario: str, length: str = "T"
-) -> list[Ratio]:
-    """Time of ``slow`` over ``fast`` at the longest ``length`` (a shape key) both ran."""
-    by = {(r.level, r.shape.get(length)): r for r in ok}
-    out = []
-    for slow, fast in pairs:
-        common = [n for (name, n) in by if name == slow and (fast, n) in by]
-        if not common:
-            continue
-        n = max(common)
-        a, b = by[(slow, n)], by[(fast, n)]
-        out.append(
-            Ratio(
-                f"{scenario}: {slow} / {fast}",
-                a.median_s / b.median_s,
-                f"{length}={n}: {fmt_time(a.median_s)} / {fmt_time(b.median_s)}",
-            )
-        )
-    return out
+TOKENS = "{num.tokens_per_s:.3g} / {den.tokens_per_s:.3g} tok/s"
 
-
-def figure_ratios(records: list[Record]) -> list[Ratio]:
-    """Padding waste, arrival order over bucketed, for each batching rule of the figures."""
-    figures = [r for r in records if r.status == FIGURE and r.scenario == "padding waste"]
-    out = []
-    for plain in (r for r in figures if r.note.endswith("arrival order")):
-        rule = plain.note.rsplit(",", 1)[0]
-        bucketed = next((r for r in figures if r.note == f"{rule}, bucketed"), None)
-        if bucketed is not None and bucketed.padding_waste:
-            out.append(
-                Ratio(
-                    f"padding waste, {rule}: arrival order / bucketed",
-                    plain.padding_waste / bucketed.padding_waste,
-                    f"{plain.padding_waste:.3g} -> {bucketed.padding_waste:.3g} padded per real "
-                    f"token, {size_label(plain.shape)}",
-                )
-            )
-    return out
-
-
-def window_ratios(records: list[Record]) -> list[Ratio]:
-    """Per level, full causal (a window of T keys) over the narrowest window, in time and
-    in peak memory, at the longest T where both ran."""
-    ok = _ok(records, "attention window")
-    out = []
-    for level in dict.fromkeys(r.level for r in ok):
-        by = {(r.shape["T"], r.shape["W"]): r for r in ok if r.level == level}
-        both = [(T, w) for (T, w) in by if w < T and (T, T) in by]
-        if not both:
-            continue
-        T, W = max(both)
-        full, window = by[(T, T)], by[(T, W)]
-        detail = f"T={T}, W={W}: {fmt_time(full.median_s)} / {fmt_time(window.median_s)}"
-        if full.peak_memory_bytes and window.peak_memory_bytes:
-            detail += (
-                f"; peak memory {fmt_bytes(full.peak_memory_bytes)} / "
-                f"{fmt_bytes(window.peak_memory_bytes)}"
-            )
-        out.append(Ratio(f"full causal / window: {level}", full.median_s / window.median_s, detail))
-    return out
-
-
-def peer_ratios(records: list[Record], scenario: str, peer: str) -> list[Ratio]:
-    """Each level's tokens/s over ``peer``'s at every size both ran (above 1: the level
-    is faster)."""
-    ok = _ok(records, scenario)
-    theirs = {_size(r): r for r in ok if r.level == peer}
-    out = []
-    for r in ok:
-        other = theirs.get(_size(r))
-        if r.level != peer and other is not None:
-            out.append(
-                Ratio(
-                    f"{scenario} {size_label(r.shape, ['B'])}: {r.level} / {peer} tok/s",
-                    r.tokens_per_s / other.tokens_per_s,
-                    f"{r.tokens_per_s:.3g} / {other.tokens_per_s:.3g} tok/s",
-                )
-            )
-    return out
-
-
-def _size(r: Record) -> tuple:
-    return tuple(sorted(r.shape.items()))
-
-
-def ring_ratios(records: list[Record]) -> list[Ratio]:
-    """Per method, one process's time over two's at the longest T both ran (on a machine
-    of two cores that mostly says what communication and a shared CPU cost)."""
-    ok = _ok(records, "ring")
-    by = {(r.level, r.shape["W"], r.shape["T"]): r for r in ok}
-    out = []
-    for level in dict.fromkeys(r.level for r in ok):
-        common = [T for (n, w, T) in by if n == level and w == 1 and (level, 2, T) in by]
-        if common:
-            T = max(common)
-            one, two = by[(level, 1, T)], by[(level, 2, T)]
-            out.append(
-                Ratio(
-                    f"ring, 1 process / 2: {level}",
-                    one.median_s / two.median_s,
-                    f"T={T}: {fmt_time(one.median_s)} / {fmt_time(two.median_s)}",
-                )
-            )
-    return out
-
-
-def kv_cache_ratios(records: list[Record]) -> list[Ratio]:
-    """KV-cache bytes per token of multi-head attention over the grouped and multi-query."""
-    figures = {r.note.split(";")[0]: r for r in records if r.scenario == "kv cache"}
-    mha = figures.get("MHA")
-    out = []
-    for kind in ("GQA", "MQA"):
-        if mha is not None and kind in figures:
-            other = figures[kind]
-            out.append(
-                Ratio(
-                    f"KV-cache bytes per token: MHA / {kind}",
-                    mha.cache_bytes_per_token / other.cache_bytes_per_token,
-                    f"{fmt_bytes(mha.cache_bytes_per_token)} / "
-                    f"{fmt_bytes(other.cache_bytes_per_token)}, {size_label(other.shape)}",
-                )
-            )
-    return out
-
-
-def pair_ratios(
-    records: list[Record], slow: str, fast: str, label: str, *, throughput: bool = False
-) -> list[Ratio]:
-    """Per level, ``slow`` scenario time over ``fast`` scenario time (or ``fast``/``slow`` tok/s)."""
-    a = {r.level: r for r in _ok(records, slow)}
-    b = {r.level: r for r in _ok(records, fast)}
-    out = []
-    for level in a.keys() & b.keys():
-        ra, rb = a[level], b[level]
-        if throughput:
-            value = rb.tokens_per_s / ra.tokens_per_s
-            detail = f"{rb.tokens_per_s:.3g} / {ra.tokens_per_s:.3g} tok/s"
-            if ra.padding_waste is not None:
-                detail += f"; waste {ra.padding_waste:.2f} -> {rb.padding_waste:.2f}"
-        else:
-            value = ra.median_s / rb.median_s
-            detail = f"{fmt_time(ra.median_s)} / {fmt_time(rb.median_s)}"
-        out.append(Ratio(f"{label}: {level}", value, detail))
-    return sorted(out, key=lambda r: r.label)
-
-
-def best_peak_fractions(records: list[Record]) -> list[Ratio]:
-    """Each level's best fraction of the measured matmul peak, and where it reached it."""
-    best: dict[str, Record] = {}
-    for r in records:
-        if r.ok and r.scenario not in CEILINGS and r.peak_fraction is not None:
-            if r.level not in best or r.peak_fraction > best[r.level].peak_fraction:
-                best[r.level] = r
-    return [
-        Ratio(
-            f"best fraction of peak: {level}",
-            r.peak_fraction,
-            f"{r.gflops:.3g} GFLOP/s in {r.scenario} {size_label(r.shape)}",
-        )
-        for level, r in best.items()
-    ]
-
-
-def summary(records: list[Record]) -> list[Ratio]:
-    """The ratios the docs quote, all from the same run."""
-    return [
-        *level_ratios(records, "attention fwd"),
-        *level_ratios(records, "attention fwd+bwd"),
-        *level_ratios(records, "generate cached"),
-        *level_ratios(records, "train step"),
-        *pair_ratios(records, "generate uncached", "generate cached", "KV-cache speed-up"),
-        *pair_ratios(records, "generate one at a time", "generate batched", "batching speed-up"),
-        *peer_ratios(records, "generate llama", "transformers"),
-        *_time_ratios(
-            _ok(records, "decode attention"),
-            [("level4:no-split", "level4_triton_kernel")],
-            "decode attention, flash-decoding",
-            length="S",
+RATIOS: tuple[Ratio, ...] = (
+    *_ladder("attention fwd"),
+    *_ladder("attention fwd+bwd"),
+    *_ladder("generate cached"),
+    *_ladder("train step"),
+    _per_level("KV-cache speed-up: {num.level}", "generate uncached", "generate cached"),
+    _per_level("batching speed-up: {num.level}", "generate one at a time", "generate batched"),
+    # Above 1: the level generates faster than transformers, at the same size.
+    Ratio(
+        "generate llama B={num.B}: {num.level} / {den.level} tok/s",
+        {"scenario": "generate llama"},
+        {"scenario": "generate llama", "level": "transformers"},
+        of="tokens_per_s",
+        same=("size",),
+        detail=(TOKENS,),
+    ),
+    Ratio(
+        "decode attention, flash-decoding: {num.level} / {den.level}",
+        {"scenario": "decode attention", "level": "level4:no-split"},
+        {"scenario": "decode attention", "level": "level4_triton_kernel"},
+        same=("S",),
+        keep="S",
+        detail=("S={num.S}: {num.time} / {den.time}",),
+    ),
+    _per_level(
+        "bucketing tokens/s gain: {num.level}",
+        "varlen bucketed",
+        "varlen padded",
+        of="tokens_per_s",
+        detail=(TOKENS, "waste {den.padding_waste:.2f} -> {num.padding_waste:.2f}"),
+    ),
+    Ratio(
+        "full causal / window: {num.level}",
+        {"scenario": "attention window", "full": True},
+        {"scenario": "attention window", "full": False},
+        same=("level", "T"),
+        keep="T",
+        detail=(
+            "T={num.T}, W={den.W}: {num.time} / {den.time}",
+            "peak memory {num.memory} / {den.memory}",
         ),
-        *pair_ratios(
-            records, "varlen padded", "varlen bucketed", "bucketing tokens/s gain", throughput=True
+    ),
+    Ratio(
+        "padding waste, {num.rule}: arrival order / bucketed",
+        {"scenario": "padding waste", "variant": "arrival order"},
+        {"scenario": "padding waste", "variant": "bucketed"},
+        of="padding_waste",
+        same=("rule",),
+        detail=(
+            "{num.padding_waste:.3g} -> {den.padding_waste:.3g} padded per real token, {num.size}",
         ),
-        *window_ratios(records),
-        *figure_ratios(records),
-        *kv_cache_ratios(records),
-        *ring_ratios(records),
-        *best_peak_fractions(records),
-    ]
+    ),
+    Ratio(
+        "KV-cache bytes per token: {num.variant} / {den.variant}",
+        {"scenario": "kv cache", "variant": "MHA"},
+        {"scenario": "kv cache"},
+        of="cache_bytes_per_token",
+        detail=("{num.cache} / {den.cache}, {den.size}",),
+    ),
+    # On a machine of two cores this mostly says what communication and a shared CPU cost.
+    Ratio(
+        "ring, 1 process / 2: {num.level}",
+        {"scenario": "ring", "W": 1},
+        {"scenario": "ring", "W": 2},
+        same=("level", "T"),
+        keep="T",
+        detail=("T={num.T}: {num.time} / {den.time}",),
+    ),
+    # Over the matmul peak's own fraction, 1: each level's best "% peak", and where.
+    Ratio(
+        "best fraction of peak: {num.level}",
+        {},
+        {"scenario": "matmul peak"},
+        of="peak_fraction",
+        keep="peak_fraction",
+        detail=("{num.gflops:.3g} GFLOP/s in {num.scenario} {num.size}",),
+        percent=True,
+    ),
+)
+"""The ratios the report ends with and the docs quote, all from the same run."""
 
 
 def summary_table(records: list[Record]) -> Table:
@@ -457,13 +315,8 @@ def summary_table(records: list[Record]) -> Table:
     table.add_column("what")
     table.add_column("ratio", justify="right", no_wrap=True)
     table.add_column("from")
-    for ratio in summary(records):
-        shown = (
-            fmt_percent(ratio.value)
-            if ratio.label.startswith("best fraction")
-            else f"{ratio.value:.3g}x"
-        )
-        table.add_row(_text(ratio.label), _text(shown), _text(ratio.detail))
+    for reading in read_ratios(RATIOS, records):
+        table.add_row(_text(reading.label), _text(reading.shown), _text(reading.detail))
     return table
 
 

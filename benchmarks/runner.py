@@ -1,17 +1,21 @@
-"""The sweep: every workload of the plan on every backend, one ``Record`` each.
+"""The sweep: every workload of the plan on every subject, one ``Record`` each.
 
 For each case the runner, in this order (llm.c's: check, then time):
 
-1. skips it if the backend cannot run it, or if it is over the size budget;
+1. skips it if the subject cannot run it, or if it is over the size budget (``screen``);
 2. builds it (inputs converted to the native type, outside any timing);
-3. checks it against the float64 reference. This first call is also the
-   first warm-up and the budget's last guard (a call far over the time cap is
-   not sampled). A case whose error is over its dtype's bound
-   (``bounds.py``) is reported as wrong and is not timed;
+3. checks it against the float64 reference (2 and 3: ``check``). This first call
+   is also the first warm-up and the budget's last guard (a call far over the
+   time cap is not sampled). A case whose error is over its dtype's bound
+   (``reference.error_bound``) is reported as wrong and is not timed;
 4. warms up (``policy.warmup`` untimed calls in all, the last one under the
-   memory probe) and times it (``timing.measure``): CUDA events on a GPU, the
+   memory probe) and times it (``measure.measure``): CUDA events on a GPU, the
    wall clock around a synchronised call elsewhere;
 5. derives GFLOP/s, the fraction of the matmul peak and tokens/s.
+
+``run_case`` is those five steps; the pytest-benchmark suite
+(``benchmarks/test_ladder.py``) takes steps 1 to 3 from here and hands the
+checked call to pytest-benchmark instead of step 4.
 
 A level that raises does not stop the sweep: its row says ``error: ...``.
 Computed figures that involve no timing (padding waste) come from
@@ -22,19 +26,28 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from .backends import Backend
 from .flops import matmul_flops
-from .machine import Bandwidth, Peak, describe_machine, measure_copy_bandwidth, measure_matmul_peak
-from .memory import peak_memory
-from .plan import Plan
-from .records import OK, SKIPPED_BUDGET, WRONG, Record
-from .reference import Reference
-from .scenarios import Workload
-from .timing import Stats, cpu_timer, cuda_timer, measure
+from .measure import (
+    Bandwidth,
+    Peak,
+    Stats,
+    TimingPolicy,
+    cpu_timer,
+    cuda_timer,
+    describe_machine,
+    measure,
+    measure_copy_bandwidth,
+    measure_matmul_peak,
+    peak_memory,
+)
+from .plan import Plan, Workload
+from .records import SKIPPED_BUDGET, WRONG, Record
+from .reference import Case, Reference
+from .subjects import Subject
 
 Progress = Callable[[str], None]  # called before each case with a label, once per case
 PROBE_SLACK = 2.0  # a call measured over this many times the time cap is not sampled
@@ -57,7 +70,7 @@ GROWTH_EXPONENTS = (1.0, 3.0)  # the range of time ~ FLOPs^p a prediction may as
 
 @dataclass
 class Pace:
-    """What each backend has shown so far: the basis of the time budget.
+    """What each subject has shown so far: the basis of the time budget.
 
     For a size of a series already measured, the prediction extrapolates the
     last time along the FLOPs: in proportion after one size, and after two
@@ -65,15 +78,15 @@ class Pace:
     (a level that computes a windowed attention as a full ``(T, S)`` matrix
     grows faster than the window's FLOPs; one slower than them is read as
     proportional). For a new scenario it is the FLOPs at the *best* rate the
-    backend reached in the same family, an optimistic guess, so a scenario is
+    subject reached in the same family, an optimistic guess, so a scenario is
     skipped only when even that is too slow.
     """
 
     last: dict[tuple, list[tuple[float, float]]] = field(default_factory=dict)
     best_rate: dict[tuple[str, str], float] = field(default_factory=dict)  # FLOP/s
 
-    def predict(self, backend: Backend, workload: Workload) -> float | None:
-        seen = self.last.get((backend.name, _series(workload)), [])
+    def predict(self, subject: Subject, workload: Workload) -> float | None:
+        seen = self.last.get((subject.name, _series(workload)), [])
         if seen and seen[-1][0] > 0:
             flops, seconds = seen[-1]
             p = 1.0
@@ -81,14 +94,14 @@ class Pace:
                 (f0, t0), lo_hi = seen[0], GROWTH_EXPONENTS
                 p = min(max(math.log(seconds / t0) / math.log(flops / f0), lo_hi[0]), lo_hi[1])
             return seconds * (workload.flops() / flops) ** p
-        rate = self.best_rate.get((backend.name, _family(workload)))
+        rate = self.best_rate.get((subject.name, _family(workload)))
         return workload.flops() / rate if rate else None
 
-    def record(self, backend: Backend, workload: Workload, seconds: float) -> None:
+    def record(self, subject: Subject, workload: Workload, seconds: float) -> None:
         flops = workload.flops()
-        series = self.last.setdefault((backend.name, _series(workload)), [])
+        series = self.last.setdefault((subject.name, _series(workload)), [])
         series[:] = [*series[-1:], (flops, seconds)]  # the last two sizes
-        key = (backend.name, _family(workload))
+        key = (subject.name, _family(workload))
         if seconds > 0:
             self.best_rate[key] = max(self.best_rate.get(key, 0.0), flops / seconds)
 
@@ -148,25 +161,94 @@ def _times(stats: Stats) -> dict:
     }
 
 
-def _timer(backend: Backend):
-    if backend.kind == "torch" and backend.device.startswith("cuda"):
+def _timer(subject: Subject):
+    if subject.kind == "torch" and subject.device.startswith("cuda"):
         return cuda_timer()
-    return cpu_timer(backend.sync)
+    return cpu_timer(subject.sync)
 
 
-def _over_budget(backend: Backend, workload: Workload, plan: Plan, pace: Pace) -> str | None:
-    budget = plan.budget_for(backend, workload.scenario)
+def _over_budget(subject: Subject, workload: Workload, plan: Plan, pace: Pace) -> str | None:
+    budget = plan.budget_for(subject, workload.scenario)
     gflop = workload.flops() / 1e9
     if gflop > budget.max_gflop:
         return f"{gflop:.3g} GFLOP per call > cap {budget.max_gflop:g}"
-    predicted = pace.predict(backend, workload)
+    predicted = pace.predict(subject, workload)
     if predicted is not None and predicted > budget.max_call_s:
         return f"about {predicted:.2g} s per call > cap {budget.max_call_s:g} s"
     return None
 
 
+def screen(subject: Subject, workload: Workload, *, dtype: str, plan: Plan, pace: Pace) -> Record:
+    """Step 1: the case's record, with its status ``"skipped: <why>"`` when the subject
+    cannot run the workload and ``"skipped (budget)"`` when it is over the size budget;
+    otherwise ``"ok"``, still to be checked and measured."""
+    record = Record(
+        level=subject.name,
+        scenario=workload.scenario,
+        device=subject.device,
+        dtype=subject.effective_dtype(dtype),
+        shape=workload.shape(),
+        flops=workload.flops(),
+        description=subject.description,
+        memory_method=subject.memory_method,
+    )
+    why_not = workload.unsupported(subject) or subject.unsupported(dtype)
+    if why_not:
+        record.status = f"skipped: {why_not}"
+        return record
+    over = _over_budget(subject, workload, plan, pace)
+    if over:
+        record.status, record.note = SKIPPED_BUDGET, over
+    return record
+
+
+def check(
+    record: Record, subject: Subject, workload: Workload, *, plan: Plan, reference: Reference
+) -> Case | None:
+    """Steps 2 and 3: build the case, then check it against the float64 reference.
+
+    That call is untimed, the first warm-up, and the budget's last guard. Returns
+    the case, or None when it is wrong or its first call was far over the time cap
+    (the record says which, and nothing more may run).
+    """
+    budget = plan.budget_for(subject, workload.scenario)
+    # Level 0 computes in float64 whatever was asked; its reference must know that.
+    case = workload.build(subject, record.dtype, reference)
+    start = time.perf_counter()
+    record.max_error = case.error()
+    record.error_of, record.error_bound = case.error_of, case.bound
+    check_s = time.perf_counter() - start
+    if not record.max_error <= case.bound:  # also catches NaN
+        record.status = WRONG
+        record.note = f"{case.error_of} error {record.max_error:.3g} > bound {case.bound:g}"
+        return None
+    # A prediction can be wrong (a scenario far slower than the rate it was predicted
+    # from); the checked call says so before any sample is taken. The factor leaves
+    # room for the check's own work (the reference, the comparison).
+    if check_s > PROBE_SLACK * budget.max_call_s:
+        record.status = SKIPPED_BUDGET
+        record.note = (
+            f"one call took {check_s:.2g} s > {PROBE_SLACK:g} x cap {budget.max_call_s:g} s"
+        )
+        return None
+    return case
+
+
+def _measure(record: Record, subject: Subject, case: Case, policy: TimingPolicy) -> None:
+    """Step 4: the warm-up (the check was the first call; the last warm-up call is the
+    memory probe, after first-call effects such as autotuning are over), then the samples."""
+    for _ in range(policy.warmup - 2):
+        case.fn()
+    record.peak_memory_bytes = peak_memory(case.fn, subject.memory_method)
+    stats = measure(case.fn, _timer(subject), policy, warmed=policy.warmup)
+    for key, value in _times(stats).items():
+        setattr(record, key, value)
+    record.padding_waste = case.extras.get("padding_waste")
+    record.bytes_read = case.extras.get("bytes_read")
+
+
 def run_case(
-    backend: Backend,
+    subject: Subject,
     workload: Workload,
     *,
     dtype: str,
@@ -175,36 +257,23 @@ def run_case(
     peak: Peak | None,
     pace: Pace | None = None,
 ) -> Record:
-    """Check, then measure, one workload on one backend (see the module docstring)."""
+    """Check, then measure, one workload on one subject (see the module docstring)."""
     pace = pace if pace is not None else Pace()
-    flops = workload.flops()
-    record = Record(
-        level=backend.name,
-        scenario=workload.scenario,
-        device=backend.device,
-        dtype=backend.effective_dtype(dtype),
-        shape=workload.shape(),
-        flops=flops,
-        description=backend.description,
-        memory_method=backend.memory_method,
-    )
-    why_not = workload.unsupported(backend) or backend.unsupported(dtype)
-    if why_not:
-        record.status = f"skipped: {why_not}"
-        return record
-    over = _over_budget(backend, workload, plan, pace)
-    if over:
-        record.status, record.note = SKIPPED_BUDGET, over
+    record = screen(subject, workload, dtype=dtype, plan=plan, pace=pace)
+    if not record.ok:
         return record
     try:
-        _check_then_measure(record, backend, workload, plan, reference)
+        case = check(record, subject, workload, plan=plan, reference=reference)
+        if case is not None:
+            _measure(record, subject, case, plan.timing)
     except Exception as exc:  # a failing level must not stop the sweep
         record.status = f"error: {type(exc).__name__}: {exc}"[:300]
         return record
     if not record.ok:
         return record
-    pace.record(backend, workload, record.median_s)
-    record.gflops = flops / record.median_s / 1e9
+    # Step 5: the derived figures.
+    pace.record(subject, workload, record.median_s)
+    record.gflops = record.flops / record.median_s / 1e9
     if peak is not None:
         record.peak_fraction = record.gflops / peak.gflops
     tokens = workload.tokens()
@@ -215,66 +284,28 @@ def run_case(
     return record
 
 
-def _check_then_measure(
-    record: Record, backend: Backend, workload: Workload, plan: Plan, reference: Reference
-) -> None:
-    policy, budget = plan.timing, plan.budget_for(backend, workload.scenario)
-    # Level 0 computes in float64 whatever was asked; its reference must know that.
-    case = workload.build(backend, record.dtype, reference)
-    # 1. The check: one call against the float64 reference (untimed; the first warm-up).
-    start = time.perf_counter()
-    record.max_error = case.error()
-    record.error_of, record.error_bound = case.error_of, case.bound
-    check_s = time.perf_counter() - start
-    if not record.max_error <= case.bound:  # also catches NaN
-        record.status = WRONG
-        record.note = f"{case.error_of} error {record.max_error:.3g} > bound {case.bound:g}"
-        return
-    # A prediction can be wrong (a scenario far slower than the rate it was predicted
-    # from); the checked call says so before any sample is taken. The factor leaves
-    # room for the check's own work (the reference, the comparison).
-    if check_s > PROBE_SLACK * budget.max_call_s:
-        record.status = SKIPPED_BUDGET
-        record.note = (
-            f"one call took {check_s:.2g} s > {PROBE_SLACK:g} x cap {budget.max_call_s:g} s"
-        )
-        return
-    # 2. Warm-up: the check was the first call; the last warm-up call is the memory
-    # probe, after first-call effects (autotuning, lazy initialisation) are over.
-    for _ in range(policy.warmup - 2):
-        case.fn()
-    record.peak_memory_bytes = peak_memory(case.fn, backend.memory_method)
-    # 3. The samples.
-    stats = measure(case.fn, _timer(backend), policy, warmed=policy.warmup)
-    for key, value in _times(stats).items():
-        setattr(record, key, value)
-    record.status = OK
-    record.padding_waste = case.extras.get("padding_waste")
-    record.bytes_read = case.extras.get("bytes_read")
+def case_count(subjects: list[Subject], plan: Plan) -> int:
+    return sum(1 for _ in pairs(subjects, plan))
 
 
-def case_count(backends: list[Backend], plan: Plan) -> int:
-    return sum(1 for _ in _pairs(backends, plan))
+def pairs(subjects: list[Subject], plan: Plan) -> Iterator[tuple[Subject, Workload]]:
+    """(subject, workload) in sweep order: scenario, then size, then level.
 
-
-def _pairs(backends: list[Backend], plan: Plan):
-    """(backend, workload) in sweep order: scenario, then size, then level.
-
-    Backends without models (the SDPA peers) take part in attention only, and
+    Subjects without models (the SDPA peers) take part in attention only, and
     a peer with ``only`` scenarios (transformers) in those.
     """
     for workloads in plan.workloads.values():
         for workload in workloads:
-            for backend in backends:
-                if workload.unsupported(backend) == "attention only":
+            for subject in subjects:
+                if workload.unsupported(subject) == "attention only":
                     continue
-                if backend.only and workload.scenario not in backend.only:
+                if subject.only and workload.scenario not in subject.only:
                     continue  # a peer outside the comparison it is here for
-                yield backend, workload
+                yield subject, workload
 
 
 def run(
-    backends: list[Backend],
+    subjects: list[Subject],
     plan: Plan,
     *,
     device: str,
@@ -305,12 +336,12 @@ def run(
         )
     pace = Pace()
     measured = []
-    for backend, workload in _pairs(backends, plan):
+    for subject, workload in pairs(subjects, plan):
         if progress is not None:
-            progress(f"{backend.name}  {workload.scenario}  T={workload.shape().get('T', '')}")
+            progress(f"{subject.name}  {workload.scenario}  T={workload.shape().get('T', '')}")
         measured.append(
             run_case(
-                backend, workload, dtype=dtype, plan=plan, reference=reference, peak=None, pace=pace
+                subject, workload, dtype=dtype, plan=plan, reference=reference, peak=None, pace=pace
             )
         )
     figures = [record for group in plan.figures.values() for make in group for record in make()]

@@ -1,19 +1,11 @@
-"""The workloads, each a small frozen dataclass that knows its size and its FLOPs.
+"""The model scenarios: the decoder-only model forward, generating, batching and training.
 
-A workload's ``flops()`` and ``shape()`` need no arrays, so the runner can
-apply the size budget before anything is allocated. ``build(backend, dtype,
-reference)`` makes a ``Case``: the callable to time (inputs already converted
-to the level's native type, outside the timed region) and, separately, the
-check against the float64 reference with the bound it must meet. The runner
-checks a case before it times it, and does not time a wrong one.
+Each is a small frozen dataclass that knows its size and its FLOPs without
+building anything (so the runner applies the size budget first), and whose
+``build(subject, dtype, reference)`` makes a ``Case``: the callable to time,
+inputs already native, and its check against the float64 reference. Scenario
+names (the ``scenario`` field of every record):
 
-Scenario names (the ``scenario`` field of every record):
-
-* ``decode attention``: one query against ``S`` cached keys (GB/s: K and V read),
-  where level 4 splits the keys on a GPU (flash-decoding) and, as a peer, does not;
-* ``attention fwd`` / ``attention fwd+bwd``: the attention core on random
-  ``q, k, v (B,H,T,Dh)``, ``S = T``, causal; the backward pass where a level
-  has gradients (autograd at the torch levels, level 1's hand-written one);
 * ``decoder fwd``: one forward of the decoder-only model over ``(B, T)`` tokens;
 * ``generate cached`` / ``generate uncached``: greedy generation from a prompt,
   with and without the KV cache (tokens/s counts new tokens; GB/s the bytes a
@@ -27,17 +19,11 @@ Scenario names (the ``scenario`` field of every record):
 * ``train step``: one optimisation step of the decoder-only model (loss,
   gradients, clipping, AdamW) through the training lab's backend (tokens/s
   counts the batch's tokens).
-
-Errors are ``max |x - ref| / max(1, max |ref|)`` (the absolute error for values
-of order one, a relative one for large values), or, for generated tokens,
-the number of tokens that differ from the reference's.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -47,180 +33,29 @@ from levels.common.config import TransformerConfig
 from levels.common.params import init_params
 
 from . import flops as F
-from .backends import Backend
-from .bounds import error_bound, token_bound
-from .reference import Reference, round_to
+from .reference import Case, Reference, error_bound, scaled_error, token_bound
+from .subjects import Subject
 
 FIRST_TOKEN = 3  # random tokens avoid pad 0, BOS 1 and EOS 2
 
 
-@dataclass
-class Case:
-    """One workload built for one backend: a callable to time and how to judge it."""
-
-    fn: Callable[[], object]  # the timed call; inputs are already native
-    error: Callable[[], float] | None = None  # the error against the float64 reference
-    error_of: str = ""  # what the error compares, e.g. "output", "dq,dk,dv", "logits"
-    bound: float = 0.0  # the largest error that counts as right (``bounds.py``)
-    extras: dict[str, float] = field(default_factory=dict)
-
-
-def _calls(backend: Backend, fn: Callable[[], object], *, grad: bool) -> Callable[[], object]:
-    """Wrap ``fn`` in the backend's context, and in ``torch.no_grad`` for inference."""
-
-    def call() -> object:
-        with backend.context(), _no_grad(backend, grad):
-            return fn()
-
-    return call
-
-
-def _no_grad(backend: Backend, grad: bool) -> contextlib.AbstractContextManager:
-    if backend.kind != "torch" or grad:
-        return contextlib.nullcontext()
-    import torch
-
-    return torch.no_grad()
-
-
-def scaled_error(got: np.ndarray, want: np.ndarray) -> float:
-    """``max |got - want| / max(1, max |want|)``, in float64 (inf for a non-finite value)."""
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    if got.shape != want.shape:
-        raise ValueError(f"shape {got.shape} != reference shape {want.shape}")
-    if not np.isfinite(got).all():
-        return float("inf")
-    return float(np.max(np.abs(got - want)) / max(1.0, float(np.max(np.abs(want)))))
-
-
-# --------------------------------------------------------------------------- attention
-
-
-@dataclass(frozen=True)
-class Attention:
-    """Attention core, ``q (B,H,T,Dh)``, ``k, v (B,H,S,Dh)`` with ``S = T``; a sliding
-    ``window`` of ``W`` keys makes it the ``attention window`` scenario, and a few
-    queries against ``S`` keys (``S`` given, ``T <= 16``) ``decode attention``."""
-
-    B: int
-    H: int
-    T: int
-    Dh: int
-    causal: bool = True
-    backward: bool = False
-    window: int | None = None
-    seed: int = 0
-    S: int | None = None  # keys; None: S = T
-
-    @property
-    def keys(self) -> int:
-        return self.T if self.S is None else self.S
-
-    @property
-    def scenario(self) -> str:
-        if self.S is not None:
-            return "decode attention"
-        if self.window is not None:
-            return "attention window"
-        return "attention fwd+bwd" if self.backward else "attention fwd"
-
-    def shape(self) -> dict[str, int]:
-        shape = {"B": self.B, "H": self.H, "T": self.T, "S": self.keys, "Dh": self.Dh}
-        shape |= {"causal": int(self.causal)}
-        return shape if self.window is None else shape | {"W": self.window}
-
-    def flops(self) -> float:
-        f = F.attention_fwd_bwd_flops if self.backward else F.attention_flops
-        # A decode step's few queries see (nearly) every key: not halved for causal.
-        causal = self.causal and self.S is None
-        return f(self.B, self.H, self.T, self.keys, self.Dh, causal=causal, window=self.window)
-
-    def bytes_read(self, dtype: str) -> float | None:
-        """A decode step reads all of K and V, ``2 B H S Dh`` numbers: its real cost."""
-        if self.S is None:
-            return None
-        return 2.0 * self.B * self.H * self.S * self.Dh * F.element_bytes(dtype)
-
-    def tokens(self) -> int | None:
-        return None
-
-    def unsupported(self, backend: Backend) -> str | None:
-        if self.backward and not backend.has_grad:
-            return "no gradients at this level"
-        return None
-
-    def inputs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``q (B,H,T,Dh)``, ``k, v (B,H,S,Dh)`` and the upstream gradient ``dout (B,H,T,Dh)``,
-        float64."""
-        rng = np.random.default_rng(self.seed)
-        B, H, T, S, Dh = self.B, self.H, self.T, self.keys, self.Dh
-        return tuple(rng.standard_normal((B, H, n, Dh)) for n in (T, S, S, T))
-
-    def build(self, backend: Backend, dtype: str, reference: Reference) -> Case:
-        q64, k64, v64, dout64 = self.inputs()
-        q, k, v = (backend.asarray(x, dtype) for x in (q64, k64, v64))
-        # The reference sees the inputs as the level sees them (rounded to its dtype),
-        # so the error measures the computation, not the rounding of the inputs.
-        qr, kr, vr, dr = (round_to(x, dtype) for x in (q64, k64, v64, dout64))
-        attention, causal = backend.attention, self.causal
-        window = {} if self.window is None else {"window": self.window}
-        if not self.backward:
-            fn = _calls(backend, lambda: attention(q, k, v, causal=causal, **window), grad=False)
-
-            def error() -> float:
-                want = reference.attention(qr, kr, vr, causal, window=self.window)
-                return scaled_error(backend.to_numpy(fn()), want)
-
-            extras = {"bytes_read": self.bytes_read(dtype)}
-            return Case(
-                fn=fn, error=error, error_of="output", bound=error_bound(dtype), extras=extras
-            )
-
-        dout = backend.asarray(dout64, dtype)
-        if backend.kind == "torch":
-            for x in (q, k, v):
-                x.requires_grad_(True)
-
-            def step() -> list:
-                q.grad = k.grad = v.grad = None
-                attention(q, k, v, causal=causal).backward(dout)
-                return [q.grad, k.grad, v.grad]
-
-        else:  # GRADIENTS == "hand-written": the level's own attention_grads (level 1)
-
-            def step() -> list:
-                return list(backend.module.attention_grads(q, k, v, dout, causal=causal))
-
-        fn = _calls(backend, step, grad=True)
-
-        def grad_error() -> float:
-            got = [backend.to_numpy(g) for g in fn()]
-            want = reference.attention_grads(qr, kr, vr, dr, causal)
-            return max(scaled_error(g, w) for g, w in zip(got, want, strict=True))
-
-        return Case(fn=fn, error=grad_error, error_of="dq,dk,dv", bound=error_bound(dtype))
-
-
-# --------------------------------------------------------------------------- models
-
-
 def _model(
-    backend: Backend, config: TransformerConfig, seed: int, dtype: str
+    subject: Subject, config: TransformerConfig, seed: int, dtype: str
 ) -> tuple[dict[str, np.ndarray], Any]:
     """The canonical parameters of ``seed`` and the level's decoder-only model built from them."""
     params = init_params(config, "decoder_only", seed)
-    kwargs: dict[str, Any] = {"device": backend.device}
-    if backend.kind != "python":
-        kwargs["dtype"] = backend.native_dtype(dtype)  # level 0 takes no dtype
-    return params, backend.module.DecoderOnlyTransformer(config, params, **kwargs)
+    kwargs: dict[str, Any] = {"device": subject.device}
+    if subject.kind != "python":
+        kwargs["dtype"] = subject.native_dtype(dtype)  # level 0 takes no dtype
+    return params, subject.module.DecoderOnlyTransformer(config, params, **kwargs)
 
 
 def _random_tokens(rng: np.random.Generator, config: TransformerConfig, shape) -> np.ndarray:
     return rng.integers(FIRST_TOKEN, config.vocab_size, size=shape, dtype=np.int64)
 
 
-def _needs_models(backend: Backend) -> str | None:
-    return None if backend.models else "attention only"
+def _needs_models(subject: Subject) -> str | None:
+    return None if subject.models else "attention only"
 
 
 @dataclass(frozen=True)
@@ -246,18 +81,18 @@ class DecoderForward:
     def tokens(self) -> int:
         return self.B * self.T
 
-    def unsupported(self, backend: Backend) -> str | None:
-        return _needs_models(backend)
+    def unsupported(self, subject: Subject) -> str | None:
+        return _needs_models(subject)
 
-    def build(self, backend: Backend, dtype: str, reference: Reference) -> Case:
-        params, model = _model(backend, self.config, self.seed, dtype)
+    def build(self, subject: Subject, dtype: str, reference: Reference) -> Case:
+        params, model = _model(subject, self.config, self.seed, dtype)
         tokens64 = _random_tokens(np.random.default_rng(self.seed), self.config, (self.B, self.T))
-        tokens = backend.asarray(tokens64)
-        fn = _calls(backend, lambda: model.forward(tokens), grad=False)
+        tokens = subject.asarray(tokens64)
+        fn = subject.calls(lambda: model.forward(tokens), grad=False)
 
         def error() -> float:
             want = reference.decoder_logits(self.config, params, dtype, [tokens64])[0]
-            return scaled_error(backend.to_numpy(fn()), want)
+            return scaled_error(subject.to_numpy(fn()), want)
 
         return Case(fn=fn, error=error, error_of="logits", bound=error_bound(dtype))
 
@@ -322,11 +157,11 @@ class Generate:
     def tokens(self) -> int:
         return self.B * self.new_tokens  # tokens/s counts generated tokens
 
-    def unsupported(self, backend: Backend) -> str | None:
-        return _needs_models(backend)
+    def unsupported(self, subject: Subject) -> str | None:
+        return _needs_models(subject)
 
-    def build(self, backend: Backend, dtype: str, reference: Reference) -> Case:
-        params, model = _model(backend, self.config, self.seed, dtype)
+    def build(self, subject: Subject, dtype: str, reference: Reference) -> Case:
+        params, model = _model(subject, self.config, self.seed, dtype)
         rng = np.random.default_rng(self.seed)
         rows = self._rows()
         valid64 = np.arange(self.prompt)[None, :] < np.array(rows)[:, None]  # (B, P)
@@ -334,26 +169,26 @@ class Generate:
         prefix64 = np.where(valid64, prefix64, self.config.pad_id)
         n, cache = self.new_tokens, self.use_cache
         if self.one_at_a_time:
-            singles = [backend.asarray(prefix64[b : b + 1, :P]) for b, P in enumerate(rows)]
+            singles = [subject.asarray(prefix64[b : b + 1, :P]) for b, P in enumerate(rows)]
 
             def run():
                 return [model.generate(one, n, use_cache=cache) for one in singles]
 
         else:
-            prefix = backend.asarray(prefix64)
-            ragged = {} if self.lengths is None else {"valid": backend.asarray(valid64)}
+            prefix = subject.asarray(prefix64)
+            ragged = {} if self.lengths is None else {"valid": subject.asarray(valid64)}
 
             def run():
                 return model.generate(prefix, n, use_cache=cache, **ragged)
 
-        fn = _calls(backend, run, grad=False)
+        fn = subject.calls(run, grad=False)
 
         def error() -> float:
             out = fn()
             if self.one_at_a_time:
-                got = [backend.to_numpy(x)[0] for x in out]
+                got = [subject.to_numpy(x)[0] for x in out]
             else:
-                full = backend.to_numpy(out).astype(np.int64)
+                full = subject.to_numpy(out).astype(np.int64)
                 got = [full[b, : P + n] for b, P in enumerate(rows)]
             # The reference generates each row alone: a batched row must equal it.
             want = [
@@ -415,29 +250,29 @@ class VarlenBatch:
     def tokens(self) -> int:
         return sum(self.lengths)  # real tokens only: padding is waste, not throughput
 
-    def unsupported(self, backend: Backend) -> str | None:
-        return _needs_models(backend)
+    def unsupported(self, subject: Subject) -> str | None:
+        return _needs_models(subject)
 
     def sequences(self) -> list[np.ndarray]:
         rng = np.random.default_rng(self.seed + 1)
         return [_random_tokens(rng, self.config, (n,)) for n in self.lengths]
 
-    def build(self, backend: Backend, dtype: str, reference: Reference) -> Case:
-        params, model = _model(backend, self.config, self.seed, dtype)
+    def build(self, subject: Subject, dtype: str, reference: Reference) -> Case:
+        params, model = _model(subject, self.config, self.seed, dtype)
         seqs = self.sequences()
         padded = [pad_batch([seqs[i] for i in b], self.config.pad_id) for b in self.batches()]
-        native = [(backend.asarray(t), backend.asarray(m)) for t, m in padded]  # (B_b, T_b) each
+        native = [(subject.asarray(t), subject.asarray(m)) for t, m in padded]  # (B_b, T_b) each
 
         def run() -> list[object]:
             return [model.forward(tokens, valid=valid) for tokens, valid in native]
 
-        fn = _calls(backend, run, grad=False)
+        fn = subject.calls(run, grad=False)
 
         def error() -> float:
             want = reference.decoder_logits(
                 self.config, params, dtype, [t for t, _ in padded], [m for _, m in padded]
             )
-            got = [backend.to_numpy(x) for x in fn()]
+            got = [subject.to_numpy(x) for x in fn()]
             return max(scaled_error(g, w) for g, w in zip(got, want, strict=True))
 
         waste = padding_waste(self.batches(), self.lengths)
@@ -454,8 +289,9 @@ class VarlenBatch:
 
 
 @dataclass(frozen=True)
-class TrainStep:
-    """One optimisation step of the decoder-only model on a ``(B, T)`` batch of random tokens.
+class TrainStep(DecoderForward):
+    """One optimisation step of the decoder-only model on a ``(B, T)`` batch of random tokens:
+    the decoder forward's sizes (and tokens/s), then the backward and the update.
 
     Loss, gradients, global-norm clipping and AdamW, through the training lab's
     trainer backend for the level (``lab.backend``): torch autograd at levels
@@ -464,31 +300,19 @@ class TrainStep:
     parameters and batch.
     """
 
-    config: TransformerConfig
-    B: int
-    T: int
-    seed: int = 0
-
     @property
     def scenario(self) -> str:
         return "train step"
 
-    def shape(self) -> dict[str, int]:
-        c = self.config
-        return {"B": self.B, "T": self.T, "D": c.d_model, "L": c.n_layers, "V": c.vocab_size}
-
     def flops(self) -> float:
         # The backward costs about twice the forward (per weight matrix, one product
         # for its input's gradient and one for its own): the usual 3x-forward rule.
-        return 3.0 * F.decoder_forward_flops(self.config, self.B, self.T)
+        return 3.0 * super().flops()
 
-    def tokens(self) -> int:
-        return self.B * self.T
-
-    def unsupported(self, backend: Backend) -> str | None:
-        if not backend.models:
+    def unsupported(self, subject: Subject) -> str | None:
+        if not subject.models:
             return "attention only"
-        return None if backend.has_grad else "no gradients at this level"
+        return None if subject.has_grad else "no gradients at this level"
 
     def batch(self):
         from lab.data import Batch
@@ -498,19 +322,19 @@ class TrainStep:
         every = np.ones((self.B, self.T), dtype=bool)
         return Batch(inputs=seq[:, :-1], valid=every, targets=seq[:, 1:], scored=every)
 
-    def build(self, backend: Backend, dtype: str, reference: Reference) -> Case:
+    def build(self, subject: Subject, dtype: str, reference: Reference) -> Case:
         from lab.backend import OptimizerSettings, make_backend
 
         params = init_params(self.config, "decoder_only", self.seed)
         batch = self.batch()
         trainer = make_backend(
-            backend.module,
+            subject.module,
             self.config,
             "decoder_only",
             params,
             OptimizerSettings(),
-            device=backend.device,
-            dtype=backend.native_dtype(dtype),
+            device=subject.device,
+            dtype=subject.native_dtype(dtype),
         )
 
         def step() -> float:
@@ -526,6 +350,3 @@ class TrainStep:
             return max(scaled_error(got[name], want[name]) for name in want)
 
         return Case(fn=step, error=error, error_of="grads", bound=error_bound(dtype))
-
-
-Workload = Attention | DecoderForward | Generate | VarlenBatch | TrainStep

@@ -1,8 +1,14 @@
-"""A level, or one of PyTorch's SDPA backends, seen through one small adapter.
+"""The subjects of a run: a level, or a peer beside it, seen through one small adapter.
+
+A ``Subject`` is whatever fills one column of the ladder: a level, or a peer
+measured on the same workloads (PyTorch's SDPA pinned to one of its backends,
+level 4 with flash-decoding off, Hugging Face ``transformers``). The word is
+"subject", not "backend": in this project a backend is a training backend
+(``lab.backend``) or one of SDPA's kernels (level 3's ``backend=``).
 
 The harness never guesses what a level is: every level states it in plain
 attributes (``ARRAY``, ``GRADIENTS``, ``INTERPRETED``, ``DTYPES``,
-``DEVICES``, ``DESCRIPTION``; see ``levels/__init__.py``), and a ``Backend``
+``DEVICES``, ``DESCRIPTION``; see ``levels/__init__.py``), and a ``Subject``
 is those facts plus the callables the workloads use. Everything else (warm-up,
 timing, statistics, FLOPs, the error check) is the same code for every level.
 """
@@ -23,7 +29,7 @@ SDPA_LEVEL = "level3_sdpa_flash"  # whose attention, pinned to one SDPA backend,
 
 
 @dataclass
-class Backend:
+class Subject:
     """One column of the ladder: a level's declared facts and its callables.
 
     ``kind`` is the level's ``ARRAY``: ``"python"`` (nested lists), ``"numpy"``
@@ -64,7 +70,7 @@ class Backend:
         return self.dtypes[0] if len(self.dtypes) == 1 else dtype
 
     def unsupported(self, dtype: str) -> str | None:
-        """Why this backend cannot run ``dtype``, or None if it can."""
+        """Why this subject cannot run ``dtype``, or None if it can."""
         if self.effective_dtype(dtype) not in self.dtypes:
             return f"{self.name} computes in {', '.join(self.dtypes)}, not {dtype}"
         return None
@@ -94,53 +100,70 @@ class Backend:
 
             torch.cuda.synchronize(self.device)
 
+    def calls(self, fn: Callable[[], object], *, grad: bool) -> Callable[[], object]:
+        """``fn`` as the harness calls it: in this subject's context, and under
+        ``torch.no_grad`` unless it computes gradients (inference builds no graph)."""
 
-def level_backend(name: str, module: ModuleType, device: str, dtype: str = "float32") -> Backend:
-    """A loaded level as a ``Backend``, from the facts it declares.
+        def call() -> object:
+            with self.context(), self._no_grad(grad):
+                return fn()
+
+        return call
+
+    def _no_grad(self, grad: bool) -> contextlib.AbstractContextManager:
+        if self.kind != "torch" or grad:
+            return contextlib.nullcontext()
+        import torch
+
+        return torch.no_grad()
+
+
+def level_subject(name: str, module: ModuleType, device: str, dtype: str = "float32") -> Subject:
+    """A loaded level as a ``Subject``, from the facts it declares.
 
     Python and numpy levels run on the CPU whatever ``device`` the run asks for.
     A torch level that does not run on ``device`` (level 4 compiled for CUDA, on
     a CPU run) is ``ValueError``, reported as unavailable with the reason.
     """
-    kind = module.ARRAY
+    kind = module.FACTS.array
     if kind != "torch":
         device = "cpu"
-    elif device.split(":")[0] not in module.DEVICES:
-        raise ValueError(f"{name} runs on {', '.join(module.DEVICES)} here, not {device}")
+    elif device.split(":")[0] not in module.FACTS.devices:
+        raise ValueError(f"{name} runs on {', '.join(module.FACTS.devices)} here, not {device}")
     native = None
-    if kind == "torch" and dtype in module.DTYPES:
+    if kind == "torch" and dtype in module.FACTS.dtypes:
         import torch
 
         native = getattr(torch, dtype)
-    return Backend(
+    return Subject(
         name=name,
         description=module.describe(device=device, dtype=native),
         kind=kind,
         device=device,
-        dtypes=tuple(module.DTYPES),
-        gradients=module.GRADIENTS,
-        interpreted=module.INTERPRETED,
+        dtypes=tuple(module.FACTS.dtypes),
+        gradients=module.FACTS.gradients,
+        interpreted=module.FACTS.interpreted,
         module=module,
         attention=module.attention,
     )
 
 
-def load_backends(
+def load_subjects(
     names: list[str] | None, device: str, dtype: str = "float32"
-) -> tuple[list[Backend], dict[str, str]]:
-    """Load the requested levels (default: all); returns (backends, {name: why unavailable})."""
+) -> tuple[list[Subject], dict[str, str]]:
+    """Load the requested levels (default: all); returns (subjects, {name: why unavailable})."""
     wanted = list(levels.LEVELS) if names is None else names
-    backends: list[Backend] = []
+    subjects: list[Subject] = []
     unavailable: dict[str, str] = {}
     for name in wanted:
         try:
-            backends.append(level_backend(name, levels.load(name), device, dtype))
+            subjects.append(level_subject(name, levels.load(name), device, dtype))
         except (ImportError, ValueError) as exc:
             unavailable[name] = str(exc)
-    return backends, unavailable
+    return subjects, unavailable
 
 
-def sdpa_backend(which: str, device: str) -> Backend:
+def sdpa_subject(which: str, device: str) -> Subject:
     """PyTorch's ``scaled_dot_product_attention`` pinned to one backend, as a peer.
 
     This is level 3's ``attention(..., backend=which)``, so the backend names and
@@ -154,12 +177,12 @@ def sdpa_backend(which: str, device: str) -> Backend:
     def attention(q, k, v, **kwargs):
         return level3.attention(q, k, v, backend=which, **kwargs)  # (B,H,T,Dv)
 
-    return Backend(
+    return Subject(
         name=f"sdpa:{which}",
         description=f"torch SDPA, {which} backend only",
         kind="torch",
         device=device,
-        dtypes=tuple(level3.DTYPES),
+        dtypes=tuple(level3.FACTS.dtypes),
         gradients="autograd",
         interpreted=False,
         module=level3,
@@ -168,7 +191,7 @@ def sdpa_backend(which: str, device: str) -> Backend:
     )
 
 
-def sdpa_peers(device: str, dtype: str = "float32") -> list[Backend]:
+def sdpa_peers(device: str, dtype: str = "float32") -> list[Subject]:
     """The SDPA backends of level 3's map that this PyTorch build can run on ``device`` in
     ``dtype``, as peers (on CUDA: flash, efficient, cudnn and math; on a CPU: flash and math).
 
@@ -188,11 +211,11 @@ def sdpa_peers(device: str, dtype: str = "float32") -> list[Backend]:
             level3.which_backend(probe, probe, probe, causal=True, backend=which)
         except RuntimeError:  # this backend does not run here (a CUDA kernel on a CPU, say)
             continue
-        peers.append(sdpa_backend(which, device))
+        peers.append(sdpa_subject(which, device))
     return peers
 
 
-def unsplit_decode_peer(device: str, dtype: str = "bfloat16") -> Backend | None:
+def unsplit_decode_peer(device: str, dtype: str = "bfloat16") -> Subject | None:
     """Level 4's attention with flash-decoding off (``splits=1``: one program per batch
     and head streams the whole cache), beside level 4 in ``decode attention``; None when
     level 4 cannot load or would not split anyway (the interpreter)."""
@@ -200,17 +223,17 @@ def unsplit_decode_peer(device: str, dtype: str = "bfloat16") -> Backend | None:
         level4 = levels.load("level4_triton_kernel")
     except levels.LevelUnavailable:
         return None
-    if level4.INTERPRETED:
+    if level4.FACTS.interpreted:
         return None
-    backend = level_backend("level4_triton_kernel", level4, device, dtype)
+    peer = level_subject("level4_triton_kernel", level4, device, dtype)
 
     def attention(q, k, v, **kwargs):
         return level4.attention(q, k, v, splits=1, **kwargs)
 
-    backend.name = "level4:no-split"
-    backend.description = "level 4's forward kernel for decoding, the keys not split"
-    backend.attention, backend.models, backend.only = attention, False, ("decode attention",)
-    return backend
+    peer.name = "level4:no-split"
+    peer.description = "level 4's forward kernel for decoding, the keys not split"
+    peer.attention, peer.models, peer.only = attention, False, ("decode attention",)
+    return peer
 
 
 class _HuggingFaceDecoder:
@@ -255,10 +278,10 @@ class _HuggingFaceDecoder:
             )  # (B, P + max_new_tokens)
 
 
-TRANSFORMERS_SCENARIOS = ("generate llama",)
+TRANSFORMERS_SCENARIOS = ("generate llama", "real prompt float32", "real decode float32")
 
 
-def transformers_peer(device: str) -> Backend | None:
+def transformers_peer(device: str) -> Subject | None:
     """Hugging Face ``transformers``' ``generate``, a peer in ``TRANSFORMERS_SCENARIOS``;
     None when transformers (an optional extra) is not installed."""
     try:
@@ -277,7 +300,7 @@ def transformers_peer(device: str) -> Backend | None:
             "to_numpy": staticmethod(level2.to_numpy),
         },
     )
-    return Backend(
+    return Subject(
         name="transformers",
         description=f"Hugging Face transformers {transformers.__version__} generate (SDPA, its own cache)",
         kind="torch",

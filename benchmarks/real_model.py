@@ -1,0 +1,272 @@
+"""The real-model scenarios: SmolLM2-135M-Instruct's prompt and decode, per level and weight format.
+
+What a user of ``ladder chat`` waits for, measured the harness's way (checked
+first, then timed, with the copy bandwidth of the same run as the ceiling):
+
+* ``real prompt <format>``: the prefill of a 37-token chat prompt (the model's
+  own template over one question): tokens/s counts prompt tokens;
+* ``real decode <format>``: 16 decode steps from that prompt's cache, greedy,
+  each one position against the cache (``cache.rewind`` returns it to the
+  prompt before every timed call, so no call pays for a prefill): tokens/s
+  counts new tokens, and GB/s the bytes a step reads (every weight in its
+  format, and the cache), the figure gpt-fast prints as "bandwidth achieved".
+
+``<format>`` is how the weights are held: ``float32``, ``bfloat16`` (level 3,
+and level 4 on a GPU) or ``int8`` (level 3's weight-only int8,
+``levels/level3_sdpa_flash/quant.py``). ``threads`` is 1 and every core:
+decode is bound by one core's share of memory bandwidth, prefill by
+arithmetic, and they scale differently.
+
+``transformers`` joins as a peer on the same file (``from_pretrained(...,
+gguf_file=...)``, dequantized): its ``generate``, greedy, from a cache of the
+prompt cropped the same way (``DynamicCache.crop``).
+
+Every case is checked against the float64 reference of the same file (level
+1 in float64, the logits of the step after the prompt) before it is timed.
+The file must be in the cache: a run without it reports the scenarios as
+unsupported, with the command that pulls it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+from .measure import cpu_threads
+from .reference import Case, Reference, scaled_error
+from .subjects import Subject
+
+MODEL = "smollm2-135m"
+QUESTION = "What is the capital of France?"
+NEW_TOKENS = 16
+FORMATS = ("float32", "bfloat16", "int8")
+# scaled_error (max |x - ref| / max |ref|, logits up to ~40) bounds per weight format: the
+# float32 levels measure ~3e-6; bfloat16 weights and activations ~1e-2 (eps 7.8e-3 through
+# 30 layers); int8 weights (half a step of a row's 127-step grid each) with bfloat16
+# activations ~2e-2. Five times those leaves room for other machines; a wrong layer
+# (a transposed weight, a dropped norm) costs more than 0.3.
+BOUNDS = {"float32": 1e-4, "bfloat16": 5e-2, "int8": 1e-1}
+DTYPE_OF = {"float32": "float32", "bfloat16": "bfloat16", "int8": "float32"}
+
+
+@cache
+def _file():
+    from levels import registry
+
+    return registry.cached(MODEL)
+
+
+@cache
+def _loaded(dtype: str):
+    """``(config, params, prompt ids)`` of the cached file, params in ``dtype``, context 128."""
+    from levels import gguf
+
+    path = _file()
+    config, params = gguf.load(path, max_seq_len=128, dtype=np.dtype(dtype))
+    template, tokenizer = gguf.load_chat_template(path), gguf.load_tokenizer(path)
+    text = template.render([{"role": "user", "content": QUESTION}], add_generation_prompt=True)
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    return config, params, tuple(ids)
+
+
+@cache
+def _truth() -> np.ndarray:
+    """The float64 logits ``(V,)`` of the step after the prompt (level 1, float64)."""
+    import levels
+
+    config, params, ids = _loaded("float64")
+    model = levels.load("level1_numpy").DecoderOnlyTransformer(config, params)
+    return np.asarray(model.forward(np.array([ids]))[0, -1])
+
+
+def weight_bytes(params: dict[str, np.ndarray], fmt: str) -> float:
+    """What one decode step reads of the weights: every parameter once (a tied embedding
+    once, as the head; the gather of one row of it is negligible), in ``fmt`` (int8: the
+    matrices, with a float32 scale per row; the norms stay float32)."""
+    per = {"float32": 4, "bfloat16": 2, "int8": 1}[fmt]
+    total = 0.0
+    for value in params.values():
+        matrix = value.ndim == 2
+        elem = per if matrix or fmt != "int8" else 4  # int8 holds matrices; norms stay float32
+        total += value.size * elem + (value.shape[0] * 4 if matrix and fmt == "int8" else 0)
+    return total
+
+
+@dataclass(frozen=True)
+class RealModel:
+    """``phase`` ``"prompt"`` or ``"decode"`` of the real model, weights in ``fmt``."""
+
+    phase: str
+    fmt: str
+    threads: int
+
+    @property
+    def scenario(self) -> str:
+        return f"real {self.phase} {self.fmt}"
+
+    def shape(self) -> dict[str, int]:
+        return {
+            "P": 37,
+            "new": NEW_TOKENS if self.phase == "decode" else 0,
+            "threads": self.threads,
+        }
+
+    def flops(self) -> float:
+        per_token = 2.0 * 134.5e6  # a multiply-add per weight and token (SmolLM2: 134.5M)
+        return per_token * (37 if self.phase == "prompt" else NEW_TOKENS)
+
+    def tokens(self) -> int:
+        return 37 if self.phase == "prompt" else NEW_TOKENS
+
+    def unsupported(self, subject: Subject) -> str | None:
+        if _file() is None:
+            return f"{MODEL} is not cached: ladder pull {MODEL}"
+        if subject.name == "transformers":
+            return None if self.fmt == "float32" else "float32 only (its CPU matmuls)"
+        if not subject.models:
+            return "attention only"
+        if subject.kind == "python":
+            return "about 5 s a token (ladder chat --level 0 runs it)"
+        if subject.interpreted:
+            return "Triton's interpreter: minutes a token"
+        if self.fmt == "int8" and not subject.name.startswith("level3"):
+            return "level 3's weight format"
+        if DTYPE_OF[self.fmt] not in subject.dtypes:
+            return f"no {self.fmt} at this level"
+        return None
+
+    def build(self, subject: Subject, dtype: str, reference: Reference) -> Case:
+        fmt_dtype = DTYPE_OF[self.fmt]
+        config, params, ids = _loaded("float32")
+        if subject.name == "transformers":
+            step, first = _peer_calls(ids, self.phase)
+        else:
+            step, first = _level_calls(subject, config, params, ids, self.fmt, self.phase)
+        threads = self.threads
+
+        def run():
+            with cpu_threads(threads):
+                return step()
+
+        def error() -> float:
+            return scaled_error(first(), _truth())
+
+        bytes_read = None
+        if self.phase == "decode":
+            cache_per_step = 2 * config.n_layers * config.kv_heads * config.d_head * (len(ids) + 8)
+            elem = 2 if fmt_dtype == "bfloat16" else 4
+            step_bytes = weight_bytes(params, self.fmt)
+            bytes_read = NEW_TOKENS * (step_bytes + cache_per_step * elem)
+        return Case(
+            fn=subject.calls(run, grad=False),
+            error=error,
+            error_of="logits after the prompt",
+            bound=BOUNDS[self.fmt],
+            extras={"bytes_read": bytes_read},
+        )
+
+
+def _level_calls(subject: Subject, config, params, ids, fmt: str, phase: str):
+    """``(timed call, first logits)`` for a level: the prefill, or 16 steps from its cache."""
+    kwargs: dict[str, Any] = {"device": subject.device}
+    if subject.kind != "python":
+        kwargs["dtype"] = subject.native_dtype(DTYPE_OF[fmt])
+    if fmt == "int8":
+        kwargs["weights"] = "int8"
+    model = subject.module.DecoderOnlyTransformer(config, params, **kwargs)
+    prompt = subject.asarray(np.array([ids]))
+    if phase == "prompt":
+        return (lambda: model.prefill(prompt)), lambda: subject.to_numpy(
+            subject.calls(lambda: model.prefill(prompt)[0], grad=False)()
+        )[0, -1]
+    _, kv = subject.calls(
+        lambda: model.prefill(subject.asarray(np.array([ids[:-1]]))), grad=False
+    )()
+    last = subject.asarray(np.array([ids[-1]]))
+
+    def decode():
+        kv.rewind(len(ids) - 1)
+        token, first = last, None
+        for _ in range(NEW_TOKENS):
+            logits = subject.to_numpy(model.decode_step(token, kv))  # (1, V)
+            first = logits[0] if first is None else first
+            token = subject.asarray(logits.argmax(-1))  # greedy, as generate picks
+        return first
+
+    return decode, subject.calls(decode, grad=False)
+
+
+def _peer_calls(ids, phase: str):
+    """``(timed call, first logits)`` for transformers on the same file."""
+    import torch
+
+    path = _file()
+    model = _peer_model(str(path))
+    prompt = torch.tensor([ids])
+    if phase == "prompt":
+
+        def prefill():
+            with torch.no_grad():
+                return model(prompt).logits
+
+        return prefill, lambda: prefill()[0, -1].double().numpy()
+    with torch.no_grad():
+        kv = model(prompt[:, :-1], use_cache=True).past_key_values
+
+    def decode(**extra):
+        # Back to the prompt but its last token, as the levels rewind: crop takes the number
+        # of positions to remove, counted from the end.
+        kv.crop(len(ids) - 1 - kv.get_seq_length())
+        with torch.no_grad():
+            return model.generate(
+                prompt,
+                past_key_values=kv,
+                attention_mask=torch.ones_like(prompt),
+                do_sample=False,
+                max_new_tokens=NEW_TOKENS,
+                min_new_tokens=NEW_TOKENS,
+                pad_token_id=0,
+                **extra,
+            )
+
+    def first():
+        out = decode(return_dict_in_generate=True, output_logits=True)
+        return out.logits[0][0].double().numpy()
+
+    return decode, first
+
+
+@cache
+def _peer_model(path: str):
+    from pathlib import Path
+
+    import torch
+    import transformers
+
+    file = Path(path)
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(file.parent),
+        gguf_file=file.name,
+        dtype=torch.float32,
+        quantization_config=transformers.GgufConfig(dequantize=True),
+        attn_implementation="sdpa",
+    )
+    return model.eval()
+
+
+def workloads(quick: bool) -> list[RealModel]:
+    """Every (phase, format, threads): one thread and every core (one core in ``--quick``)."""
+    all_cores = os.cpu_count() or 1
+    threads = (1,) if quick or all_cores == 1 else (1, all_cores)
+    return [
+        RealModel(phase, fmt, n)
+        for n in threads
+        for fmt in FORMATS
+        for phase in ("prompt", "decode")
+    ]
