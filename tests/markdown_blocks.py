@@ -29,7 +29,7 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.doc_tables import parse_info
+from doc_tables import parse_info
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -2,8 +2,8 @@
 
 The rules for code blocks are in ``tests/markdown_blocks.py`` (run, ``skip="why"``,
 ``excerpt="path"``, ``output`` blocks); the generated figures and their
-renderers in ``benchmarks/doc_tables.py``. After a new benchmark run, rewrite the
-figures with ``python -m benchmarks.doc_tables``.
+renderers in ``docs/tools/doc_tables.py``. After a new benchmark run, rewrite the
+figures with ``python docs/tools/doc_tables.py``.
 """
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from markdown_blocks import ROOT, excerpt_problems, needed_levels, plan, run_steps
-
-from benchmarks.doc_tables import (
+from doc_tables import (
     BENCH_JSON,
     BENCH_PLOT,
     BENCH_PLOT_SOURCE,
@@ -26,6 +24,7 @@ from benchmarks.doc_tables import (
     load_records,
     regenerate,
 )
+from markdown_blocks import ROOT, excerpt_problems, needed_levels, plan, run_steps
 
 # ----------------------------------------------------------------------------- the tests
 
@@ -65,16 +64,16 @@ def test_generated_figures_are_current(path):
     text = path.read_text()
     assert text == regenerate(text, load_records()), (
         f"{_id(path)}: a generated block differs from {BENCH_JSON.name}; "
-        "run `python -m benchmarks.doc_tables` to rewrite it"
+        "run `python docs/tools/doc_tables.py` to rewrite it"
     )
 
 
 def test_the_plot_is_drawn_from_the_committed_run():
     assert BENCH_PLOT.is_file(), (
-        f"{_id(BENCH_PLOT)} is missing; run `python -m benchmarks.doc_tables`"
+        f"{_id(BENCH_PLOT)} is missing; run `python docs/tools/doc_tables.py`"
     )
     assert BENCH_PLOT_SOURCE.read_text().strip() == json_digest(), (
-        f"{_id(BENCH_PLOT)} was drawn from another run; run `python -m benchmarks.doc_tables`"
+        f"{_id(BENCH_PLOT)} was drawn from another run; run `python docs/tools/doc_tables.py`"
     )
 
 
@@ -202,7 +201,7 @@ def test_show_reads_the_same_source_as_inspect():
 
 def test_ladder_show_prints_every_rung_in_order(capsys):
     import levels
-    from benchmarks.cli import main
+    from ladder.cli import main
 
     assert main(["show", "attention", "--plain"]) == 0
     out = capsys.readouterr().out
@@ -219,7 +218,7 @@ def test_ladder_show_prints_every_rung_in_order(capsys):
 
 def test_ladder_show_overview_and_level_choice(capsys):
     import levels
-    from benchmarks.cli import main
+    from ladder.cli import main
 
     assert main(["show", "--plain"]) == 0
     out = capsys.readouterr().out

@@ -1,0 +1,162 @@
+"""Where a decode step's time goes, per level, on the real model (docs/decoding.md).
+
+    python docs/tools/decode_profile.py            # one thread
+    python docs/tools/decode_profile.py --threads 2
+
+For SmolLM2-135M-Instruct in float32 (``ladder pull`` first), a 37-token chat
+prompt prefilled, then per level:
+
+* ``step``: the median wall time of one decode step (one token against the cache);
+* ``weights``: the time of the same step's weight products alone, the model's own
+  matrices multiplied by one row in the same order and the same way the level
+  does (numpy's ``x @ w.T`` at level 1, ``F.linear`` at levels 2 and 3), and the
+  rate at which they stream (bytes of the weights over that time);
+* ``rest``: the step minus the weights: everything else (norms, RoPE, the cache
+  write, attention, the residual adds, Python), with the number of tensor
+  operations a step issues (torch's profiler at levels 2 and 3; the ops-module
+  calls at level 1);
+* ``copy``: the bytes read plus written per second by one large tensor copy, the
+  ceiling the benchmark's "% bw" divides by.
+
+Timings are medians of repeated runs on a shared machine: compare the rows of
+one run, not runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from threadpoolctl import threadpool_limits
+
+import levels
+from benchmarks.real_model import _loaded
+
+LEVELS = ("level1_numpy", "level2_torch_manual", "level3_sdpa_flash")
+
+
+def _median_s(fn, n: int) -> float:
+    fn()
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _matrices(model, level: str) -> list:
+    """The step's matrices in the order it multiplies them: per layer q/k/v, out, FFN; head."""
+    if level == "level1_numpy":
+        out = []
+        for layer in model.layers:
+            a, f = layer.self_attn, layer.ff
+            out += [a.w_q, a.w_k, a.w_v, a.w_o, f.w_gate, f.w1, f.w2]
+        return out + [model.output_projection]
+    out = []
+    for layer in model.layers:
+        out.append(layer.self_attn.in_proj_weight)
+        out += [layer.self_attn.out_proj.weight, layer.linear_gate.weight, layer.linear1.weight]
+        out.append(layer.linear2.weight)
+    return out + [model.token_embedding.weight]
+
+
+def _op_count(model, level: str, step) -> int:
+    if level == "level1_numpy":
+        calls = 0
+        ops = model.ops
+        names = [n for n in dir(ops) if not n.startswith("_") and callable(getattr(ops, n))]
+        saved = {n: getattr(ops, n) for n in names}
+
+        def counting(fn):
+            def wrapped(*a, **k):
+                nonlocal calls
+                calls += 1
+                return fn(*a, **k)
+
+            return wrapped
+
+        for n in names:
+            setattr(ops, n, counting(saved[n]))
+        try:
+            step()
+        finally:
+            for n, fn in saved.items():
+                setattr(ops, n, fn)
+        return calls
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    return sum(1 for e in prof.events() if e.cpu_parent is None)
+
+
+def profile_level(level: str, config, params, ids, repeats: int) -> dict:
+    L = levels.load(level)
+    torch_level = L.FACTS.array == "torch"
+    model = L.DecoderOnlyTransformer(
+        config, params, dtype=torch.float32 if torch_level else np.float32
+    )
+    asarray = L.asarray
+    with torch.no_grad():
+        _, cache = model.prefill(asarray(np.array([ids[:-1]])))
+    token = asarray(np.array([ids[-1]]))
+
+    def step():
+        cache.rewind(len(ids) - 1)
+        with torch.no_grad():
+            model.decode_step(token, cache)
+
+    step_s = _median_s(step, repeats)
+    mats = _matrices(model, level)
+    nbytes = sum(m.size * m.itemsize if not torch_level else m.numel() * 4 for m in mats)
+    if torch_level:
+        xs = {n: torch.randn(1, n) for n in (config.d_model, config.d_ff)}
+        with torch.no_grad():
+            weights_s = _median_s(lambda: [F.linear(xs[w.shape[1]], w) for w in mats], repeats)
+    else:
+        xs = {n: np.ones((1, n), np.float32) for n in (config.d_model, config.d_ff)}
+        weights_s = _median_s(lambda: [xs[w.shape[1]] @ w.T for w in mats], repeats)
+    return {
+        "level": level,
+        "step_ms": step_s * 1e3,
+        "weights_ms": weights_s * 1e3,
+        "weights_gbs": nbytes / weights_s / 1e9,
+        "rest_ms": (step_s - weights_s) * 1e3,
+        "ops": _op_count(model, level, step),
+        "tok_s": 1.0 / step_s,
+    }
+
+
+def copy_gbs(repeats: int = 10) -> float:
+    a = torch.empty(64 * 2**20).normal_()  # 256 MiB
+    b = torch.empty_like(a)
+    return 2 * a.numel() * 4 / _median_s(lambda: b.copy_(a), repeats) / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    with threadpool_limits(limits=args.threads, user_api="blas"):
+        config, params, ids = _loaded("float32")
+        print(f"SmolLM2-135M float32, {args.threads} thread(s), copy {copy_gbs():.1f} GB/s")
+        print("| level | step | weights | their rate | rest | tensor ops | tokens/s |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for level in LEVELS:
+            r = profile_level(level, config, params, ids, args.repeats)
+            print(
+                f"| {r['level']} | {r['step_ms']:.1f} ms | {r['weights_ms']:.1f} ms | "
+                f"{r['weights_gbs']:.1f} GB/s | {r['rest_ms']:.1f} ms | {r['ops']} | "
+                f"{r['tok_s']:.1f} |"
+            )
+
+
+if __name__ == "__main__":
+    main()

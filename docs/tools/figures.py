@@ -1,0 +1,260 @@
+"""The course's rendered figures: each drawn from committed data by one command, and checked.
+
+    python docs/tools/figures.py            # redraw every figure whose data or drawing changed
+    python docs/tools/figures.py --train    # first retrain the induction-head model (a minute)
+
+Each figure is a PNG under ``docs/img/`` with a sidecar ``.source`` beside it
+holding the sha256 of the data it was drawn from and of the function that
+drew it (as ``docs/img/cpu_quick.source`` holds the hash of the benchmark run
+behind ``cpu_quick.png``). The docs tests (``tests/test_docs_course.py``)
+fail when a sidecar disagrees with the committed data and code, so a figure
+cannot silently show an older run; this command makes them agree again.
+
+* ``peak_memory.png``: peak memory of one attention call against ``T``, per
+  level, from the committed default benchmark run (``docs/data/cpu_default.json``,
+  scenario ``attention fwd``);
+* ``induction_head.png``: the attention of the model ``ladder train
+  decoder-only`` trains (the lab's defaults, level 2, seed 0) on held-out
+  sequences, from ``docs/data/induction_head.json``, which ``--train`` writes:
+  the training takes about half a minute on two cores, so its result is
+  committed and the test reads it, as the benchmark tables read their run;
+* ``roofline.png``: the real model's decode tokens/s against the bytes a token
+  reads, under the copy bandwidth's ceiling, from the committed run of
+  ``ladder bench --scenario real-model --json docs/data/real_model_cpu.json``
+  (``benchmarks.plot.roofline``, which ``--roofline`` on that command also draws).
+
+Why here: like ``doc_tables.py`` this is tooling for the docs, outside the
+installed packages; it uses the lab and the levels as a user would.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA, IMG = ROOT / "docs" / "data", ROOT / "docs" / "img"
+TRAIN_COMMAND = "python docs/tools/figures.py --train"
+INDUCTION_LEVEL = "level2_torch_manual"
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# ----------------------------------------------------------------------------- peak memory
+
+
+def draw_peak_memory(data: Path, png: Path) -> None:
+    """Peak MiB allocated by one causal attention call against T, one line per level, log-log,
+    beside the size of one float32 (B, H, T, T) score matrix."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    records = [r for r in json.loads(data.read_text()) if r["scenario"] == "attention fwd"]
+    levels = [r["level"] for r in records if r["level"].startswith("level")]
+    fig = Figure(figsize=(7.5, 4.6), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    unmeasured = []
+    for i, level in enumerate(dict.fromkeys(levels)):
+        mine = sorted(
+            (r for r in records if r["level"] == level and r["status"] == "ok"),
+            key=lambda r: r["shape"]["T"],
+        )
+        points = [(r["shape"]["T"], r["peak_memory_bytes"] / 2**20) for r in mine
+                  if r["peak_memory_bytes"] is not None]  # fmt: skip
+        if not points:
+            unmeasured.append(level)
+            continue
+        T, mib = zip(*points, strict=True)
+        ax.plot(T, mib, marker="o", color=f"C{i}", label=f"{level} ({mine[0]['dtype']})")
+    shape = records[0]["shape"]
+    T_all = sorted({r["shape"]["T"] for r in records})
+    score = [shape["B"] * shape["H"] * t * t * 4 / 2**20 for t in T_all]
+    ax.plot(T_all, score, ls="--", color="0.5", label="one float32 score matrix, B·H·T²·4 bytes")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length T (= S), causal")
+    ax.set_ylabel("peak MiB allocated above the inputs")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize="small")
+    run = next((r for r in records if r.get("machine")), records[0])
+    note = f"; not measured: {', '.join(unmeasured)}" if unmeasured else ""
+    ax.set_title(
+        f"attention fwd, B={shape['B']} H={shape['H']} Dh={shape['Dh']}{note}\n"
+        f"{run.get('machine', '')}, {(run.get('date') or '')[:10]} ({data.name})",
+        fontsize="small",
+    )
+    fig.savefig(png, dpi=110)
+
+
+# ----------------------------------------------------------------------------- the induction head
+
+
+def train_induction(out: Path) -> None:
+    """Train the lab's default decoder-only model on the cycle task and record its attention
+    on a held-out sequence of each period (each layer, each head: ``(T, T)`` weights) in ``out``."""
+    import torch
+
+    import levels
+    from lab.train import default_spec, spec_to_dict, train
+
+    torch.set_num_threads(1)  # the lab's default: bit-identical runs on a shared machine
+    level = levels.load(INDUCTION_LEVEL)
+    spec = default_spec("decoder_only")
+    result = train(spec, level)
+    params = result["backend"].state()["params"]
+    heldout = spec.task.sample(spec.settings.n_heldout, spec.settings.seed, "heldout")
+    # One held-out sequence of each period, the longest there is of it: the heads' pattern
+    # in one (drawn), and whether it holds at every period (docs/training.md counts it).
+    examples = []
+    for period in range(spec.task.min_period, spec.task.max_period + 1):
+        mine = [e for e in heldout if e.prompt_len - 2 == period]
+        examples.append(max(mine, key=lambda e: len(e.tokens)))
+
+    def recording(q, k, v, **kw):  # the Kernels.attention hook: record, then attend as level 2
+        T, S = q.shape[-2], k.shape[-2]
+        scale = kw.get("scale") or 1.0 / math.sqrt(q.shape[-1])
+        s = (q @ k.transpose(-2, -1)) * scale  # (1, H, T, S)
+        s = s.masked_fill(~level.causal_mask(T, S), float("-inf"))
+        weights.append(s.softmax(-1)[0])  # (H, T, S)
+        return level.attention(q, k, v, **kw)
+
+    model = level.DecoderOnlyTransformer(
+        spec.config, params, kernels=level.Kernels(attention=recording)
+    )
+    recorded = []
+    for example in examples:
+        weights: list[torch.Tensor] = []
+        with torch.no_grad():
+            model(torch.tensor([example.tokens]))  # (1, T)
+        recorded.append(
+            {
+                "tokens": list(example.tokens),
+                "prompt_len": example.prompt_len,
+                "attention": [
+                    [[[round(float(w), 4) for w in row] for row in head] for head in layer]
+                    for layer in weights
+                ],  # (layer, head, T, T)  # fmt: skip
+            }
+        )
+    record = {
+        "made_by": TRAIN_COMMAND,
+        "level": INDUCTION_LEVEL,
+        "spec": spec_to_dict(spec),
+        "metrics": {k: result[k] for k in ("greedy_exact", "token_accuracy", "heldout_loss")},
+        "train_seconds": round(result["train_seconds"], 1),
+        "drawn": 2,  # the example of period 4
+        "examples": recorded,
+    }
+    out.write_text(json.dumps(record) + "\n")
+
+
+def draw_induction(data: Path, png: Path) -> None:
+    """A heatmap per layer and head: rows are queries, columns keys, labelled by token."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    record = json.loads(data.read_text())
+    example = record["examples"][record["drawn"]]
+    att, tokens = example["attention"], example["tokens"]
+    labels = ["BOS" if t == 1 else str(t) for t in tokens]
+    n_layers, n_heads = len(att), len(att[0])
+    fig = Figure(figsize=(4.2 * n_heads, 4.0 * n_layers), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(n_layers, n_heads, squeeze=False)
+    for layer in range(n_layers):
+        for head in range(n_heads):
+            ax = axes[layer][head]
+            image = ax.imshow(att[layer][head], cmap="viridis", vmin=0.0, vmax=1.0)
+            ax.set_title(f"layer {layer}, head {head}", fontsize="small")
+            ax.set_xticks(range(len(labels)), labels, fontsize=6, rotation=90)
+            ax.set_yticks(range(len(labels)), labels, fontsize=6)
+            ax.axvline(example["prompt_len"] - 0.5, color="w", lw=0.6, ls=":")
+            ax.set_xlabel("key", fontsize="small")
+            ax.set_ylabel("query", fontsize="small")
+    fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
+    fig.suptitle(
+        f"cycle task, {record['level']}: greedy exact {record['metrics']['greedy_exact']:.3f} "
+        f"on held-out sequences (dotted: end of the prompt)",
+        fontsize="small",
+    )
+    fig.savefig(png, dpi=110)
+
+
+# ----------------------------------------------------------------------------- the registry
+
+
+# ----------------------------------------------------------------------------- the roofline
+
+
+def draw_roofline(data: Path, png: Path) -> None:
+    """The harness's own roofline plot of a saved real-model run (docs/decoding.md)."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.plot import roofline
+    from benchmarks.records import read_json
+
+    records = read_json(data)
+    stamp = next(r for r in records if r.machine)
+    roofline(records, png, title=f"{stamp.machine}; {stamp.date}")
+
+
+@dataclass(frozen=True)
+class RenderedFigure:
+    """A PNG, the committed data it is drawn from, and the function that draws it."""
+
+    png: Path
+    data: Path
+    draw: Callable[[Path, Path], None]
+
+    @property
+    def sidecar(self) -> Path:
+        return self.png.with_suffix(".source")
+
+    def digest(self) -> str:
+        """What the sidecar must hold: the data's hash and the drawing function's."""
+        code = inspect.getsource(self.draw).encode()
+        return (
+            f"data {self.data.relative_to(ROOT)} sha256 {sha256(self.data.read_bytes())}\n"
+            f"code {Path(__file__).name}:{self.draw.__name__} sha256 {sha256(code)}\n"
+        )
+
+    def current(self) -> bool:
+        return (
+            self.png.is_file()
+            and self.sidecar.is_file()
+            and self.sidecar.read_text() == self.digest()
+        )
+
+
+FIGURES = (
+    RenderedFigure(IMG / "peak_memory.png", DATA / "cpu_default.json", draw_peak_memory),
+    RenderedFigure(IMG / "induction_head.png", DATA / "induction_head.json", draw_induction),
+    RenderedFigure(IMG / "roofline.png", DATA / "real_model_cpu.json", draw_roofline),
+)
+
+
+def main(argv: list[str]) -> int:
+    if "--train" in argv:
+        train_induction(DATA / "induction_head.json")
+        print("retrained: docs/data/induction_head.json")
+    for figure in FIGURES:
+        name = figure.png.relative_to(ROOT)
+        if figure.current():
+            print(f"{name} is current")
+            continue
+        figure.draw(figure.data, figure.png)
+        figure.sidecar.write_text(figure.digest())
+        print(f"drew {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,344 @@
+"""The course as a newcomer reads it: the drift a page accumulates while the code moves on.
+
+``tests/test_docs.py`` runs every block and checks every quotation; this file checks
+what sits around them and is easy to leave stale:
+
+* each level chapter's file table names exactly the files of the level's package
+  (and every file any table names exists);
+* every count of ``Kernels`` fields, hooks or pieces written in words is one of
+  ``CLAIMS``, and equals what the code says;
+* every relative link of ``docs/*.md`` and ``README.md`` reaches a file, and a
+  heading of it when the link names one (``PENDING`` lists pages announced but not yet
+  written);
+* the reading path of ``docs/index.md`` reaches every chapter;
+* each chapter of ``EXERCISES`` has three or four exercises, each naming a command
+  or a block to run, every test file it names exists, and its answers' anchor in
+  ``docs/solutions.md`` exists;
+* the rendered figures (``docs/tools/figures.py``) were drawn from the committed data
+  and drawing code, and the induction-head data came from the lab's current defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import pytest
+from figures import FIGURES, INDUCTION_LEVEL, TRAIN_COMMAND
+from markdown_blocks import ROOT
+
+import levels
+
+DOCS = ROOT / "docs"
+PAGES = sorted(DOCS.glob("*.md")) + [ROOT / "README.md"]
+NUMBERS = {
+    w: i for i, w in enumerate("zero one two three four five six seven eight nine ten".split())
+}
+# Pages the course links to that another change is writing (the link must not break the
+# docs tests meanwhile). None now.
+PENDING: set[Path] = set()
+# Pages of the docs folder that are not chapters of the path.
+NOT_IN_PATH = {"index.md"}
+
+
+def _rel(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+def _text(path: Path) -> str:
+    """A page's prose with its fenced blocks removed and its lines joined per paragraph."""
+    lines, fenced = [], False
+    for line in path.read_text().splitlines():
+        if line.lstrip().startswith(("```", "~~~")):
+            fenced = not fenced
+            continue
+        if not fenced:
+            lines.append(line)
+    return re.sub(r"\s*\n\s*(?=\S)", " ", "\n".join(lines))
+
+
+# ----------------------------------------------------------------------------- file tables
+
+
+def _table_files(path: Path) -> list[tuple[str, str]]:
+    """``(row, file)`` for every backticked ``*.py`` in the first column of a ``| file |``
+    table; a bare name is in the folder of the row's previous full path."""
+    found, in_table = [], False
+    for line in path.read_text().splitlines():
+        cells = (
+            [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else []
+        )
+        if cells and cells[0] == "file":
+            in_table = True
+            continue
+        if not cells:
+            in_table = False
+        if in_table and not set(cells[0]) <= {"-", " ", ":"}:
+            folder = None
+            for name in re.findall(r"`([^`]+\.py)`", cells[0]):
+                if "/" in name:
+                    folder = str(Path(name).parent)
+                    found.append((line, name))
+                elif folder is not None:
+                    found.append((line, f"{folder}/{name}"))
+    return found
+
+
+@pytest.mark.parametrize("path", [p for p in PAGES if _table_files(p)], ids=_rel)
+def test_every_file_a_table_names_exists(path):
+    missing = [name for _, name in _table_files(path) if not (ROOT / name).is_file()]
+    assert not missing, f"{_rel(path)}'s file table names files that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("name", levels.LEVELS)
+def test_each_level_chapter_lists_its_package_files(name):
+    """A file added to a rung's package is a row in its chapter's table (``__init__.py`` aside)."""
+    listed = {f for _, f in _table_files(DOCS / f"{name}.md")}
+    package = {_rel(p) for p in (ROOT / "levels" / name).glob("*.py") if p.name != "__init__.py"}
+    assert package <= listed, (
+        f"docs/{name}.md's file table leaves out {sorted(package - listed)}: add a row per file"
+    )
+
+
+# ----------------------------------------------------------------------------- counts in words
+
+
+def _kernels():
+    L2 = levels.load("level2_torch_manual")
+    return L2, [f.name for f in dataclasses.fields(L2.Kernels)]
+
+
+def _replaced(level_name: str) -> int:
+    """How many of level 2's ``Kernels`` fields a level sets to code of its own (a subclass
+    that only renames level 2's class, with no method of its own, does not count)."""
+    L2, names = _kernels()
+    mine = levels.load(level_name).KERNELS
+
+    def own(value, base) -> bool:
+        if value is base:
+            return False
+        if isinstance(value, type) and issubclass(value, base):
+            return any(callable(v) for k, v in vars(value).items() if not k.startswith("__"))
+        return True
+
+    return sum(own(getattr(mine, n), getattr(L2.LEVEL2_KERNELS, n)) for n in names)
+
+
+def _fields() -> int:
+    return len(_kernels()[1])
+
+
+# (file, a pattern whose groups are number words, what each group must equal)
+CLAIMS = [
+    (
+        "docs/level2_torch_manual.md",
+        r"read from the (\w+) fields of one record",
+        lambda: [_fields()],
+    ),
+    (
+        "docs/level3_sdpa_flash.md",
+        r"Of the (\w+) fields of level 2's `Kernels`, level 3 replaces (\w+)",
+        lambda: [_fields(), _replaced("level3_sdpa_flash")],
+    ),
+    (
+        "docs/level4_part2.md",
+        r"with all (\w+) fields of its `Kernels` replaced",
+        lambda: (
+            [_replaced("level4_triton_kernel")]
+            if _replaced("level4_triton_kernel") == _fields()
+            else [-1]
+        ),
+    ),
+    (
+        "levels/level2_torch_manual/__init__.py",
+        r"``Kernels`` \(``kernels.py``\), with (\w+) fields",
+        lambda: [_fields()],
+    ),
+]
+COUNTED = re.compile(
+    r"\b(" + "|".join(NUMBERS) + r")\b(?: [\w`']+){0,3} (?:hooks?|fields|pieces)\b", re.I
+)
+
+
+@pytest.mark.parametrize("file,pattern,truth", CLAIMS, ids=[c[0] for c in CLAIMS])
+def test_counts_written_in_words_match_the_code(file, pattern, truth):
+    path = ROOT / file
+    if file.endswith("level4_part2.md") or "level4" in pattern:
+        try:
+            levels.load("level4_triton_kernel")
+        except levels.LevelUnavailable as exc:
+            pytest.skip(str(exc))
+    text = _text(path) if path.suffix == ".md" else re.sub(r"\s+", " ", path.read_text())
+    found = re.search(pattern, text)
+    assert found, f"{file} no longer says {pattern!r}: update the sentence and this claim together"
+    said = [NUMBERS[g.lower()] for g in found.groups()]
+    assert said == truth(), f"{file}: {found.group(0)!r} says {said}, the code says {truth()}"
+
+
+@pytest.mark.parametrize("path", PAGES, ids=_rel)
+def test_every_count_of_fields_hooks_or_pieces_is_a_checked_claim(path):
+    """A new sentence that counts them ("the three hooks") must be registered in CLAIMS."""
+    text = _text(path)
+    claimed = [re.search(p, text) for f, p, _ in CLAIMS if ROOT / f == path]
+    spans = [m.span() for m in claimed if m]
+    spans += [m.span() for m in re.finditer(r"`[^`]*`", text)]  # a quotation in code counts nothing
+    loose = [
+        m.group(0)
+        for m in COUNTED.finditer(text)
+        if not any(a <= m.start() < b or a < m.end() <= b for a, b in spans)
+    ]
+    assert not loose, f"{_rel(path)} counts in words what no test checks: {loose}; add a CLAIM"
+
+
+# ----------------------------------------------------------------------------- links and the path
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    fenced, found = False, set()
+    for line in path.read_text().splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.startswith("#"):
+            found.add(_slug(line.lstrip("#")))
+    return found
+
+
+@pytest.mark.parametrize("path", PAGES, ids=_rel)
+def test_relative_links_reach_a_file_and_a_heading(path):
+    broken = []
+    for target in LINK.findall(re.sub(r"`[^`]*`", "", _text(path))):
+        if re.match(r"[a-z]+:", target):
+            continue  # https:, mailto:
+        file, _, anchor = target.partition("#")
+        dest = (path.parent / file).resolve() if file else path
+        if dest in PENDING:
+            continue
+        if not dest.exists():
+            broken.append(target)
+        elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+            broken.append(target)
+    assert not broken, f"{_rel(path)} links to what does not exist: {broken}"
+
+
+def test_the_reading_path_reaches_every_chapter():
+    linked = {
+        (DOCS / t.partition("#")[0]).resolve() for t in LINK.findall(_text(DOCS / "index.md"))
+    }
+    chapters = {p.resolve() for p in DOCS.glob("*.md") if p.name not in NOT_IN_PATH}
+    assert chapters <= linked, (
+        f"docs/index.md does not lead to {sorted(p.name for p in chapters - linked)}"
+    )
+    assert PENDING <= linked | {p for p in PENDING if not p.exists()}
+
+
+# ----------------------------------------------------------------------------- exercises
+
+EXERCISES = [
+    "prelude.md", "level0_loops.md", "level1_numpy.md", "level2_torch_manual.md",
+    "level3_sdpa_flash.md", "level4_triton_kernel.md", "level4_part2.md", "training.md",
+    "beyond_one_device.md",
+]  # fmt: skip
+
+
+def _exercises(path: Path) -> tuple[str, list[str]]:
+    text = path.read_text()
+    assert "\n## Exercises\n" in text, f"{_rel(path)} has no '## Exercises' section"
+    section = text.split("\n## Exercises\n", 1)[1].split("\n## ", 1)[0]
+    items = re.split(r"\n(?=\d+\. )", "\n" + section)
+    return section, [i for i in items if re.match(r"\d+\. ", i)]
+
+
+@pytest.mark.parametrize("name", EXERCISES)
+def test_each_chapter_has_three_or_four_exercises_that_say_what_to_run(name):
+    section, items = _exercises(DOCS / name)
+    assert 3 <= len(items) <= 4, f"docs/{name}: {len(items)} exercises"
+    for item in items:
+        assert "<details>" in item and "</details>" in item, f"docs/{name}: an answer is not folded"
+        runs = re.search(r"`(python -m pytest|ladder|python)[^`]*`|block", item)
+        assert runs, f"docs/{name}: an exercise names nothing to run:\n{item[:200]}"
+        for test_file in re.findall(r"tests/[\w/]+\.py", item):
+            assert (ROOT / test_file).is_file(), (
+                f"docs/{name} names {test_file}, which does not exist"
+            )
+    links = re.findall(r"(solutions\w*\.md)#([\w-]+)", section)
+    assert links, f"docs/{name}'s exercises do not point to their solutions"
+    for page, anchor in links:
+        assert anchor in _anchors(DOCS / page), (
+            f"docs/{name} links to {page}#{anchor}: no such heading"
+        )
+
+
+@pytest.mark.parametrize("name", EXERCISES)
+def test_the_keywords_of_an_exercise_select_tests(name):
+    """``-k "a and b"`` in an exercise must select something in the files it names."""
+    for item in _exercises(DOCS / name)[1]:
+        for files, expr in re.findall(r"pytest\s+((?:tests/\S+\.py\s*)+)-k\s+\"?([\w ]+)", item):
+            sources = " ".join((ROOT / f).read_text() for f in files.split())
+            tests = re.findall(r"def (test_\w+)", sources)
+            words = [w for w in expr.split() if w not in ("and", "or", "not")]
+            positive = [w for w in words if not re.search(rf"not {w}\b", expr)]
+            level_words = [w for w in positive if w.startswith("level")]
+            names = [w for w in positive if w not in level_words]
+            assert all(any(w in t for t in tests) for w in names), (
+                f"docs/{name}: -k {expr!r} selects no test of {files}"
+            )
+
+
+# ----------------------------------------------------------------------------- figures
+
+
+@pytest.mark.parametrize("figure", FIGURES, ids=lambda f: f.png.name)
+def test_rendered_figures_were_drawn_from_the_committed_data(figure):
+    assert figure.png.is_file(), (
+        f"{_rel(figure.png)} is missing: run `python docs/tools/figures.py`"
+    )
+    assert figure.current(), (
+        f"{_rel(figure.png)} was drawn from other data or by other code than "
+        f"{_rel(figure.data)} and docs/tools/figures.py hold now: run `python docs/tools/figures.py`"
+    )
+
+
+def test_the_induction_head_data_comes_from_the_lab_defaults():
+    from lab.train import default_spec, spec_to_dict
+
+    record = json.loads((ROOT / "docs/data/induction_head.json").read_text())
+    assert record["made_by"] == TRAIN_COMMAND and record["level"] == INDUCTION_LEVEL
+    assert record["spec"] == json.loads(json.dumps(spec_to_dict(default_spec("decoder_only")))), (
+        f"the lab's defaults changed since the induction-head model was trained: run `{TRAIN_COMMAND}`"
+    )
+    for example in record["examples"]:
+        T = len(example["tokens"])
+        for layer in example["attention"]:
+            for head in layer:
+                assert len(head) == T and all(abs(sum(row) - 1) < 1e-3 for row in head)
+
+
+@pytest.mark.extended
+def test_the_induction_head_data_is_what_training_gives(tmp_path):
+    """Retrain (about a minute) and compare with the committed attention."""
+    from figures import train_induction
+
+    train_induction(tmp_path / "again.json")
+    again = json.loads((tmp_path / "again.json").read_text())
+    committed = json.loads((ROOT / "docs/data/induction_head.json").read_text())
+    for ea, eb in zip(again["examples"], committed["examples"], strict=True):
+        assert ea["tokens"] == eb["tokens"]
+        for a, b in zip(ea["attention"], eb["attention"], strict=True):
+            for ha, hb in zip(a, b, strict=True):
+                assert (
+                    max(
+                        abs(x - y)
+                        for ra, rb in zip(ha, hb, strict=True)
+                        for x, y in zip(ra, rb, strict=True)
+                    )
+                    < 1e-2
+                )
