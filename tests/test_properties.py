@@ -139,6 +139,29 @@ def test_kv_cache_decoder_only(case, variant):
 
 
 @CACHE
+def test_a_prefill_for_the_last_token_only_gives_its_logits_and_the_same_cache(case, variant):
+    """``prefill(..., last_only=True)``, what generation calls: ``(B,V)``, each row's logits at
+    its last real token, and a cache that decodes exactly as the full prefill's does."""
+    config = small_config(case.tiny, **CACHE_VARIANTS[variant])
+    _, model = _decoder(case, config, 7)
+    P = 3 if case.tiny else 6
+    lengths = [P, 1, P - 1]  # a full row, a one-token row (its last slot is its first), one short
+    valid = right_padded(lengths, P)
+    tokens = random_tokens(np.random.default_rng(7), config, 3, P, valid=valid)
+    full, cache = model.prefill(case.arr(tokens), valid=case.arr(valid))
+    last, last_cache = model.prefill(case.arr(tokens), valid=case.arr(valid), last_only=True)
+    want = case.np(full)[np.arange(3), np.array(lengths) - 1]  # (B, V)
+    assert case.np(last).shape == want.shape
+    # The same arithmetic on fewer rows of the head: equal up to the product's summation order.
+    case.assert_close(last, want, what="last-token prefill logits")
+    step = np.array([1, 2, 3])
+    np.testing.assert_array_equal(  # the same keys and values: the same next step, exactly
+        case.np(model.decode_step(case.arr(step), last_cache)),
+        case.np(model.decode_step(case.arr(step), cache)),
+    )
+
+
+@CACHE
 def test_kv_cache_seq2seq(case, variant):
     config = small_config(case.tiny, **CACHE_VARIANTS[variant])
     _, model = _seq2seq(case, config, 6)

@@ -73,6 +73,11 @@ def all_real(valid: Rows) -> bool:
     return all(all(row) for row in valid)
 
 
+def last_real(valid: Rows) -> list[int]:
+    """Each row's last real slot (``rows`` made sure every row has one)."""
+    return [max(i for i, real in enumerate(row) if real) for row in valid]
+
+
 # ----------------------------------------------------------------------------- one step
 
 

@@ -136,8 +136,11 @@ def generate_decoder_only(
     def next_logits(step: int, cache) -> tuple[np.ndarray, Any]:
         """``(B, V)`` logits of each row's next token, and the cache."""
         if use_cache and step == 0:
-            logits, cache = model.prefill(to_native(tokens), valid=to_native(real[:, :longest]))
-            return to_numpy(logits)[rows, lengths - 1], cache  # each row's last real token
+            # The logits of each row's last real token only (B, V): the head, the largest
+            # product, runs once a row instead of once a prompt position.
+            valid = to_native(real[:, :longest])
+            logits, cache = model.prefill(to_native(tokens), valid=valid, last_only=True)
+            return to_numpy(logits), cache
         if use_cache:
             return to_numpy(model.decode_step(to_native(last_tokens), cache)), cache
         # Without a cache, everything so far, each row right-padded after its own tokens.
@@ -197,8 +200,8 @@ def stream_decoder_only(
     if max_new_tokens == 0:
         return
     generators = sampling.generators(1)
-    logits, cache = model.prefill(to_native(tokens))
-    last = to_numpy(logits)[:, -1]  # (1, V)
+    logits, cache = model.prefill(to_native(tokens), last_only=True)
+    last = to_numpy(logits)  # (1, V): the head on the prompt's last position only
     for step in range(max_new_tokens):
         token = int(pick(last, sampling, generators)[0])
         yield token

@@ -142,9 +142,9 @@ class DecoderOnlyTransformer(_Model):
         if not config.tie_embeddings:
             self.output_projection = self._native(params["output_projection.weight"])
 
-    def _decoder(self, ids, steps: dict, cache: KVCache | None) -> Native:
+    def _decoder(self, ids, steps: dict, cache: KVCache | None, last=None) -> Native:
         """The architecture: raw logits ``(B,T,V)`` of checked ``ids (B,T)`` for ``steps``
-        (one per window, ``_plan``)."""
+        (one per window, ``_plan``); with ``last`` (a slot per row), ``(B,1,V)`` there only."""
         ops, sees = self.ops, self._sees(steps)
         step = next(iter(steps.values()))  # what every window's step shares: the positions
         # sqrt(D) (by default) so that the stream starts at unit variance.
@@ -160,6 +160,8 @@ class DecoderOnlyTransformer(_Model):
                 cache=cache,
                 index=i,
             )  # (B,T,D)
+        if last is not None:  # the head is the largest product (V x D a position): skip the rest
+            x = ops.at_positions(x, last)  # (B,T,D) -> (B,1,D)
         logits = ops.linear(self.norm(x), self.output_projection, None)  # (B,T,D) @ (D,V)
         if cache is not None:
             cache.commit(step)  # only now do the step's keys count
@@ -181,13 +183,18 @@ class DecoderOnlyTransformer(_Model):
 
     __call__ = forward
 
-    def prefill(self, tokens, *, valid=None) -> tuple[Native, KVCache]:
-        """Run the prompt ``tokens (B,T)`` and keep its keys and values: ``(logits (B,T,V), cache)``."""
+    def prefill(self, tokens, *, valid=None, last_only=False) -> tuple[Native, KVCache]:
+        """Run the prompt ``tokens (B,T)`` and keep its keys and values: ``(logits (B,T,V), cache)``;
+        ``last_only``: the logits of each row's last real token only, ``(B,V)`` (what a
+        generator needs)."""
         ids = self._ids(tokens)
         rows = self._rows(ids, valid)
         checks.check_length(len(rows[0]), self.config.max_seq_len, what="tokens length")
         cache = self.new_cache(len(rows))
         steps = self._plan(rows, cache=cache)
+        if last_only:
+            last = boundary.last_real(rows)
+            return self.ops.last_position(self._decoder(ids, steps, cache, last)), cache
         return self._zeroed(self._decoder(ids, steps, cache), rows), cache
 
     def decode_step(self, tokens, cache: KVCache) -> Native:

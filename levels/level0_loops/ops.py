@@ -84,6 +84,11 @@ def last_position(x: Nested) -> Nested:
     return [seq[-1] for seq in x]
 
 
+def at_positions(x: Nested, positions: list[int]) -> Nested:
+    """``(B,T,N) -> (B,1,N)``: position ``positions[b]`` of row ``b``."""
+    return [[seq[t]] for seq, t in zip(x, positions, strict=True)]
+
+
 def bools(mask: Nested) -> Nested:
     """A mask of the boundary (nested lists of bools) in this level's arrays: as it is."""
     return mask

@@ -36,6 +36,11 @@ def last_position(x: np.ndarray) -> np.ndarray:
     return x[:, -1]
 
 
+def at_positions(x: np.ndarray, positions: list[int]) -> np.ndarray:
+    """``(B,T,N) -> (B,1,N)``: position ``positions[b]`` of row ``b``."""
+    return x[np.arange(len(positions)), positions][:, None]
+
+
 def bools(mask) -> np.ndarray:
     """A mask of the boundary (nested lists of bools) as a numpy bool array."""
     return np.asarray(mask, dtype=bool)

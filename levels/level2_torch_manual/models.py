@@ -175,9 +175,9 @@ class DecoderOnlyTransformer(_Model):
                 params, "output_projection.weight", (config.vocab_size, config.d_model), **kw
             )
 
-    def _decoder(self, tokens: torch.Tensor, steps: dict, cache) -> torch.Tensor:
+    def _decoder(self, tokens: torch.Tensor, steps: dict, cache, last=None) -> torch.Tensor:
         """The architecture: raw logits ``(B,T,V)`` of checked ``tokens (B,T)`` for ``steps``
-        (one per window, ``_plan``)."""
+        (one per window, ``_plan``); with ``last`` (a slot per row), ``(B,1,V)`` there only."""
         sees = self._sees(steps)
         step = next(iter(steps.values()))  # what every window's step shares: the positions
         offset = self._offset(step)
@@ -193,6 +193,9 @@ class DecoderOnlyTransformer(_Model):
                 cache=cache,
                 index=i,
             )  # (B,T,D)
+        if last is not None:  # the head is the largest product (V x D a position): skip the rest
+            at = torch.tensor(last, device=x.device)
+            x = x[torch.arange(len(last), device=x.device), at].unsqueeze(1)  # (B,T,D) -> (B,1,D)
         # Tied: h @ E^T with the input embedding E; untied: the head's own (V, D).
         head = getattr(self, "output_projection", self.token_embedding)
         logits = F.linear(self.norm(x), head.weight)  # (B,T,D) @ (D,V) -> (B,T,V)
@@ -218,13 +221,19 @@ class DecoderOnlyTransformer(_Model):
         steps = self._plan(rows, position_offset=position_offset)
         return self._zeroed(self._decoder(tokens, steps, None), rows)
 
-    def prefill(self, tokens: torch.Tensor, *, valid: torch.Tensor | None = None):
-        """Run the prompt ``tokens (B,T)`` and keep its keys and values: ``(logits (B,T,V), cache)``."""
+    def prefill(
+        self, tokens: torch.Tensor, *, valid: torch.Tensor | None = None, last_only: bool = False
+    ):
+        """Run the prompt ``tokens (B,T)`` and keep its keys and values: ``(logits (B,T,V), cache)``;
+        ``last_only``: the logits of each row's last real token only, ``(B,V)`` (what a
+        generator needs)."""
         tokens = self._ids(tokens)
         rows = self._rows(tokens, valid)
         checks.check_length(tokens.shape[1], self.config.max_seq_len, what="tokens length")
         cache = self.new_cache(tokens.shape[0])
         steps = self._plan(rows, cache=cache)
+        if last_only:
+            return self._decoder(tokens, steps, cache, boundary.last_real(rows))[:, 0], cache
         return self._zeroed(self._decoder(tokens, steps, cache), rows), cache
 
     def decode_step(self, tokens: torch.Tensor, cache) -> torch.Tensor:
