@@ -30,10 +30,12 @@ def asarray(np_array: Any, *, device: object = None, dtype: object = None) -> Ne
     if dtype is not None:
         raise ValueError(f"level 0 computes in float64 only; dtype must be None, got {dtype!r}")
     arr = np.asarray(np_array)
+    # copy=False: a float64 array is read as it is (a real model's 262k x 640 embedding
+    # would otherwise be copied, 1.3 GB, on its way to becoming Python floats).
     if arr.dtype.kind == "f":
-        arr = arr.astype(np.float64)
+        arr = arr.astype(np.float64, copy=False)
     elif arr.dtype.kind in "iu":
-        arr = arr.astype(np.int64)
+        arr = arr.astype(np.int64, copy=False)
     elif arr.dtype.kind != "b":
         raise TypeError(
             f"level 0 holds floats, integers and booleans; cannot convert dtype {arr.dtype}"
