@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -365,7 +364,6 @@ def test_gpu_check_dry_run(tmp_path):
     output paths, the compile check's plan, nothing launched."""
     results = tmp_path / "gpu_results"
     env = os.environ | {"PYTHON": sys.executable}
-    start = time.perf_counter()
     done = subprocess.run(
         ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry-run", str(results)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
@@ -375,7 +373,6 @@ def test_gpu_check_dry_run(tmp_path):
     assert "dry run" in output
     assert "compile check" in output and "jobs planned" in output
     assert results.is_dir()
-    assert time.perf_counter() - start < 300
 
 
 # ---------------------------------------------------------------------------
