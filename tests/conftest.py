@@ -234,7 +234,7 @@ def pytest_runtest_teardown(item, nextitem):
     (measured: 1 GB of SmolLM2's 5 GB at level 0 stays), and the next model (Gemma's 14 GB at
     level 0) then lands on top of it."""
     yield  # the fixtures' teardown
-    if item.get_closest_marker("xdist_group") is None:  # only the real-model tests
+    if item.get_closest_marker("real_model") is None:
         return
     import ctypes
     import gc

@@ -121,7 +121,7 @@ def test_chat_refuses_a_model_without_a_template(capsys, gemma3_gguf):
 
 
 @pytest.mark.extended
-@pytest.mark.xdist_group("real-models")  # level 0: 8 GB of floats (test_real_gemma.py)
+@pytest.mark.real_model  # level 0: SmolLM2 as 4 GB of Python floats (test_real_gemma.py)
 def test_level0_chats_slowly_and_says_so(capsys):
     argv = ["-p", "Hi", "--system", "Be brief.", "--temperature", "0", "--max-new-tokens", "3"]
     status, out, err, speeds = _chat(capsys, *argv, "--level", "0")

@@ -34,9 +34,9 @@ from test_real_models import FLOAT32_FACTOR, hf_model, level_logits, level_model
 
 from levels import gguf
 
-# One xdist worker runs every real-model module (CI's -n 2 --dist loadgroup): level 0 holds
-# Gemma's weights as 14 GB of Python floats and SmolLM2's as 8, too much side by side.
-pytestmark = [pytest.mark.extended, pytest.mark.xdist_group("real-models")]
+# CI runs the real-model tests in one process of their own (.ci/run, -m real_model): level 0
+# holds Gemma's weights as 9 GB of Python floats, too much beside another model.
+pytestmark = [pytest.mark.extended, pytest.mark.real_model]
 
 # float64 against the exact peer: measured at most 9.9e-14 (short prompt, logits up to 22) and
 # 2.7e-13 (long, up to 42) over levels 0-3 (18 layers, sums over D = 640, F = 2048 in other

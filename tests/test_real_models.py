@@ -31,8 +31,8 @@ from transformers.utils import logging as hf_logging
 
 from levels import gguf
 
-# One xdist worker runs every real-model module (see test_real_gemma.py).
-pytestmark = pytest.mark.xdist_group("real-models")
+# In one process with the other real-model tests (see test_real_gemma.py).
+pytestmark = pytest.mark.real_model
 
 # float64 against the exact peer: measured at most 3.4e-13 on logits up to 41 (30 layers,
 # sums over D = 576 and F = 1536 in other orders); 1e-11 is 30x that, and a float32 step
