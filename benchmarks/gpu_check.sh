@@ -8,8 +8,14 @@
 # 2. the test suite on CUDA: `pytest --device cuda` (every level's float16 and bfloat16
 #    cases under the 2x-PyTorch-error rule, level 4's kernels at odd sizes with the
 #    autotuned tiles, pruned by shared memory), log in tests.log;
-# 3. real-model decode at levels 3 and 4, float16 and bfloat16 (placeholder, below);
-# 4. flash-decoding against plain decode (placeholder, below);
+# 3. real-model prompt and decode at levels 3 and 4 (`ladder bench --scenario real-model`:
+#    float32, bfloat16 and float16 weights, and level 3's int8), checked against level 1's
+#    float64 logits of the same file; decode.txt, decode.json. It needs SmolLM2 in the
+#    ladder's cache on the GPU machine (`ladder pull`, or LADDER_CACHE pointing at a copy);
+#    without it the scenario reports itself unsupported, with that command;
+# 4. flash-decoding against plain decode: `ladder bench --scenario decode` at level 4,
+#    with its unsplit kernel (level4:no-split) and SDPA's backends as peers; splits.txt,
+#    splits.json;
 # 5. `ladder bench --device cuda`: every scenario, with SDPA's flash / efficient / cudnn /
 #    math backends as peers, TFLOP/s from the shared formulas against the measured bf16
 #    matmul peak, generation tokens/s; bench.json, bench.png and bench.txt;
@@ -37,8 +43,8 @@ fi
 TOTAL_S=465          # the whole script: under 8 minutes, with 15 s to spare
 COMPILE_S=60         # step 1: this GPU's target, ~6 core-minutes cold, on 16 cores
 TESTS_S=170          # step 2 (much of it compiles kernels)
-DECODE_S=45          # step 3, reserved for its command
-SPLIT_S=25           # step 4, reserved for its command
+DECODE_S=60          # step 3: the file's dequantizing, the float64 truth, level 4's autotuning
+SPLIT_S=30           # step 4
 # step 5 gets what is left
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 RESULTS="$(mkdir -p "${1:-gpu_results}" && cd "${1:-gpu_results}" && pwd)"
@@ -120,20 +126,18 @@ else
         "$PY" -m pytest -q -p no:cacheprovider --device cuda
 fi
 
-# 3. Real-model decode at levels 3 and 4, float16 and bfloat16: decode.txt, decode.json.
-# PLACEHOLDER, to be filled in with its command (DECODE_S seconds are reserved for it), as
-#   args=(<ladder command> <flags> --json "$RESULTS/decode.json")
-#   if [ "$DRY_RUN" = 1 ]; then
-#       run_step "real-model decode" 60 "$RESULTS/decode.txt" "$PY" -c "$DRY_LADDER" "${args[@]}"
-#   else
-#       run_step "real-model decode" "$DECODE_S" "$RESULTS/decode.txt" "$PY" -m ladder "${args[@]}"
-#   fi
-echo "gpu_check: real-model decode at levels 3 and 4 (float16, bfloat16): not written yet"
-
-# 4. Flash-decoding against plain decode: splits.txt, splits.json.
-# PLACEHOLDER, to be filled in with its command (SPLIT_S seconds are reserved for it), as
-#   (the same pattern as step 3, with "$SPLIT_S" and splits.txt / splits.json)
-echo "gpu_check: flash-decoding against plain decode: not written yet"
+# 3. Real-model prompt and decode at levels 3 and 4, every weight format: decode.txt, decode.json.
+decode=(bench --device cuda --scenario real-model --levels 3,4 --no-peers --no-progress
+    --json "$RESULTS/decode.json")
+# 4. Flash-decoding against plain decode, level 4 and its peers: splits.txt, splits.json.
+splits=(bench --device cuda --scenario decode --levels 4 --no-progress --json "$RESULTS/splits.json")
+if [ "$DRY_RUN" = 1 ]; then
+    run_step "real-model decode" 60 "$RESULTS/decode.txt" "$PY" -c "$DRY_LADDER" "${decode[@]}"
+    run_step "flash-decoding" 60 "$RESULTS/splits.txt" "$PY" -c "$DRY_LADDER" "${splits[@]}"
+else
+    run_step "real-model decode" "$DECODE_S" "$RESULTS/decode.txt" "$PY" -m ladder "${decode[@]}"
+    run_step "flash-decoding" "$SPLIT_S" "$RESULTS/splits.txt" "$PY" -m ladder "${splits[@]}"
+fi
 
 # 5. The benchmark, with what is left of the budget.
 bench=(bench --device cuda --no-progress --json "$RESULTS/bench.json" --plot "$RESULTS/bench.png")

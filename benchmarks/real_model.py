@@ -12,8 +12,8 @@ first, then timed, with the copy bandwidth of the same run as the ceiling):
   format, and the cache), the figure gpt-fast prints as "bandwidth achieved".
 
 ``<format>`` is how the weights are held: ``float32``, ``bfloat16`` (level 3,
-and level 4 on a GPU) or ``int8`` (level 3's weight-only int8,
-``levels/level3_sdpa_flash/quant.py``). ``threads`` is 1 and every core:
+and level 4 on a GPU), ``float16`` (on a GPU only) or ``int8`` (level 3's
+weight-only int8, ``levels/level3_sdpa_flash/quant.py``). ``threads`` is 1 and every core:
 decode is bound by one core's share of memory bandwidth, prefill by
 arithmetic, and they scale differently.
 
@@ -43,14 +43,16 @@ from .subjects import Subject
 MODEL = "smollm2-135m"
 QUESTION = "What is the capital of France?"
 NEW_TOKENS = 16
-FORMATS = ("float32", "bfloat16", "int8")
+FORMATS = ("float32", "bfloat16", "float16", "int8")
 # scaled_error (max |x - ref| / max |ref|, logits up to ~40) bounds per weight format: the
 # float32 levels measure ~3e-6; bfloat16 weights and activations ~1e-2 (eps 7.8e-3 through
 # 30 layers); int8 weights (half a step of a row's 127-step grid each) with bfloat16
 # activations ~2e-2. Five times those leaves room for other machines; a wrong layer
-# (a transposed weight, a dropped norm) costs more than 0.3.
-BOUNDS = {"float32": 1e-4, "bfloat16": 5e-2, "int8": 1e-1}
-DTYPE_OF = {"float32": "float32", "bfloat16": "bfloat16", "int8": "float32"}
+# (a transposed weight, a dropped norm) costs more than 0.3. float16 (eps 9.8e-4, eight
+# times finer than bfloat16's, and SmolLM2's activations well inside its range) is held
+# to bfloat16's bound.
+BOUNDS = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 5e-2, "int8": 1e-1}
+DTYPE_OF = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "int8": "float32"}
 
 
 @cache
@@ -87,7 +89,7 @@ def weight_bytes(params: dict[str, np.ndarray], fmt: str) -> float:
     """What one decode step reads of the weights: every parameter once (a tied embedding
     once, as the head; the gather of one row of it is negligible), in ``fmt`` (int8: the
     matrices, with a float32 scale per row; the norms stay float32)."""
-    per = {"float32": 4, "bfloat16": 2, "int8": 1}[fmt]
+    per = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}[fmt]
     total = 0.0
     for value in params.values():
         matrix = value.ndim == 2
@@ -135,6 +137,8 @@ class RealModel:
             return "Triton's interpreter: minutes a token"
         if self.fmt == "int8" and not subject.name.startswith("level3"):
             return "level 3's weight format"
+        if self.fmt == "float16" and subject.device == "cpu":
+            return "a GPU format (PyTorch's CPU float16 products are no decode path)"
         if DTYPE_OF[self.fmt] not in subject.dtypes:
             return f"no {self.fmt} at this level"
         return None
@@ -158,7 +162,7 @@ class RealModel:
         bytes_read = None
         if self.phase == "decode":
             cache_per_step = 2 * config.n_layers * config.kv_heads * config.d_head * (len(ids) + 8)
-            elem = 2 if fmt_dtype == "bfloat16" else 4
+            elem = 2 if fmt_dtype in ("bfloat16", "float16") else 4
             step_bytes = weight_bytes(params, self.fmt)
             bytes_read = NEW_TOKENS * (step_bytes + cache_per_step * elem)
         return Case(

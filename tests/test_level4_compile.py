@@ -372,6 +372,10 @@ def test_gpu_check_dry_run(tmp_path):
     assert done.returncode == 0, output[-4000:]
     assert "dry run" in output
     assert "compile check" in output and "jobs planned" in output
+    parsed = "dry run: ladder bench --device cuda"  # DRY_LADDER's line for a command it parsed
+    for step in ("--scenario real-model --levels 3,4", "--scenario decode --levels 4"):
+        assert f"{parsed} {step}" in output, step
+    assert "not written yet" not in output
     assert results.is_dir()
 
 
