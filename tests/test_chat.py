@@ -45,6 +45,19 @@ def test_one_question_greedy_is_answered_and_stops_at_eos(capsys):
     assert prompt > 20 and 0 < decode < 255  # stopped at EOS, long before the token limit
 
 
+def test_the_default_answer_is_greedy(capsys):
+    """Greedy unless asked: at temperature 0.2, seed 2 starts this answer in French at
+    level 1 (measured: 'L' has probability 0.36 there), so a sampling default would fail."""
+    _, greedy, _, _ = _chat(capsys, "-p", QUESTION, "--level", "1", "--temperature", "0")
+    _, sampled, _, _ = _chat(
+        capsys, "-p", QUESTION, "--level", "1", "--temperature", "0.2", "--seed", "2",
+        "--max-new-tokens", "8",
+    )  # fmt: skip
+    _, default, _, _ = _chat(capsys, "-p", QUESTION, "--level", "1", "--seed", "2")
+    assert sampled != greedy[: len(sampled)]  # the seed does draw another answer
+    assert default == greedy  # a seed changes nothing without sampling
+
+
 @pytest.mark.parametrize("number", ["1", "2"])
 def test_greedy_answers_are_the_same_at_every_level(capsys, number):
     _, three, _, _ = _chat(capsys, "-p", QUESTION, "--temperature", "0", "--level", "3")
