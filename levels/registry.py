@@ -159,17 +159,31 @@ def sha256_of(path: Path, progress: Callable[[int], None] | None = None) -> str:
 _PROGRESS = re.compile(r"^Progress (\d+) of (\d+)$")
 
 
+def progress_bar(pip_version: str | None = None) -> str:
+    """pip's ``--progress-bar`` for ``pip download``: ``raw`` (machine-readable lines) from
+    pip 24.1 on, ``off`` before it or when the version cannot be read."""
+    try:
+        if pip_version is None:
+            from importlib.metadata import version
+
+            pip_version = version("pip")  # the pip of this environment, which pull runs
+        major, minor = (int(part) for part in pip_version.split(".")[:2])
+    except (ImportError, LookupError, ValueError):  # no metadata, or "24.1b1"
+        return "off"
+    return "raw" if (major, minor) >= (24, 1) else "off"
+
+
 def _pip_download(
     package: Package, into: Path, progress: Callable[[str, int, int], None] | None
 ) -> Path:
     """``pip download --no-deps`` of one wheel into ``into``; -> the wheel's path.
 
     pip's ``--progress-bar raw`` (pip >= 24.1) prints ``Progress <done> of <total>``
-    lines, which feed ``progress(requirement, done, total)``; an older pip simply
-    reports no progress.
+    lines, which feed ``progress(requirement, done, total)``; an older pip (Python
+    3.11's own is 23.x) refuses ``raw``, so it gets ``off`` and reports no progress.
     """
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:"]
-    command += ["--dest", str(into), "--progress-bar", "raw", package.requirement]
+    command += ["--dest", str(into), "--progress-bar", progress_bar(), package.requirement]
     try:
         process = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1

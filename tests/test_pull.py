@@ -180,3 +180,12 @@ def test_ladder_pull_misuse_is_one_line(fake_registry, monkeypatch, tmp_path, ca
     lines = capsys.readouterr().err.splitlines()
     assert lines[-1].startswith("ladder pull: error: RegistryUnreachable: pip download")
     assert len([ln for ln in lines if "error" in ln]) == 1
+
+
+@pytest.mark.parametrize(
+    "version,flag",
+    [("23.2.1", "off"), ("24.0", "off"), ("24.1", "raw"), ("26.2", "raw"), ("24.1b1", "off")],
+)
+def test_an_older_pip_gets_a_progress_bar_it_knows(version, flag):
+    """pip < 24.1 refuses ``--progress-bar raw`` (Python 3.11 ships 23.2): it gets ``off``."""
+    assert registry.progress_bar(version) == flag
