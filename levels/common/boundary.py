@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import checks
+from .generation import generate_decoder_only, generate_seq2seq, stream_decoder_only
 
 Rows = list[list[bool]]  # (B, T) booleans as plain lists
 
@@ -235,3 +236,170 @@ class CacheBook:
 
     def _forget(self, length: int) -> None:
         """The level's part of ``rewind``: nothing where ``length`` already bounds every read."""
+
+
+# ----------------------------------------------------------------------------- the public methods
+
+
+class _Edge:
+    """The public methods of a model, written once: they check the inputs, plan the pass
+    and hand the architecture checked ids and a ``Step`` per window.
+
+    A level's model class puts this first among its bases and supplies the rest,
+    which is where the levels differ (their arrays, their arithmetic):
+
+    - ``_ids(tokens, what, ndim)``: ``tokens`` checked (``check_ids``), as the level's ids;
+    - ``_rows(ids, valid, what)``: ``valid`` as checked ``Rows`` (``rows``);
+    - ``_mask(step)``: ``step.mask`` in the level's arrays, or None;
+    - ``_zero_padded(logits (B,T,V), rows)``: the logits, zero at the padded positions;
+    - ``_column(ids (B,))``: ``(B,1)``; ``_last(logits (B,1,V))``: ``(B,V)``;
+    - ``new_cache(batch)``: an empty cache (a ``CacheBook``);
+    - ``_decoder(...)`` (and ``_encode``): the architecture;
+    - ``_inference``: a decorator for the generation loops (torch's ``no_grad``, or
+      nothing), and ``_converters()``: what they need to move ids to and from numpy.
+    """
+
+    def _plan(self, rows_: Rows, **where) -> dict[int | None, Step]:
+        """The pass over ``rows_ (B,T)``: a step per distinct window of the layers; ``where``
+        is ``cache=`` or ``position_offset=`` (``plan_layers``)."""
+        return plan_layers(rows_, windows=self.config.layer_windows, **where)
+
+    def _sees(self, steps: dict) -> dict:
+        """What each layer's queries may see: ``{window: (mask, window by slot)}``, each mask in
+        the level's arrays, built once per pass for all the layers of its window."""
+        return {w: (self._mask(step), step.window) for w, step in steps.items()}
+
+    def _zeroed(self, logits, rows_: Rows):
+        """Logits ``(B,T,V)`` with every padded position exactly zero."""
+        return logits if all_real(rows_) else self._zero_padded(logits, rows_)
+
+    def _one_position(self, tokens, what: str):
+        """A decode step's ``tokens (B,)``, checked -> ``(B,1)`` ids and their ``(B,1)`` validity."""
+        ids = self._column(self._ids(tokens, what, ndim=1))  # (B,) -> (B,1)
+        return ids, [[True] for _ in range(len(ids))]
+
+
+class DecoderOnlyEdge(_Edge):
+    """``logits``, ``forward``, ``prefill``, ``decode_step``, ``generate`` and ``stream`` of a
+    decoder-only model over its ``_decoder(ids, steps, cache, last=None)``."""
+
+    def logits(self, tokens, *, valid=None, position_offset: int = 0):
+        """``(logits (B,T,V), valid (B,T))`` without zeroing the padded positions (for training)."""
+        ids = self._ids(tokens, "tokens", ndim=2)
+        checks.check_position_offset(position_offset, len(ids[0]), self.config.max_seq_len)
+        rows_ = self._rows(ids, valid, "valid")
+        return self._decoder(ids, self._plan(rows_, position_offset=position_offset), None), rows_
+
+    def forward(self, tokens, *, valid=None, position_offset: int = 0):
+        """``tokens (B,T)`` ints, ``valid (B,T)`` bool (default: every token is real) -> ``(B,T,V)``.
+
+        ``position_offset``: the position of the first token, for a shard of a longer
+        sequence (context parallelism, ``levels.parallel``); RoPE rotates from there.
+        """
+        logits, rows_ = self.logits(tokens, valid=valid, position_offset=position_offset)
+        return self._zeroed(logits, rows_)
+
+    def prefill(self, tokens, *, valid=None, last_only: bool = False):
+        """Run the prompt ``tokens (B,T)`` and keep its keys and values: ``(logits (B,T,V), cache)``;
+        ``last_only``: the logits of each row's last real token only, ``(B,V)`` (what a
+        generator needs)."""
+        ids = self._ids(tokens, "tokens", ndim=2)
+        rows_ = self._rows(ids, valid, "valid")
+        checks.check_length(len(rows_[0]), self.config.max_seq_len, what="tokens length")
+        cache = self.new_cache(len(rows_))
+        steps = self._plan(rows_, cache=cache)
+        if last_only:
+            return self._last(self._decoder(ids, steps, cache, last_real(rows_))), cache
+        return self._zeroed(self._decoder(ids, steps, cache), rows_), cache
+
+    def decode_step(self, tokens, cache):
+        """Append one position per row, ``tokens (B,)``, to ``cache`` in place -> logits ``(B,V)``."""
+        ids, rows_ = self._one_position(tokens, "tokens")
+        cache.check(len(rows_), 1, "tokens")  # raises before anything is written
+        return self._last(self._decoder(ids, self._plan(rows_, cache=cache), cache))  # (B,V)
+
+    def generate(self, prefix, max_new_tokens, **options):
+        """Continue ``prefix (B,P)`` -> ``(B, P + max_new_tokens)``; greedy by default.
+
+        ``options``: ``valid``, ``use_cache``, ``temperature``, ``top_k``, ``top_p``,
+        ``seed``, ``eos_id``, as ``levels.common.generation.generate_decoder_only`` takes them.
+        """
+        run = self._inference(generate_decoder_only)
+        return run(self, prefix, max_new_tokens, **self._converters(), **options)
+
+    def stream(self, prompt, max_new_tokens, **options):
+        """Continue one prompt ``(P,)``, yielding each new token id as it is chosen (greedy by
+        default); ``options`` as ``levels.common.generation.stream_decoder_only`` takes them.
+        (``_inference`` wraps each step, not the time between them.)"""
+        run = self._inference(stream_decoder_only)
+        return run(self, prompt, max_new_tokens, **self._converters(), **options)
+
+
+class Seq2SeqEdge(_Edge):
+    """``logits``, ``forward``, ``encode``, ``prefill``, ``decode_step`` and ``generate`` of an
+    encoder-decoder model over its ``_encode(src, steps)`` and
+    ``_decoder(tgt, steps, memory, memory_mask, cache)``."""
+
+    def _source(self, src, src_valid):
+        """Checked source ids, the encoder's steps (no cache), the cross-attention's mask of
+        its real tokens (no window), and its rows."""
+        src = self._ids(src, "source tokens", ndim=2)
+        rows_ = self._rows(src, src_valid, "src_valid")
+        checks.check_length(len(rows_[0]), self.config.max_seq_len, what="source length")
+        return src, self._plan(rows_), self._mask(plan(rows_, window=None)), rows_
+
+    def _inputs(self, src, tgt_in, src_valid, tgt_valid):
+        """Both sequences checked, the target first, so that bad target input fails before
+        the source is encoded (before any kernel launch)."""
+        tgt = self._ids(tgt_in, "target tokens", ndim=2)
+        rows_ = self._rows(tgt, tgt_valid, "tgt_valid")
+        checks.check_length(len(rows_[0]), self.config.max_seq_len, what="target length")
+        src, src_steps, memory_mask, src_rows = self._source(src, src_valid)
+        checks.check_batch(len(rows_), len(src_rows), what="target tokens for this source")
+        return src, src_steps, memory_mask, tgt, rows_
+
+    def logits(self, src, tgt_in, *, src_valid=None, tgt_valid=None):
+        """``(logits (B,T,V), tgt_valid (B,T))`` without zeroing the padded targets (for training)."""
+        src, src_steps, memory_mask, tgt, rows_ = self._inputs(src, tgt_in, src_valid, tgt_valid)
+        memory = self._encode(src, src_steps)  # (B,S,D)
+        return self._decoder(tgt, self._plan(rows_), memory, memory_mask, None), rows_
+
+    def forward(self, src, tgt_in, *, src_valid=None, tgt_valid=None):
+        """``src (B,S)``, ``tgt_in (B,T)`` -> teacher-forced logits ``(B,T,V)``, zero at padded targets."""
+        logits, rows_ = self.logits(src, tgt_in, src_valid=src_valid, tgt_valid=tgt_valid)
+        return self._zeroed(logits, rows_)
+
+    def encode(self, src, *, src_valid=None):
+        """``src (B,S)`` ids, ``src_valid (B,S)`` (default: every token is real) -> memory ``(B,S,D)``."""
+        src, steps, _, _ = self._source(src, src_valid)
+        return self._encode(src, steps)
+
+    def prefill(self, src, tgt_in, *, src_valid=None, tgt_valid=None):
+        """Encode ``src`` once and run ``tgt_in (B,T)``: ``(logits (B,T,V), cache)``.
+
+        The cache keeps each decoder layer's cross-attention keys and values (of
+        the encoded source) and its self-attention keys and values.
+        """
+        src, src_steps, memory_mask, tgt, rows_ = self._inputs(src, tgt_in, src_valid, tgt_valid)
+        cache = self.new_cache(len(rows_))
+        cache.memory_mask = memory_mask
+        steps = self._plan(rows_, cache=cache)
+        memory = self._encode(src, src_steps)  # (B,S,D)
+        return self._zeroed(self._decoder(tgt, steps, memory, memory_mask, cache), rows_), cache
+
+    def decode_step(self, tokens, cache):
+        """Append one target position per row, ``tokens (B,)``, to ``cache`` -> logits ``(B,V)``."""
+        ids, rows_ = self._one_position(tokens, "target tokens")
+        cache.check(len(rows_), 1, "target tokens")
+        steps = self._plan(rows_, cache=cache)
+        return self._last(self._decoder(ids, steps, None, cache.memory_mask, cache))  # (B,V)
+
+    def generate(self, src, **options):
+        """Decoding from BOS -> ``(B, 1 + n)``; each row stops at its EOS, then pads.
+
+        ``options``: ``src_valid``, ``bos_id``, ``eos_id``, ``max_new_tokens`` (default
+        ``max_seq_len - 1``, the longest target that fits), ``use_cache``, ``temperature``,
+        ``top_k``, ``top_p``, ``seed``, as ``levels.common.generation.generate_seq2seq``
+        takes them.
+        """
+        return self._inference(generate_seq2seq)(self, src, **self._converters(), **options)

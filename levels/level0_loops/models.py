@@ -2,10 +2,12 @@
 
 Like ``layers.py`` these compute through ``self.ops``; level 1 subclasses
 them with numpy's. The architecture is the methods ``_decoder`` (embed,
-blocks, norm, head) and ``_encode``; the public methods around it check the
-inputs and plan each pass with ``levels.common.boundary`` (which tokens are
-real, their positions, what each query sees: a step per distinct window of the
-layers, ``config.layer_windows``), written once for every level.
+blocks, norm, head) and ``_encode``. The public methods (``forward``,
+``prefill``, ``decode_step``, ``generate``) are ``levels.common.boundary``'s,
+written once for every level: they check the inputs and plan each pass (which
+tokens are real, their positions, what each query sees: a step per distinct
+window of the layers, ``config.layer_windows``); the small methods of
+``_Model`` are this level's side of it.
 
 ``forward`` is a pass without a cache, ``prefill`` a pass into an empty one,
 ``decode_step`` one token into a filled one: the same ``_decoder``.
@@ -13,10 +15,7 @@ layers, ``config.layer_windows``), written once for every level.
 
 from __future__ import annotations
 
-from typing import Any
-
-from ..common import boundary, checks
-from ..common.generation import generate_decoder_only, generate_seq2seq, stream_decoder_only
+from ..common import boundary
 from ..common.params import check_params, param_shapes
 from .layers import DecoderLayer, EncoderLayer, Module, Native, norm_class
 
@@ -66,13 +65,24 @@ class KVCache(boundary.CacheBook):
 
 
 class _Model(Module):
-    """What both models share: the parameter check and the checks of the inputs."""
+    """What both models share: the parameter check, and what ``boundary``'s public methods
+    ask of a level (its ids, rows, masks, the zeroing of padded logits)."""
 
     kind: str
 
     def __init__(self, config, params, *, ops=None, device=None, dtype=None):
         check_params(params, param_shapes(config, self.kind))  # every problem, named, up front
         super().__init__(config, ops=ops, device=device, dtype=dtype)
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    @staticmethod
+    def _inference(run):
+        return run  # no autograd to switch off around the generation loops
+
+    def _converters(self) -> dict:
+        return {}  # the generation loops default to ``self.ops``' converters
 
     def _ids(self, tokens, what: str = "tokens", ndim: int = 2):
         """``tokens`` checked (``ndim`` axes, none empty, every id in ``[0, V)``), as the level's."""
@@ -89,19 +99,14 @@ class _Model(Module):
     def _mask(self, step: boundary.Step):
         return None if step.mask is None else self.ops.bools(step.mask)
 
-    def _plan(self, rows: boundary.Rows, **where) -> dict[int | None, boundary.Step]:
-        """The pass over ``rows (B,T)``: a step per distinct window of the layers; ``where``
-        is ``cache=`` or ``position_offset=`` (``boundary.plan_layers``)."""
-        return boundary.plan_layers(rows, windows=self.config.layer_windows, **where)
+    def _zero_padded(self, logits, rows: boundary.Rows):
+        return self.ops.zero_padded(logits, rows)
 
-    def _sees(self, steps: dict) -> dict:
-        """What each layer's queries may see: ``{window: (mask, window by slot)}``, each mask in
-        this level's arrays, built once per pass for all the layers of its window."""
-        return {w: (self._mask(step), step.window) for w, step in steps.items()}
+    def _column(self, ids):
+        return self.ops.unsqueeze_time(ids)  # (B,) -> (B,1)
 
-    def _zeroed(self, logits, rows: boundary.Rows):
-        """Logits ``(B,T,V)`` with every padded position exactly zero."""
-        return logits if boundary.all_real(rows) else self.ops.zero_padded(logits, rows)
+    def _last(self, logits):
+        return self.ops.last_position(logits)  # (B,1,V) -> (B,V)
 
     def _layers(self, config, params, prefix: str, Layer) -> list:
         """``Layer`` ``{prefix}{i}.`` for each layer ``i``, each with its RoPE base."""
@@ -115,13 +120,8 @@ class _Model(Module):
         """An empty KV cache of capacity ``max_seq_len`` for ``batch`` rows."""
         return KVCache(self.config, batch, ops=self.ops)
 
-    def _one_position(self, tokens, what: str):
-        """A decode step's ``tokens (B,)``, checked -> ``(B,1)`` ids and their ``(B,1)`` validity."""
-        ids = self.ops.unsqueeze_time(self._ids(tokens, what, ndim=1))  # (B,) -> (B,1)
-        return ids, [[True] for _ in range(len(ids))]
 
-
-class DecoderOnlyTransformer(_Model):
+class DecoderOnlyTransformer(boundary.DecoderOnlyEdge, _Model):
     """A GPT-style decoder-only transformer (causal pre-norm blocks, tied logits by default).
 
     ``forward(tokens (B,T), *, valid=None) -> logits (B,T,V)``, ``prefill``,
@@ -167,58 +167,8 @@ class DecoderOnlyTransformer(_Model):
             cache.commit(step)  # only now do the step's keys count
         return logits
 
-    def logits(self, tokens, *, valid=None, position_offset=0) -> tuple[Native, boundary.Rows]:
-        """``(logits (B,T,V), valid (B,T))`` without zeroing the padded positions (for training)."""
-        ids = self._ids(tokens)
-        T = len(ids[0])
-        checks.check_position_offset(position_offset, T, self.config.max_seq_len)
-        rows = self._rows(ids, valid)
-        return self._decoder(ids, self._plan(rows, position_offset=position_offset), None), rows
 
-    def forward(self, tokens, *, valid=None, position_offset=0) -> Native:
-        """``tokens (B,T)`` ints, ``valid (B,T)`` bool (default: every token is real) -> ``(B,T,V)``;
-        ``position_offset``: the first token's position (RoPE starts there)."""
-        logits, rows = self.logits(tokens, valid=valid, position_offset=position_offset)
-        return self._zeroed(logits, rows)
-
-    __call__ = forward
-
-    def prefill(self, tokens, *, valid=None, last_only=False) -> tuple[Native, KVCache]:
-        """Run the prompt ``tokens (B,T)`` and keep its keys and values: ``(logits (B,T,V), cache)``;
-        ``last_only``: the logits of each row's last real token only, ``(B,V)`` (what a
-        generator needs)."""
-        ids = self._ids(tokens)
-        rows = self._rows(ids, valid)
-        checks.check_length(len(rows[0]), self.config.max_seq_len, what="tokens length")
-        cache = self.new_cache(len(rows))
-        steps = self._plan(rows, cache=cache)
-        if last_only:
-            last = boundary.last_real(rows)
-            return self.ops.last_position(self._decoder(ids, steps, cache, last)), cache
-        return self._zeroed(self._decoder(ids, steps, cache), rows), cache
-
-    def decode_step(self, tokens, cache: KVCache) -> Native:
-        """Append one position per row, ``tokens (B,)``, to ``cache`` in place -> logits ``(B,V)``."""
-        ids, rows = self._one_position(tokens, "tokens")
-        cache.check(len(rows), 1, "tokens")  # raises before anything is written
-        steps = self._plan(rows, cache=cache)
-        return self.ops.last_position(self._decoder(ids, steps, cache))  # (B,V)
-
-    def generate(self, prefix, max_new_tokens, **options):
-        """Continue ``prefix (B,P)`` -> ``(B, P + max_new_tokens)``; greedy by default.
-
-        ``options``: ``valid``, ``use_cache``, ``temperature``, ``top_k``, ``top_p``,
-        ``seed``, ``eos_id``, as ``levels.common.generation.generate_decoder_only`` takes them.
-        """
-        return generate_decoder_only(self, prefix, max_new_tokens, **options)
-
-    def stream(self, prompt, max_new_tokens, **options):
-        """Continue one prompt ``(P,)``, yielding each new token id as it is chosen (greedy by
-        default); ``options`` as ``levels.common.generation.stream_decoder_only`` takes them."""
-        return stream_decoder_only(self, prompt, max_new_tokens, **options)
-
-
-class Seq2SeqTransformer(_Model):
+class Seq2SeqTransformer(boundary.Seq2SeqEdge, _Model):
     """An encoder-decoder transformer (``nn.Transformer`` with ``norm_first=True``, plus RoPE).
 
     ``forward(src (B,S), tgt_in (B,T), *, src_valid=None, tgt_valid=None) -> (B,T,V)``,
@@ -272,71 +222,3 @@ class Seq2SeqTransformer(_Model):
         if cache is not None:
             cache.commit(step)
         return logits
-
-    # -- the boundary --------------------------------------------------------------
-
-    def _source(self, src, src_valid) -> tuple[Any, dict, Any, boundary.Rows]:
-        """Checked source ids, the encoder's steps (no cache), the cross-attention's mask of
-        its real tokens (no window), and its rows."""
-        src = self._ids(src, "source tokens")
-        rows = self._rows(src, src_valid, "src_valid")
-        checks.check_length(len(rows[0]), self.config.max_seq_len, what="source length")
-        return src, self._plan(rows), self._mask(boundary.plan(rows, window=None)), rows
-
-    def _target(self, tgt_in, tgt_valid) -> tuple[Any, boundary.Rows]:
-        tgt = self._ids(tgt_in, "target tokens")
-        rows = self._rows(tgt, tgt_valid, "tgt_valid")
-        checks.check_length(len(rows[0]), self.config.max_seq_len, what="target length")
-        return tgt, rows
-
-    def logits(self, src, tgt_in, *, src_valid=None, tgt_valid=None):
-        """``(logits (B,T,V), tgt_valid (B,T))`` without zeroing the padded targets (for training)."""
-        tgt, rows = self._target(tgt_in, tgt_valid)  # the target first: its errors before encoding
-        src, src_steps, memory_mask, src_rows = self._source(src, src_valid)
-        checks.check_batch(len(rows), len(src_rows), what="target tokens for this source")
-        memory = self._encode(src, src_steps)  # (B,S,D)
-        return self._decoder(tgt, self._plan(rows), memory, memory_mask, None), rows
-
-    def forward(self, src, tgt_in, *, src_valid=None, tgt_valid=None) -> Native:
-        """Teacher-forced logits ``(B,T,V)``; zero at padded target positions."""
-        logits, rows = self.logits(src, tgt_in, src_valid=src_valid, tgt_valid=tgt_valid)
-        return self._zeroed(logits, rows)
-
-    __call__ = forward
-
-    def encode(self, src, *, src_valid=None) -> Native:
-        """``src (B,S)`` ids, ``src_valid (B,S)`` (default: every token is real) -> memory ``(B,S,D)``."""
-        src, steps, _, _ = self._source(src, src_valid)
-        return self._encode(src, steps)
-
-    def prefill(self, src, tgt_in, *, src_valid=None, tgt_valid=None) -> tuple[Native, KVCache]:
-        """Encode ``src`` once and run ``tgt_in (B,T)``: ``(logits (B,T,V), cache)``.
-
-        The cache keeps each decoder layer's cross-attention keys and values (of
-        the encoded source) and its self-attention keys and values.
-        """
-        tgt, rows = self._target(tgt_in, tgt_valid)
-        src, src_steps, memory_mask, src_rows = self._source(src, src_valid)
-        checks.check_batch(len(rows), len(src_rows), what="target tokens for this source")
-        cache = self.new_cache(len(rows))
-        cache.memory_mask = memory_mask
-        steps = self._plan(rows, cache=cache)
-        memory = self._encode(src, src_steps)  # (B,S,D)
-        return self._zeroed(self._decoder(tgt, steps, memory, memory_mask, cache), rows), cache
-
-    def decode_step(self, tokens, cache: KVCache) -> Native:
-        """Append one target position per row, ``tokens (B,)``, to ``cache`` -> logits ``(B,V)``."""
-        ids, rows = self._one_position(tokens, "target tokens")
-        cache.check(len(rows), 1, "target tokens")
-        steps = self._plan(rows, cache=cache)
-        return self.ops.last_position(self._decoder(ids, steps, None, cache.memory_mask, cache))
-
-    def generate(self, src, **options):
-        """Decoding from BOS -> ``(B, 1 + n)``; each row stops at its EOS, then pads.
-
-        ``options``: ``src_valid``, ``bos_id``, ``eos_id``, ``max_new_tokens`` (default
-        ``max_seq_len - 1``, the longest target that fits), ``use_cache``, ``temperature``,
-        ``top_k``, ``top_p``, ``seed``, as ``levels.common.generation.generate_seq2seq``
-        takes them.
-        """
-        return generate_seq2seq(self, src, **options)

@@ -1,12 +1,14 @@
 """The two models: decoder-only (tied logits) and encoder-decoder (seq2seq).
 
-The architecture is ``_decoder`` (embed, blocks, norm, head) and ``_encode``;
-the public methods around it check the inputs and plan each pass with
-``levels.common.boundary`` (which tokens are real, their positions, what each
-query sees: a step per distinct window of the layers, ``config.layer_windows``),
-the same code as every other level's. ``forward`` is a pass
-without a cache, ``prefill`` a pass into an empty one, ``decode_step`` one
-token into a filled one.
+The architecture is ``_decoder`` (embed, blocks, norm, head) and ``_encode``.
+The public methods (``forward``, ``prefill``, ``decode_step``, ``generate``)
+are ``levels.common.boundary``'s, the same code as every other level's: they
+check the inputs and plan each pass (which tokens are real, their positions,
+what each query sees: a step per distinct window of the layers,
+``config.layer_windows``); the small methods of ``_Model`` are this level's
+side of it (ids and masks as tensors on the model's device). ``forward`` is a
+pass without a cache, ``prefill`` a pass into an empty one, ``decode_step``
+one token into a filled one.
 """
 
 from __future__ import annotations
@@ -17,9 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..common import boundary, checks
+from ..common import boundary
 from ..common.config import TransformerConfig
-from ..common.generation import generate_decoder_only, generate_seq2seq, stream_decoder_only
 from ..common.params import check_params, param_shapes
 from .arrays import asarray, dtype_kind, fetch, to_numpy
 from .kernels import LEVEL2_KERNELS, Kernels
@@ -67,8 +68,11 @@ class _Model(nn.Module):
     def device(self) -> torch.device:
         return next(self.parameters()).device
 
+    # The generation loops run without autograd (on ``stream``'s generator: during each
+    # step, not between them), and move tokens between numpy and the model's device.
+    _inference = staticmethod(torch.no_grad())
+
     def _converters(self) -> dict:
-        """What the shared generation loop needs to move tokens between numpy and here."""
         return {"to_native": partial(asarray, device=self.device), "to_numpy": to_numpy}
 
     def new_cache(self, batch: int):
@@ -102,16 +106,6 @@ class _Model(nn.Module):
             return None
         return torch.tensor(step.mask, dtype=torch.bool, device=self.device)
 
-    def _plan(self, rows: boundary.Rows, **where) -> dict[int | None, boundary.Step]:
-        """The pass over ``rows (B,T)``: a step per distinct window of the layers; ``where``
-        is ``cache=`` or ``position_offset=`` (``boundary.plan_layers``)."""
-        return boundary.plan_layers(rows, windows=self.config.layer_windows, **where)
-
-    def _sees(self, steps: dict) -> dict:
-        """What each layer's queries may see: ``{window: (mask, window by slot)}``, each mask
-        on the device, built once per pass for all the layers of its window."""
-        return {w: (self._mask(step), step.window) for w, step in steps.items()}
-
     def _layers(self, config: TransformerConfig, params, prefix: str, Layer, **kw) -> nn.ModuleList:
         """``Layer`` ``{prefix}{i}.`` for each layer ``i``, each with its RoPE base."""
         return nn.ModuleList(
@@ -126,10 +120,8 @@ class _Model(nn.Module):
             for i, w in enumerate(config.layer_windows)
         )
 
-    def _zeroed(self, logits: torch.Tensor, valid: boundary.Rows) -> torch.Tensor:
+    def _zero_padded(self, logits: torch.Tensor, valid: boundary.Rows) -> torch.Tensor:
         """Logits ``(B,T,V)``, exactly zero (and of zero gradient) at padded positions."""
-        if boundary.all_real(valid):
-            return logits
         padded = ~torch.tensor(valid, dtype=torch.bool, device=logits.device)  # (B,T)
         return logits.masked_fill(padded[..., None], 0.0)  # (B,T,V)
 
@@ -139,13 +131,14 @@ class _Model(nn.Module):
             return step.offset
         return torch.tensor(step.offset, device=self.device)
 
-    def _one_position(self, tokens, what: str):
-        """A decode step's ``tokens (B,)``, checked -> ``(B,1)`` ids and their validity."""
-        ids = self._ids(tokens, what, ndim=1).reshape(-1, 1)  # (B,) -> (B,1)
-        return ids, [[True] for _ in range(ids.shape[0])]
+    def _column(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids.reshape(-1, 1)  # (B,) -> (B,1)
+
+    def _last(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits[:, 0]  # (B,1,V) -> (B,V)
 
 
-class DecoderOnlyTransformer(_Model):
+class DecoderOnlyTransformer(boundary.DecoderOnlyEdge, _Model):
     """A GPT-style language model: embedding, causal pre-norm blocks, final norm, logits (tied by default).
 
     ``state_dict()`` keys are the canonical names (``token_embedding.weight``,
@@ -203,67 +196,8 @@ class DecoderOnlyTransformer(_Model):
             cache.commit(step)  # only now do the step's keys count
         return logits
 
-    def forward(
-        self,
-        tokens: torch.Tensor,
-        *,
-        valid: torch.Tensor | None = None,
-        position_offset: int = 0,
-    ) -> torch.Tensor:
-        """``tokens (B,T)`` ints, ``valid (B,T)`` bool (default: every token is real) -> ``(B,T,V)``.
 
-        ``position_offset``: the position of the first token, for a shard of a longer
-        sequence (context parallelism, ``levels.parallel``); RoPE rotates from there.
-        """
-        tokens = self._ids(tokens)
-        checks.check_position_offset(position_offset, tokens.shape[1], self.config.max_seq_len)
-        rows = self._rows(tokens, valid)
-        steps = self._plan(rows, position_offset=position_offset)
-        return self._zeroed(self._decoder(tokens, steps, None), rows)
-
-    def prefill(
-        self, tokens: torch.Tensor, *, valid: torch.Tensor | None = None, last_only: bool = False
-    ):
-        """Run the prompt ``tokens (B,T)`` and keep its keys and values: ``(logits (B,T,V), cache)``;
-        ``last_only``: the logits of each row's last real token only, ``(B,V)`` (what a
-        generator needs)."""
-        tokens = self._ids(tokens)
-        rows = self._rows(tokens, valid)
-        checks.check_length(tokens.shape[1], self.config.max_seq_len, what="tokens length")
-        cache = self.new_cache(tokens.shape[0])
-        steps = self._plan(rows, cache=cache)
-        if last_only:
-            return self._decoder(tokens, steps, cache, boundary.last_real(rows))[:, 0], cache
-        return self._zeroed(self._decoder(tokens, steps, cache), rows), cache
-
-    def decode_step(self, tokens: torch.Tensor, cache) -> torch.Tensor:
-        """Append one position per row, ``tokens (B,)``, to ``cache`` in place -> logits ``(B,V)``."""
-        tokens, rows = self._one_position(tokens, "tokens")
-        cache.check(len(rows), 1, "tokens")  # raises before anything is written
-        steps = self._plan(rows, cache=cache)
-        return self._decoder(tokens, steps, cache)[:, 0]  # (B,V)
-
-    def generate(self, prefix, max_new_tokens: int, **options) -> torch.Tensor:
-        """Continue ``prefix (B,P)`` -> ``(B, P + max_new_tokens)``; greedy by default.
-
-        ``options``: ``valid``, ``use_cache``, ``temperature``, ``top_k``, ``top_p``,
-        ``seed``, ``eos_id``, as ``levels.common.generation.generate_decoder_only`` takes them.
-        """
-        with torch.no_grad():
-            return generate_decoder_only(
-                self, prefix, max_new_tokens, **self._converters(), **options
-            )
-
-    @torch.no_grad()  # on a generator: grad mode is off during each step, not between them
-    def stream(self, prompt, max_new_tokens: int, **options):
-        """Continue one prompt ``(P,)``, yielding each new token id as it is chosen (greedy by
-        default); ``options`` as ``levels.common.generation.stream_decoder_only`` takes them."""
-        yield from stream_decoder_only(
-            self, prompt, max_new_tokens, **self._converters(), **options
-        )
-
-
-class Seq2SeqTransformer(_Model):
+class Seq2SeqTransformer(boundary.Seq2SeqEdge, _Model):
     """Encoder-decoder transformer (``nn.Transformer``'s layout, pre-norm).
 
     ``state_dict()`` keys: ``source_embedding.weight``, ``target_embedding.weight``,
@@ -334,75 +268,3 @@ class Seq2SeqTransformer(_Model):
         if cache is not None:
             cache.commit(step)
         return logits
-
-    # -- the boundary --------------------------------------------------------------
-
-    def _source(self, src, src_valid):
-        """Checked source ids ``(B,S)``, the encoder's steps, and the cross-attention's key mask."""
-        src = self._ids(src, "source tokens")
-        checks.check_length(src.shape[1], self.config.max_seq_len, what="source length")
-        rows = self._rows(src, src_valid, "src_valid")
-        return src, self._plan(rows), self._mask(boundary.plan(rows, window=None))
-
-    def _target(self, tgt_in, tgt_valid):
-        tgt = self._ids(tgt_in, "target tokens")
-        rows = self._rows(tgt, tgt_valid, "tgt_valid")
-        checks.check_length(tgt.shape[1], self.config.max_seq_len, what="target length")
-        return tgt, rows
-
-    def _inputs(self, src, tgt_in, src_valid, tgt_valid):
-        """Both sequences checked, the target first, so that bad target input fails before
-        the source is encoded (before any kernel launch)."""
-        tgt, rows = self._target(tgt_in, tgt_valid)
-        src, src_steps, memory_mask = self._source(src, src_valid)
-        checks.check_batch(tgt.shape[0], src.shape[0], what="target tokens for this source")
-        return src, src_steps, memory_mask, tgt, rows
-
-    def forward(
-        self,
-        src: torch.Tensor,
-        tgt_in: torch.Tensor,
-        *,
-        src_valid: torch.Tensor | None = None,
-        tgt_valid: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """``src (B,S)``, ``tgt_in (B,T)`` -> logits ``(B,T,V)`` (zero at padded targets)."""
-        src, src_steps, memory_mask, tgt, rows = self._inputs(src, tgt_in, src_valid, tgt_valid)
-        memory = self._encode(src, src_steps)  # (B,S,D)
-        return self._zeroed(self._decoder(tgt, self._plan(rows), memory, memory_mask, None), rows)
-
-    def encode(self, src, *, src_valid=None) -> torch.Tensor:
-        """``src (B,S)`` ids, ``src_valid (B,S)`` (default: every token is real) -> ``memory (B,S,D)``."""
-        src, steps, _ = self._source(src, src_valid)
-        return self._encode(src, steps)
-
-    def prefill(self, src, tgt_in, *, src_valid=None, tgt_valid=None):
-        """Encode ``src`` once and run ``tgt_in (B,T)``: ``(logits (B,T,V), cache)``.
-
-        The cache keeps each decoder layer's cross-attention keys and values
-        (of the encoded source) and its self-attention keys and values.
-        """
-        src, src_steps, memory_mask, tgt, rows = self._inputs(src, tgt_in, src_valid, tgt_valid)
-        cache = self.new_cache(src.shape[0])
-        cache.memory_mask = memory_mask
-        steps = self._plan(rows, cache=cache)
-        memory = self._encode(src, src_steps)  # (B,S,D)
-        return self._zeroed(self._decoder(tgt, steps, memory, memory_mask, cache), rows), cache
-
-    def decode_step(self, tokens: torch.Tensor, cache) -> torch.Tensor:
-        """Append one target position per row, ``tokens (B,)``, to ``cache`` -> logits ``(B,V)``."""
-        tokens, rows = self._one_position(tokens, "target tokens")
-        cache.check(len(rows), 1, "target tokens")
-        steps = self._plan(rows, cache=cache)
-        return self._decoder(tokens, steps, None, cache.memory_mask, cache)[:, 0]  # (B,V)
-
-    def generate(self, src, **options) -> torch.Tensor:
-        """Decoding from BOS -> ``(B, 1 + n)``; each row stops at its EOS, then ``pad_id``.
-
-        ``options``: ``src_valid``, ``bos_id``, ``eos_id``, ``max_new_tokens`` (default
-        ``max_seq_len - 1``, the longest target that fits), ``use_cache``, ``temperature``,
-        ``top_k``, ``top_p``, ``seed``, as ``levels.common.generation.generate_seq2seq``
-        takes them.
-        """
-        with torch.no_grad():
-            return generate_seq2seq(self, src, **self._converters(), **options)
