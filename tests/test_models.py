@@ -106,6 +106,35 @@ def test_seq2seq_matches_reference(case, variant):
 
 
 @pytest.mark.best_dtype
+def test_logits_are_forward_without_the_zeroing(case):
+    """``logits`` (what a training loss reads) is ``forward`` before the padded positions are
+    zeroed, with ``valid`` back as lists, at every level: the public methods are one code."""
+    config = model_config(case)
+    params = init_params(config, "decoder_only", seed=15, scheme="random")
+    tokens, valid = decoder_batch(config, case.tiny, seed=5)
+    model = case.build("DecoderOnlyTransformer", config, params)
+    logits, rows = model.logits(case.arr(tokens), valid=case.arr(valid))
+    out = case.np(logits)
+    expected = ref.decoder_only_forward(config, params, tokens, valid=valid)
+    case.assert_close(out[valid], expected[valid], what="decoder-only logits at real positions")
+    assert rows == valid.tolist()
+    assert (out[~valid] != 0).any(), "logits leaves the padded positions as computed"
+
+    params = init_params(config, "seq2seq", seed=16, scheme="random")
+    src, tgt, src_valid, tgt_valid = seq2seq_batch(config, case.tiny, seed=6)
+    model = case.build("Seq2SeqTransformer", config, params)
+    logits, rows = model.logits(
+        case.arr(src), case.arr(tgt), src_valid=case.arr(src_valid), tgt_valid=case.arr(tgt_valid)
+    )
+    out = case.np(logits)
+    expected = ref.seq2seq_forward(
+        config, params, src, tgt, src_valid=src_valid, tgt_valid=tgt_valid
+    )
+    case.assert_close(out[tgt_valid], expected[tgt_valid], what="seq2seq logits at real targets")
+    assert rows == tgt_valid.tolist()
+
+
+@pytest.mark.best_dtype
 def test_valid_defaults_to_every_token_real(case):
     """Without ``valid`` every token is real, ``pad_id`` included: padding is never inferred
     from token values (real models' ``pad_id`` is their EOS, which chat prompts contain)."""

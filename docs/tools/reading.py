@@ -2,6 +2,7 @@
 
     python docs/tools/reading.py            # a table: level, files, lines
     python docs/tools/reading.py --files    # and the files themselves
+    python docs/tools/reading.py --split    # the rung's own, the earlier rungs', the shared
 
 Starting from ``levels/<rung>/__init__.py``, every ``levels`` module reached by an
 import statement (at any depth, lazily imported ones included) is one file a reader
@@ -9,6 +10,11 @@ opens; their lines (``wc -l``) are what they read. Modules outside ``levels`` (n
 torch) are not counted: a reader knows them or looks them up. Two columns: all of
 it, and the transformer alone, which leaves out the generation loop shared by every
 rung (``levels/common/generation.py``, ``sampling.py``: read once, not per rung).
+
+``--split`` divides the transformer's count three ways: the rung's own package,
+the earlier rungs it builds on (level 0's classes under level 1, level 2's under
+levels 3 and 4: read already by a reader who climbs in order), and the shared
+modules of ``levels/common`` (read once for the whole ladder).
 """
 
 from __future__ import annotations
@@ -88,6 +94,17 @@ def main(argv: list[str]) -> None:
             f"{package.name:24s} all: {len(files):3d} files {count(files):6d} lines;"
             f"  the transformer: {len(model):3d} files {count(model):6d} lines"
         )
+        if "--split" in argv:
+            own = {f for f in model if package in f.parents}
+            shared = {f for f in model if f.parent.name == "common"}
+            earlier = model - own - shared
+            print(
+                " " * 25
+                + "; ".join(
+                    f"{name}: {len(fs)} files {count(fs)} lines"
+                    for name, fs in (("own", own), ("earlier rungs", earlier), ("shared", shared))
+                )
+            )
         if "--files" in argv:
             for f in sorted(files):
                 print(f"    {f.relative_to(ROOT)} ({len(f.read_text().splitlines())})")
