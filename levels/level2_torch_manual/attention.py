@@ -22,6 +22,7 @@ from ..common.checks import (
     check_window,
     group_size,
     rows_without_keys,
+    window_binds,
 )
 from .arrays import dtype_kind
 
@@ -55,8 +56,11 @@ def position_rule(
 
 def position_mask(T: int, S: int, *, causal: bool, window: int | None, device=None):
     """``(T, S)`` bool: the keys each query may see by position, with the queries placed
-    bottom-right (query ``i`` at ``d = i + (S - T)``). None when every key is allowed."""
-    if not causal and window is None:
+    bottom-right (query ``i`` at ``d = i + (S - T)``). None when every key is allowed:
+    without causal and window, and also when neither hides a key (causal with one query,
+    which sits at the last key, as every decode step's does; a window wider than the keys)."""
+    hides = (causal and T > 1) or window_binds(T, S, causal=causal, window=window)
+    if not hides:
         return None
     d = torch.arange(T, device=device) + causal_offset(T, S)  # (T,)
     return position_rule(d, torch.arange(S, device=device), causal=causal, window=window)
