@@ -182,11 +182,13 @@ def load(args: argparse.Namespace, *, chat: bool) -> Loaded:
         return Loaded(model, level, str(path), spec=spec)
     name = str(args.model or getattr(args, "hf", None) or levels.registry.DEFAULT_MODEL)
     if kind == "gguf":
-        tokenizer, template = gguf.load_tokenizer(path), gguf.load_chat_template(path, chat)
+        template = gguf.load_chat_template(path, chat)  # first: it may refuse the file
+        tokenizer = gguf.load_tokenizer(path)  # Gemma 3's 262k pieces take a while
         config, params = gguf.load(path, dtype=_numpy_dtype(dtype))
         stops = set(gguf.end_of_turn_ids(path))
     else:
-        tokenizer, template = hf.load_tokenizer(path), hf.load_chat_template(path, chat)
+        template = hf.load_chat_template(path, chat)
+        tokenizer = hf.load_tokenizer(path)
         config, params = hf.load(path, dtype=_numpy_dtype(dtype))
         stops = set()
     context = args.context or min(config.max_seq_len, DEFAULT_CONTEXT)
