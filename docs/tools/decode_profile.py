@@ -2,6 +2,7 @@
 
     python docs/tools/decode_profile.py            # one thread
     python docs/tools/decode_profile.py --threads 2
+    python docs/tools/decode_profile.py --layouts   # the weights alone, three ways
 
 For SmolLM2-135M-Instruct in float32 (``ladder pull`` first), a 37-token chat
 prompt prefilled, then per level:
@@ -17,6 +18,13 @@ prompt prefilled, then per level:
   calls at level 1);
 * ``copy``: the bytes read plus written per second by one large tensor copy, the
   ceiling the benchmark's "% bw" divides by.
+
+``--layouts`` times level 3's matrices alone, multiplied by one row three ways:
+row-major ``(out, in)`` through ``F.linear`` (as ``nn.Linear`` holds them, and
+``transformers`` with them), in level 3's layout (each along its longer side)
+through ``F.linear``, and cut into two blocks of output columns multiplied by one
+``torch.bmm`` (which PyTorch spreads over two threads; its one-row ``F.linear``
+does not).
 
 Timings are medians of repeated runs on a shared machine: compare the rows of
 one run, not runs.
@@ -132,6 +140,25 @@ def profile_level(level: str, config, params, ids, repeats: int) -> dict:
     }
 
 
+def layouts(config, params, repeats: int) -> dict[str, float]:
+    """GB/s of level 3's matrices multiplied by one row, per layout (``--layouts``)."""
+    model = levels.load("level3_sdpa_flash").DecoderOnlyTransformer(config, params)
+    mats = [w.detach() for w in _matrices(model, "level3_sdpa_flash")]
+    nbytes = sum(w.numel() * 4 for w in mats)
+    xs = {n: torch.randn(1, n) for n in (config.d_model, config.d_ff)}
+    row_major = [w.contiguous() for w in mats]
+    # (2, in, out / 2): block j holds output columns j * out/2 ... as an (in, out/2) matrix
+    blocks = [w.t().reshape(w.shape[1], 2, -1).permute(1, 0, 2).contiguous() for w in mats]
+    xb = {n: x.expand(2, 1, n) for n, x in xs.items()}
+    calls = {
+        "row-major, F.linear": lambda: [F.linear(xs[w.shape[1]], w) for w in row_major],
+        "level 3's layout, F.linear": lambda: [F.linear(xs[w.shape[1]], w) for w in mats],
+        "two column blocks, torch.bmm": lambda: [torch.bmm(xb[b.shape[1]], b) for b in blocks],
+    }
+    with torch.no_grad():
+        return {name: nbytes / _median_s(call, repeats) / 1e9 for name, call in calls.items()}
+
+
 def copy_gbs(repeats: int = 10) -> float:
     a = torch.empty(64 * 2**20).normal_()  # 256 MiB
     b = torch.empty_like(a)
@@ -142,11 +169,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--layouts", action="store_true", help="the weights alone, three ways")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     with threadpool_limits(limits=args.threads, user_api="blas"):
         config, params, ids = _loaded("float32")
         print(f"SmolLM2-135M float32, {args.threads} thread(s), copy {copy_gbs():.1f} GB/s")
+        if args.layouts:
+            print("| one row times every weight | GB/s |")
+            print("| --- | ---: |")
+            for name, gbs in layouts(config, params, args.repeats).items():
+                print(f"| {name} | {gbs:.1f} |")
+            return
         print("| level | step | weights | their rate | rest | tensor ops | tokens/s |")
         print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
         for level in LEVELS:
