@@ -131,6 +131,13 @@ def key_range(i: int, T: int, S: int, *, causal: bool, window: int | None) -> tu
     return lo, max(lo, hi)
 
 
+def causal_binds(T: int, *, causal: bool) -> bool:
+    """Whether bottom-right causal masking hides any key: only with more than one query.
+    One query sits at the last key (``j <= 0 + S - 1`` for every key), as every decode
+    step's does."""
+    return causal and T > 1
+
+
 def window_binds(T: int, S: int, *, causal: bool, window: int | None) -> bool:
     """Whether a window hides any key (one wider than the sequence changes nothing).
 

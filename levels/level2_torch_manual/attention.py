@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from ..common.checks import (
     EMPTY_ROW_MESSAGE,
     attention_dims,
+    causal_binds,
     causal_offset,
     check_float_inputs,
     check_mask,
@@ -58,9 +59,8 @@ def position_mask(T: int, S: int, *, causal: bool, window: int | None, device=No
     """``(T, S)`` bool: the keys each query may see by position, with the queries placed
     bottom-right (query ``i`` at ``d = i + (S - T)``). None when every key is allowed:
     without causal and window, and also when neither hides a key (causal with one query,
-    which sits at the last key, as every decode step's does; a window wider than the keys)."""
-    hides = (causal and T > 1) or window_binds(T, S, causal=causal, window=window)
-    if not hides:
+    as every decode step has; a window wider than the keys)."""
+    if not (causal_binds(T, causal=causal) or window_binds(T, S, causal=causal, window=window)):
         return None
     d = torch.arange(T, device=device) + causal_offset(T, S)  # (T,)
     return position_rule(d, torch.arange(S, device=device), causal=causal, window=window)
