@@ -85,6 +85,29 @@ def test_dequantized_to_the_requested_dtype(tmp_path):
         gguf.load(path, max_seq_len=129)
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_the_header_reads_as_gguf_reads_it(tmp_path, arch):
+    """The loader's own header walk (levels.gguf.read) against gguf's GGUFReader on the same
+    file: every metadata value, and every tensor's bytes dequantized by gguf's own
+    ``quants.dequantize``, in each type the writer makes (round-robin over the matrices)."""
+    import gguf as gguf_package
+    from gguf import quants
+
+    path = gguf_files.write(tmp_path / "tiny.gguf", arch=arch)
+    ours = gguf.read(path)
+    reader = gguf_package.GGUFReader(path)
+    theirs = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    assert ours.metadata == theirs
+    kinds = set()
+    for tensor, peer in zip(ours.tensors, reader.tensors, strict=True):
+        assert (tensor.name, tensor.kind) == (peer.name, peer.tensor_type)
+        kinds.add(tensor.kind.name)
+        want = quants.dequantize(peer.data, peer.tensor_type).astype(np.float32)
+        got = gguf._dequantize(ours, tensor, np.dtype(np.float32))
+        np.testing.assert_array_equal(got.reshape(want.shape), want, err_msg=tensor.name)
+    assert {t.name for t in gguf_files.types()} <= kinds  # every type the writer makes
+
+
 # ----------------------------------------------------------------------------- bad files
 
 

@@ -66,13 +66,16 @@ def fetch(
         raise ValueError(
             f"bad parameters: mis-shaped: {name}: expected {tuple(shape)}, got {tuple(value.shape)}"
         )
-    value = value.to(device=device, dtype=dtype or DEFAULT_DTYPE, copy=True)
-    return nn.Parameter(matvec_layout(value) if value.ndim == 2 else value)
+    target = {"device": device, "dtype": dtype or DEFAULT_DTYPE}
+    if value.ndim == 2:
+        return nn.Parameter(matvec_layout(value, **target))
+    return nn.Parameter(value.to(**target, copy=True))
 
 
-def matvec_layout(w: torch.Tensor) -> torch.Tensor:
-    """``w (out, in)``, the same numbers and shape, laid out in memory so that a product with
-    one row, ``x (1, in) @ w.T``, streams it in the longest contiguous runs.
+def matvec_layout(w: torch.Tensor, *, device=None, dtype=None) -> torch.Tensor:
+    """A copy of ``w (out, in)`` on ``device`` in ``dtype``: the same numbers and shape, laid
+    out in memory so that a product with one row, ``x (1, in) @ w.T``, streams it in the
+    longest contiguous runs.
 
     A decode step multiplies one row by every weight and reads each weight once,
     so its speed is the rate at which the weights stream from memory. Row-major
@@ -84,9 +87,12 @@ def matvec_layout(w: torch.Tensor) -> torch.Tensor:
     each matrix in the layout of its longer side (``ladder bench --scenario
     decode``; docs/decoding.md). ``F.linear`` and ``@`` take either layout,
     autograd keeps it for the gradients, and ``state_dict()`` holds ``(out, in)``.
+    One copy: the cast and the layout are one ``to`` (``to`` keeps a view's strides).
     """
     out, inner = w.shape
-    return w.t().contiguous().t() if out >= inner else w.contiguous()
+    source = w.t() if out >= inner else w  # the layout's rows: (in, out) for a tall matrix
+    copy = source.to(device=device, dtype=dtype, memory_format=torch.contiguous_format, copy=True)
+    return copy.t() if out >= inner else copy
 
 
 def linear(

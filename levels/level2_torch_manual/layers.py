@@ -9,7 +9,7 @@ The attention core and the LayerNorm class come from ``self.kernels``
 
 from __future__ import annotations
 
-from functools import partial
+from functools import lru_cache, partial
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +36,14 @@ def rope_tables(
     angles = (pos[:, None] * inv_freq[None, :]).repeat_interleave(2, dim=-1)  # (T, Dh)
     sign = torch.tensor([-1.0, 1.0], dtype=torch.float64).repeat(d_head // 2)  # (Dh,) -+-+...
     return angles.cos(), angles.sin() * sign
+
+
+@lru_cache(maxsize=8)
+def _whole_tables(stop: int, d_head: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rope_tables(0, stop, ...)``, computed once for the layers that share a base (30 of
+    SmolLM2's, two bases in Gemma 3): each layer casts its own copy (``.to``), never writes
+    into these."""
+    return rope_tables(0, stop, d_head, base)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -162,7 +170,7 @@ class MultiHeadAttention(nn.Module):
             # cos/sin for positions [0, max_seq_len), built once (float64 maths,
             # stored in the compute dtype) instead of at every decoding step; each layer
             # its own, at its base. Not persistent: state_dict() holds only the parameters.
-            cos, sin = rope_tables(0, config.max_seq_len, self.d_head, self.rope_base)
+            cos, sin = _whole_tables(config.max_seq_len, self.d_head, self.rope_base)
             to = {"device": device, "dtype": dtype or torch.float32}
             self.register_buffer("rope_cos", cos.to(**to), persistent=False)  # (max_seq_len, Dh)
             self.register_buffer("rope_sin", sin.to(**to), persistent=False)  # (max_seq_len, Dh)

@@ -31,17 +31,20 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.bias import CausalBias, causal_lower_right
 
 from ..common.checks import EMPTY_ROW_MESSAGE, key_range, rows_without_keys, window_binds
 from ..level2_torch_manual import attention as written_out
 from ..level2_torch_manual.attention import allowed_keys, as_4d, check_inputs, position_rule
 from .lse import attention_with_lse
 from .private import priority_order
+
+if TYPE_CHECKING:  # imported where it is used: see sdpa_mask
+    from torch.nn.attention.bias import CausalBias
 
 # The names accepted by ``backend=``. On a CPU build only "flash" (a fused,
 # tiled CPU kernel) and "math" (the unfused reference) exist; "efficient"
@@ -114,7 +117,11 @@ def sdpa_mask(
     # 1 < T < S (a chunk of queries after cached keys): PyTorch's lower-right
     # causal bias. On CUDA it runs flash / efficient kernels with the
     # bottom-right rule built in (subject to the same sdpa_kernel switches);
-    # elsewhere it materialises the (T, S) mask and calls SDPA with it.
+    # elsewhere it materialises the (T, S) mask and calls SDPA with it. Imported here, not
+    # at the top: torch.nn.attention.bias imports torch._dynamo, two seconds of every
+    # start-up (a chat's first token) for the one case that needs it.
+    from torch.nn.attention.bias import causal_lower_right
+
     return causal_lower_right(T, S), False
 
 

@@ -47,7 +47,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import CausalBias
 
 from ..common.checks import group_size
 from ..level2_torch_manual.attention import causal_mask, repeat_heads
@@ -100,7 +99,8 @@ def attention_with_lse(q, k, v, attn_mask, is_causal: bool, *, scale):
     """``(out (B,H,T,Dv), lse (B,H,T))`` on the CPU, from SDPA's ``(attn_mask, is_causal)``
     for these inputs (``attention.sdpa_mask``: checked, no empty row): the kernel's own
     causal rule when ``T == S``, which skips the tiles above the diagonal."""
-    if isinstance(attn_mask, CausalBias):  # 1 < T < S: bottom-right, spelled out for the kernel
+    if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
+        # sdpa_mask's lower-right CausalBias (1 < T < S): bottom-right, spelled out for the kernel
         attn_mask = causal_mask(q.shape[-2], k.shape[-2], device=q.device)  # (T, S)
     bias = None
     if attn_mask is not None:
