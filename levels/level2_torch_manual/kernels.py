@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..common.boundary import CacheBook
@@ -152,13 +153,17 @@ class Kernels:
       with bias), their gain ``config.norm_weight_offset + weight``; ``norm(config)``
       picks ``config.norm``'s;
     - ``kv_cache``: a class built as ``kv_cache(config, batch, *, device, dtype)``
-      with the interface described at the top of this module.
+      with the interface described at the top of this module;
+    - ``linear(x, w, bias=None)``: ``x @ w.T + bias`` for the matrices a module holds as
+      its own attributes (the fused q/k/v rows, the tied head): ``F.linear``, or a product
+      that takes the form a faster level holds them in (level 3's int8 and int4).
     """
 
     attention: Callable = attention
     layer_norm: type = LayerNorm
     kv_cache: type = KVCache
     rms_norm: type = RMSNorm
+    linear: Callable = F.linear
 
     def norm(self, config) -> type:
         """The norm class of ``config.norm``."""

@@ -194,7 +194,7 @@ class MultiHeadAttention(nn.Module):
         starts = (0, widths[0], widths[0] + widths[1])
         rows = slice(starts[parts[0]], starts[parts[-1]] + widths[parts[-1]])
         bias = None if self.in_proj_bias is None else self.in_proj_bias[rows]
-        y = F.linear(x, self.in_proj_weight[rows], bias)  # (B,L,D) @ (D,width) -> (B,L,width)
+        y = self.kernels.linear(x, self.in_proj_weight[rows], bias)  # (B,L,D) @ (D,width)
         heads = y.split([widths[p] for p in parts], dim=-1)  # (B,L,n*Dh) each
         # (B,L,n*Dh) -> (B,L,n,Dh) -> (B,n,L,Dh)
         return [h.unflatten(-1, (-1, self.d_head)).transpose(1, 2) for h in heads]

@@ -16,7 +16,6 @@ from __future__ import annotations
 from functools import partial
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..common import boundary
@@ -169,11 +168,24 @@ class DecoderOnlyTransformer(boundary.DecoderOnlyEdge, _Model):
             )
 
     def _decoder(self, tokens: torch.Tensor, steps: dict, cache, last=None) -> torch.Tensor:
-        """The architecture: raw logits ``(B,T,V)`` of checked ``tokens (B,T)`` for ``steps``
-        (one per window, ``_plan``); with ``last`` (a slot per row), ``(B,1,V)`` there only."""
-        sees = self._sees(steps)
+        """The pass the boundary planned: raw logits ``(B,T,V)`` of checked ``tokens (B,T)`` for
+        ``steps`` (one per window, ``_plan``), and the cache's new positions committed; with
+        ``last`` (a slot per row), ``(B,1,V)`` there only."""
         step = next(iter(steps.values()))  # what every window's step shares: the positions
-        offset = self._offset(step)
+        logits = self.compute(tokens, self._offset(step), self._sees(steps), cache, last)
+        if cache is not None:
+            cache.commit(step)  # only now do the step's keys count
+        return logits
+
+    def compute(self, tokens: torch.Tensor, positions, sees: dict, cache=None, last=None):
+        """The architecture on checked inputs: embedding, the blocks, the final norm, the head.
+
+        ``tokens (B,T)`` ids in ``[0, V)``; ``positions`` the first token's position (an int,
+        or ``(B,)`` on the device, one per row); ``sees`` what each layer's queries may see,
+        ``{window: (mask or None, window by slot)}`` (``_sees``); ``cache``, when given,
+        takes each layer's new keys and values (the caller commits them); ``last`` (a slot
+        per row) keeps only those positions for the head -> logits ``(B,T,V)`` (``(B,1,V)``).
+        """
         x = self.token_embedding(tokens)  # (B,T,D)
         for i, (layer, w) in enumerate(zip(self.layers, self.config.layer_windows, strict=True)):
             mask, window = sees[w]
@@ -182,7 +194,7 @@ class DecoderOnlyTransformer(boundary.DecoderOnlyEdge, _Model):
                 mask=mask,
                 causal=True,
                 window=window,
-                position_offset=offset,
+                position_offset=positions,
                 cache=cache,
                 index=i,
             )  # (B,T,D)
@@ -191,10 +203,7 @@ class DecoderOnlyTransformer(boundary.DecoderOnlyEdge, _Model):
             x = x[torch.arange(len(last), device=x.device), at].unsqueeze(1)  # (B,T,D) -> (B,1,D)
         # Tied: h @ E^T with the input embedding E; untied: the head's own (V, D).
         head = getattr(self, "output_projection", self.token_embedding)
-        logits = F.linear(self.norm(x), head.weight)  # (B,T,D) @ (D,V) -> (B,T,V)
-        if cache is not None:
-            cache.commit(step)  # only now do the step's keys count
-        return logits
+        return self.kernels.linear(self.norm(x), head.weight)  # (B,T,D) @ (D,V) -> (B,T,V)
 
 
 class Seq2SeqTransformer(boundary.Seq2SeqEdge, _Model):

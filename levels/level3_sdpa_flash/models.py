@@ -3,8 +3,10 @@
 Each class is level 2's, re-parameterised through its ``Kernels`` hook (no
 model code is copied): ``KERNELS`` names level 3's attention core
 (``attention.py``), PyTorch's fused norms, and the cache (``cache.py``);
-``backend=`` on any module or model narrows SDPA to one of its backends, and
-``weights="int8"`` on a model holds its matrices in int8 (``quant.py``).
+``backend=`` on any module or model narrows SDPA to one of its backends;
+``weights="int8"`` or ``"int4"`` on a model holds its matrices in fewer bytes
+(``quant.py``), and ``compile=True`` on the decoder-only model compiles its
+decode step (``compiled.py``).
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ import torch.nn.functional as F
 
 from .. import level2_torch_manual as level2
 from ..level2_torch_manual import Kernels
+from . import compiled, quant
 from .attention import attention, check_backend
 from .cache import StaticKVCache
-from .quant import quantize_
 
 
 class LayerNorm(level2.LayerNorm):
@@ -67,20 +69,23 @@ class _ChoosesBackend:
         self.backend = backend
 
 
-WEIGHT_FORMATS = ("float", "int8")
+WEIGHT_FORMATS = ("float", *quant.FORMATS)
 
 
-class _ChoosesWeights(_ChoosesBackend):
-    """Adds ``weights=`` to a model: ``"float"`` (the dtype's, the default) or ``"int8"``, every
-    matrix weight-only int8 with a scale per row (``quant.py``; inference only)."""
+class _Quantizable(_ChoosesBackend):
+    """Adds ``weights=`` to a model: ``"float"`` (the dtype's, the default), ``"int8"`` or
+    ``"int4"`` (in groups of ``group_size``): the model is built in floats, then
+    ``quant.quantize`` turns its matrices into the format, once (inference only)."""
 
-    def __init__(self, *args, weights: str = "float", **kwargs):
+    def __init__(self, *args, weights: str = "float", group_size: int = 32, **kwargs):
         if weights not in WEIGHT_FORMATS:
             raise ValueError(f"weights must be one of {WEIGHT_FORMATS}, got {weights!r}")
+        if weights != "float":
+            quant.check_format(weights, group_size)  # before any weight is loaded
         super().__init__(*args, **kwargs)
-        self.weights = weights
-        if weights == "int8":
-            quantize_(self)
+        self.weights, self.group_size = weights, group_size
+        if weights != "float":
+            quant.quantize(self, weights, group_size=group_size)
 
 
 class MultiHeadAttention(_ChoosesBackend, level2.MultiHeadAttention):
@@ -98,11 +103,59 @@ class DecoderLayer(_ChoosesBackend, level2.DecoderLayer):
     kernels = KERNELS
 
 
-class DecoderOnlyTransformer(_ChoosesWeights, level2.DecoderOnlyTransformer):
-    __doc__ = level2.DecoderOnlyTransformer.__doc__
+class DecoderOnlyTransformer(_Quantizable, level2.DecoderOnlyTransformer):
+    """Level 2's decoder-only model on level 3's kernels; ``compile=True`` decodes with
+    the whole step compiled (``compiled.py``).
+
+    With ``compile``, the first decode step of a batch size compiles the step for it,
+    or loads it from the user's cache (``prepare_decode`` does it beforehand, and says
+    which, ``decode_report``); every later step of that batch size runs it, but the
+    cache's last slot, which runs eagerly, as does every step of a model without a C++
+    compiler. The prompt's prefill stays eager: it is a batched product, already
+    arithmetic-bound, of a new length every time. ``state_dict()`` keys are the
+    canonical names (``token_embedding.weight``, ``layers.{i}.*``, ``norm.*``).
+    """
+
     kernels = KERNELS
 
+    def __init__(self, *args, compile: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.compiled_decode = compile
+        self._steps: dict[int, compiled.CompiledDecode | None] = {}  # by batch size
+        self.decode_report: compiled.CompileReport | None = None
 
-class Seq2SeqTransformer(_ChoosesWeights, level2.Seq2SeqTransformer):
+    def prepare_decode(self, batch: int = 1) -> compiled.CompileReport:
+        """Compile the decode step for ``batch`` rows, or load it from the cache, now ->
+        how it went (compiled, loaded, or eager and why)."""
+        if batch not in self._steps:
+            reason = compiled.compiler_missing() if self.device.type == "cpu" else None
+            if reason is not None:
+                self._steps[batch] = None
+                self.decode_report = compiled.CompileReport("eager", 0.0, reason=reason)
+            else:
+                self._steps[batch] = step = compiled.build(self, batch)
+                self.decode_report = step.report
+        return self.decode_report
+
+    def _decoder(self, tokens: torch.Tensor, steps: dict, cache, last=None) -> torch.Tensor:
+        step = self._compiled_step(tokens, cache, last)
+        if step is None:
+            return super()._decoder(tokens, steps, cache, last)
+        logits = step(tokens, steps, cache)  # (B,1,V)
+        cache.commit(next(iter(steps.values())))  # what every window's step shares
+        return logits
+
+    def _compiled_step(self, tokens: torch.Tensor, cache, last) -> compiled.CompiledDecode | None:
+        """The compiled step for this pass: one new token per row into a cache, no gradient."""
+        if not self.compiled_decode or cache is None or last is not None or tokens.shape[1] != 1:
+            return None
+        if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
+            return None  # the compiled step has no backward
+        self.prepare_decode(tokens.shape[0])
+        step = self._steps[tokens.shape[0]]
+        return step if step is not None and step.fits(tokens, cache) else None
+
+
+class Seq2SeqTransformer(_Quantizable, level2.Seq2SeqTransformer):
     __doc__ = level2.Seq2SeqTransformer.__doc__
     kernels = KERNELS

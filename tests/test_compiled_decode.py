@@ -1,0 +1,152 @@
+"""Level 3's compiled decode step (levels/level3_sdpa_flash/compiled.py) against its eager step.
+
+The compiled step is the model's own code traced at fixed shapes, so it must give the
+eager step's logits (float32: within summation-order rounding) and its greedy tokens, for
+every batch layout the boundary plans: prompts of different lengths (a ragged cache),
+local and global layers (a mask per window), and the cache's last slot (decoded eagerly).
+
+Compiling takes tens of seconds a model (inductor, then the C++ compiler), so the checks
+that compile are ``extended`` (CI runs them), each model compiled once into one cache for
+the session; what needs no compiler runs by default: the step traced whole (no graph
+break), and the eager fallback where no compiler is found.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from _helpers import GEMMA_OPTIONS
+
+import levels
+from levels import TransformerConfig, init_params
+from levels.level3_sdpa_flash import compiled
+
+level3 = levels.load("level3_sdpa_flash")
+
+# A Gemma 3 at a test's size (local and global layers, QK-norm, post-norms, GQA with one
+# KV head), and a Llama (SwiGLU, grouped heads, untied head).
+GEMMA = TransformerConfig(
+    vocab_size=61, d_model=24, n_heads=4, d_ff=40, n_layers=2, max_seq_len=20, **GEMMA_OPTIONS
+)
+LLAMA = TransformerConfig(
+    vocab_size=53,
+    d_model=32,
+    n_heads=4,
+    n_kv_heads=2,
+    d_ff=48,
+    n_layers=2,
+    max_seq_len=24,
+    norm="rmsnorm",
+    ffn="swiglu",
+    bias=False,
+    scale_embeddings=False,
+    tie_embeddings=False,
+)
+# Prompts of different lengths, right-padded: the cache is ragged after the prefill.
+PROMPTS = np.array([[5, 7, 11, 13, 2, 9], [3, 4, 9, 0, 0, 0]])
+VALID = np.array([[True] * 6, [True] * 3 + [False] * 3])
+# float32 logits of the compiled and the eager step: the same products summed in another
+# order (a dot product per output row, against the library's GEMM), each a few float32 ulps
+# of values of order 1-10 after 2 layers; measured 1e-6. A wrong mask, position or cache
+# slot moves a logit by its own size.
+F32_BOUND = 1e-4
+
+
+def _model(config, **options):
+    params = init_params(config, "decoder_only", seed=1, scheme="random")
+    return level3.DecoderOnlyTransformer(config, params, **options)
+
+
+def test_the_decode_step_traces_whole():
+    """The step of a model with every family option, padding and a ragged cache, traced by
+    dynamo: one graph, no break (a break would leave Python between two compiled halves)."""
+    model = _model(GEMMA)
+    args = compiled._example(model, 2, 9)
+    with torch.no_grad(), compiled._bare_attention(model):
+        explained = torch._dynamo.explain(compiled.DecodeStep(model))(*args)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    assert explained.graph_count == 1
+
+
+def test_without_a_compiler_decoding_is_eager_and_says_why(monkeypatch, tmp_path):
+    monkeypatch.setenv("LADDER_CACHE", str(tmp_path))
+    monkeypatch.setenv("CXX", "no-such-c++-compiler")
+    model = _model(LLAMA, compile=True)
+    report = model.prepare_decode(2)
+    assert report.how == "eager" and "no-such-c++-compiler" in report.line()
+    want = _model(LLAMA).generate(PROMPTS, 6, valid=VALID)
+    assert np.array_equal(np.asarray(model.generate(PROMPTS, 6, valid=VALID)), np.asarray(want))
+    assert not (tmp_path / "compiled").exists()  # nothing compiled, nothing cached
+
+
+def test_the_step_inputs_follow_the_plan():
+    """A mask per distinct window, by slot where nothing is padded (the window's last W keys)
+    and from the plan's mask where a row is padded; positions per row once ragged."""
+    model = _model(GEMMA)
+    with torch.no_grad():
+        _, cache = model.prefill(torch.tensor(PROMPTS), valid=torch.tensor(VALID))
+    step = compiled.CompiledDecode(model, 2, run=None, report=None)
+    ids = torch.tensor([[1], [2]])
+    ids_, positions, slot, masks, keys, values = step.inputs(
+        ids, model._plan([[True]] * 2, cache=cache), cache
+    )
+    assert positions.tolist() == [6, 3] and slot.tolist() == [6]  # ragged: its own positions
+    assert len(masks) == 2 and all(m.shape == (2, 1, 1, 7) for m in masks)
+    local, whole = (m[:, 0, 0] for m in masks)  # GEMMA: layer 0 local (window 3), layer 1 global
+    assert whole.tolist() == [[True] * 7, [True] * 3 + [False] * 3 + [True]]
+    # Row 1's new token is at position 3: its window holds positions 1, 2, 3 (slots 1, 2, 6).
+    assert local.tolist() == [[False] * 4 + [True] * 3, [False, True, True] + [False] * 3 + [True]]
+    assert len(keys) == len(values) == GEMMA.n_layers and keys[0].shape == (2, 1, 20, 6)
+
+
+@pytest.fixture(scope="module")
+def compiled_cache(tmp_path_factory):
+    """One cache of compiled steps for the module: each model compiles once."""
+    return tmp_path_factory.mktemp("ladder-cache")
+
+
+def _decode_both(config, compiled_cache, monkeypatch, new_tokens, **options):
+    monkeypatch.setenv("LADDER_CACHE", str(compiled_cache))
+    eager, fast = _model(config, **options), _model(config, compile=True, **options)
+    assert fast.prepare_decode(2).how in ("compiled", "loaded")
+    prompts, valid = torch.tensor(PROMPTS), torch.tensor(VALID)
+    steps = []
+    with torch.no_grad():
+        (want, want_cache), (got, got_cache) = (
+            m.prefill(prompts, valid=valid, last_only=True) for m in (eager, fast)
+        )
+        for _ in range(new_tokens):
+            token = want.argmax(-1)  # (B,): the eager step's greedy tokens, fed to both
+            steps.append((want, got))
+            want, got = eager.decode_step(token, want_cache), fast.decode_step(token, got_cache)
+    return eager, fast, steps
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("config", [GEMMA, LLAMA], ids=["gemma", "llama"])
+def test_compiled_steps_give_the_eager_logits_to_the_last_slot(config, compiled_cache, monkeypatch):
+    """Greedy decoding from a ragged cache up to its last slot: each step's logits within the
+    float32 bound and the same argmax; the last slot (eager) joins without a seam; a second
+    model of the same shapes loads the step instead of compiling it."""
+    room = config.max_seq_len - PROMPTS.shape[1]
+    _, fast, steps = _decode_both(config, compiled_cache, monkeypatch, room)
+    for want, got in steps:
+        scale = want.abs().max().item()
+        assert (got - want).abs().max().item() <= F32_BOUND * scale
+        assert torch.equal(got.argmax(-1), want.argmax(-1))
+    again = _model(config, compile=True)
+    assert again.prepare_decode(2).how == "loaded"
+    assert fast.decode_report is not None
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_quantized_compiled_steps_give_the_quantized_eager_logits(fmt, compiled_cache, monkeypatch):
+    """The packed int8/int4 products inside the compiled step: the same kernels as eager,
+    so the logits of the same quantized weights agree as float32 ones do (the products'
+    outputs are bfloat16 in both)."""
+    _, _, steps = _decode_both(LLAMA, compiled_cache, monkeypatch, 6, weights=fmt)
+    for want, got in steps:
+        assert (got - want).abs().max().item() <= F32_BOUND * want.abs().max().item()
+        assert torch.equal(got.argmax(-1), want.argmax(-1))
