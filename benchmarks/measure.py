@@ -37,15 +37,21 @@ includes the call's outputs and temporaries but not its inputs or weights.
 The machine and its ceilings
 ----------------------------
 The "% peak" column divides a level's GFLOP/s by the rate of one large dense
-matmul measured in the same process, just before the levels run: a float32
-``torch.matmul`` on the CPU, a bf16 one on CUDA. That is an *achieved* peak,
-not the datasheet's, so a level can be compared with the best this machine
-did on the same day under the same load.
+matmul measured in the same process, at the start and at the end of the run
+(the better of the two): a float32 ``torch.matmul`` on the CPU, a bf16 one on
+CUDA, at each thread count a record ran at (a real-model record's
+``threads``, else the run's). That is an *achieved* peak, not the datasheet's,
+so a level can be compared with the best this machine did on the same day
+under the same load.
 
 Decoding one token reads every weight and the whole KV cache for a handful of
 FLOPs, so its ceiling is memory bandwidth, not the matmul peak: the "% bw"
-column divides the bytes a generation reads per second by the rate of one
-large ``copy_`` (bytes read plus bytes written), measured the same way.
+column divides the bytes a generation reads per second by the rate of the
+fastest read-only stream (a reduction over 512 MiB: ``torch.sum``, BLAS's dot
+product and matrix-vector product), at the same thread count. A copy, which
+also writes what it reads, is measured beside it and is not the ceiling: a
+matrix-vector product only reads its weights, and can read faster than a
+copy moves.
 """
 
 from __future__ import annotations
@@ -333,20 +339,24 @@ def measure_matmul_peak(device: str, dtype: str, n: int, policy: TimingPolicy) -
 
 
 COPY_BYTES = 256 * 2**20  # far past any cache, so the copy streams from memory
+READ_BYTES = 512 * 2**20  # a read-only stream as long as SmolLM2's float32 weights
 
 
 @dataclass(frozen=True)
 class Bandwidth:
-    """The measured copy rate: ``2 * nbytes`` moved (read and written) per call."""
+    """A measured memory rate: ``moved * nbytes`` per call (``moved`` 2 for a copy, which
+    reads and writes them, 1 for a read-only stream), by ``how``."""
 
     nbytes: int
     device: str
     stats: Stats
+    moved: int = 2
+    how: str = "copy_"
 
     @property
     def gbs(self) -> float:
-        """GB/s of the fastest sample (1 GB = 1e9 bytes), read plus written."""
-        return 2 * self.nbytes / self.stats.min / 1e9
+        """GB/s of the fastest sample (1 GB = 1e9 bytes)."""
+        return self.moved * self.nbytes / self.stats.min / 1e9
 
 
 def measure_copy_bandwidth(
@@ -360,6 +370,35 @@ def measure_copy_bandwidth(
     timer = cuda_timer() if device.startswith("cuda") else cpu_timer()
     stats = measure(lambda: dst.copy_(src), timer, policy)
     return Bandwidth(nbytes=nbytes, device=device, stats=stats)
+
+
+def read_streams(device: str, nbytes: int) -> dict[str, Callable[[], object]]:
+    """Reductions that read ``nbytes`` of float32 once and write next to nothing: PyTorch's
+    ``sum``, and on a CPU BLAS's dot product and matrix-vector product (numpy's), each
+    vectorised differently. A decode step only reads its weights, so its ceiling is the
+    fastest of these, not a copy (which also writes)."""
+    import torch
+
+    src = torch.ones(nbytes // 4, device=device)
+    streams = {"torch sum": lambda: src.sum()}
+    if not device.startswith("cuda"):
+        flat = src.numpy()
+        rows, ones = flat.reshape(-1, 1024), np.ones(1024, np.float32)
+        streams["BLAS dot"] = lambda: np.dot(flat, flat)  # one stream: x . x
+        streams["BLAS gemv"] = lambda: rows @ ones  # (n/1024, 1024) @ (1024,)
+    return streams
+
+
+def measure_read_bandwidth(
+    device: str, policy: TimingPolicy, nbytes: int = READ_BYTES
+) -> Bandwidth:
+    """The fastest of ``read_streams`` over ``nbytes`` (each timed with the harness's rules)."""
+    timer = cuda_timer() if device.startswith("cuda") else cpu_timer()
+    measured = [
+        Bandwidth(nbytes, device, measure(fn, timer, policy), moved=1, how=how)
+        for how, fn in read_streams(device, nbytes).items()
+    ]
+    return max(measured, key=lambda b: b.gbs)
 
 
 def free_cores(default: int) -> int:

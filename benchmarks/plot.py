@@ -60,14 +60,15 @@ def roofline(records: list[Record], path: str | Path, *, title: str = "") -> Pat
 
     A decode step reads every weight once, so a machine that streams ``BW`` bytes
     a second cannot decode faster than ``BW / bytes per token``: the line on the
-    plot, drawn at the copy bandwidth measured in the same run. Each point is a
-    level at one weight format; halving the bytes (float32 -> bfloat16 -> int8)
-    moves the ceiling up by two, and a point's distance under the line is what
-    the level leaves on the table.
+    plot, drawn at the read-only stream measured in the same run at that thread
+    count. Each point is a level (or level 3 compiled) at one weight format;
+    halving the bytes (float32 -> bfloat16 -> int8 -> int4) moves the ceiling up
+    by two, and a point's distance under the line is what the level leaves on the
+    table.
     """
     decode = [r for r in records if r.ok and r.scenario.startswith("real decode") and r.gbs]
-    copy = next((r for r in records if r.scenario == "copy bandwidth" and r.gbs), None)
-    if not decode or copy is None:
+    streams = {r.shape.get("threads"): r for r in records if r.scenario == "read stream" and r.gbs}
+    if not decode or not streams:
         raise ValueError("nothing to plot: no measured real-model decode records")
     threads = sorted({r.shape["threads"] for r in decode})
     fig = Figure(figsize=(6 * len(threads), 4.6), layout="constrained")
@@ -75,15 +76,18 @@ def roofline(records: list[Record], path: str | Path, *, title: str = "") -> Pat
     axes = fig.subplots(1, len(threads), squeeze=False)[0]
     names = dict.fromkeys(r.level for r in decode)
     colour = {name: f"C{i % 10}" for i, name in enumerate(names)}
-    markers = {"float32": "o", "bfloat16": "s", "int8": "^"}
+    markers = {"float32": "o", "bfloat16": "s", "float16": "D", "int8": "^", "int4": "v"}
     for ax, n in zip(axes, threads, strict=True):
         mine = [r for r in decode if r.shape["threads"] == n]
+        stream = streams.get(n) or next(iter(streams.values()))
         per_token = [r.bytes_read / r.shape["new"] for r in mine]  # bytes read per new token
         lo, hi = min(per_token) / 1.5, max(per_token) * 1.5
         xs = [lo * (hi / lo) ** (i / 50) for i in range(51)]
-        ax.plot(xs, [copy.gbs * 1e9 / x for x in xs], color="black", lw=1)
+        ax.plot(xs, [stream.gbs * 1e9 / x for x in xs], color="black", lw=1)
         ax.annotate(
-            f"ceiling: {copy.gbs:.0f} GB/s copy", (xs[5], copy.gbs * 1e9 / xs[5]), fontsize="small"
+            f"ceiling: {stream.gbs:.0f} GB/s read ({stream.level})",
+            (xs[5], stream.gbs * 1e9 / xs[5]),
+            fontsize="small",
         )
         for r, b in zip(mine, per_token, strict=True):
             fmt = r.scenario.rsplit(" ", 1)[-1]

@@ -1,7 +1,7 @@
 """The real-model scenarios: SmolLM2-135M-Instruct's prompt and decode, per level and weight format.
 
 What a user of ``ladder chat`` waits for, measured the harness's way (checked
-first, then timed, with the copy bandwidth of the same run as the ceiling):
+first, then timed, with the read-only stream of the same run as the ceiling):
 
 * ``real prompt <format>``: the prefill of a 37-token chat prompt (the model's
   own template over one question): tokens/s counts prompt tokens;
@@ -12,10 +12,13 @@ first, then timed, with the copy bandwidth of the same run as the ceiling):
   format, and the cache), the figure gpt-fast prints as "bandwidth achieved".
 
 ``<format>`` is how the weights are held: ``float32``, ``bfloat16`` (level 3,
-and level 4 on a GPU), ``float16`` (on a GPU only) or ``int8`` (level 3's
-weight-only int8, ``levels/level3_sdpa_flash/quant.py``). ``threads`` is 1 and every core:
-decode is bound by one core's share of memory bandwidth, prefill by
-arithmetic, and they scale differently.
+and level 4 on a GPU), ``float16`` (on a GPU only), ``int8`` or ``int4``
+(level 3's weight-only formats, ``levels/level3_sdpa_flash/quant.py``).
+``threads`` is 1 and every core: decode is bound by one core's share of memory
+bandwidth, prefill by arithmetic, and they scale differently. Level 3 with its
+decode step compiled (``level3:compiled``, ``compile=True``) joins the decode
+scenarios; its compile (or its load from the cache) happens when the case is
+built, untimed, and its note says which.
 
 ``transformers`` joins as a peer on the same file (``from_pretrained(...,
 gguf_file=...)``, dequantized): its ``generate``, greedy, from a cache of the
@@ -43,16 +46,25 @@ from .subjects import Subject
 MODEL = "smollm2-135m"
 QUESTION = "What is the capital of France?"
 NEW_TOKENS = 16
-FORMATS = ("float32", "bfloat16", "float16", "int8")
+FORMATS = ("float32", "bfloat16", "float16", "int8", "int4")
 # scaled_error (max |x - ref| / max |ref|, logits up to ~40) bounds per weight format: the
 # float32 levels measure ~3e-6; bfloat16 weights and activations ~1e-2 (eps 7.8e-3 through
 # 30 layers); int8 weights (half a step of a row's 127-step grid each) with bfloat16
 # activations ~2e-2. Five times those leaves room for other machines; a wrong layer
 # (a transposed weight, a dropped norm) costs more than 0.3. float16 (eps 9.8e-4, eight
 # times finer than bfloat16's, and SmolLM2's activations well inside its range) is held
-# to bfloat16's bound.
-BOUNDS = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 5e-2, "int8": 1e-1}
-DTYPE_OF = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "int8": "float32"}
+# to bfloat16's bound. int4 (16 steps a group of 32) measures ~0.1; 0.25 leaves room
+# and stays under what a wrong layer costs.
+BOUNDS = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 5e-2, "int8": 1e-1, "int4": 2.5e-1}
+DTYPE_OF = {
+    "float32": "float32",
+    "bfloat16": "bfloat16",
+    "float16": "float16",
+    "int8": "float32",
+    "int4": "float32",
+}
+QUANTIZED = ("int8", "int4")
+GROUP = 32  # the int4 groups (levels/level3_sdpa_flash/quant.py's default)
 
 
 @cache
@@ -87,14 +99,21 @@ def _truth() -> np.ndarray:
 
 def weight_bytes(params: dict[str, np.ndarray], fmt: str) -> float:
     """What one decode step reads of the weights: every parameter once (a tied embedding
-    once, as the head; the gather of one row of it is negligible), in ``fmt`` (int8: the
-    matrices, with a float32 scale per row; the norms stay float32)."""
-    per = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}[fmt]
+    once, as the head; the gather of one row of it is negligible), in ``fmt``. The
+    quantized formats count what their kernels read: int8 a byte a weight and a bfloat16
+    scale a row; int4 half a byte a weight and a bfloat16 scale and zero a group of 32,
+    in rows padded to a multiple of 16 (the CPU kernel's). Norms and biases stay float32."""
     total = 0.0
     for value in params.values():
-        matrix = value.ndim == 2
-        elem = per if matrix or fmt != "int8" else 4  # int8 holds matrices; norms stay float32
-        total += value.size * elem + (value.shape[0] * 4 if matrix and fmt == "int8" else 0)
+        if value.ndim != 2 or fmt not in QUANTIZED:
+            total += value.size * {"bfloat16": 2, "float16": 2}.get(fmt, 4)
+            continue
+        rows, cols = value.shape
+        if fmt == "int8":
+            total += rows * cols + rows * 2
+        else:
+            padded = -(-rows // 16) * 16
+            total += padded * cols / 2 + padded * (cols // GROUP) * 4
     return total
 
 
@@ -135,7 +154,7 @@ class RealModel:
             return "about 5 s a token (ladder chat --level 0 runs it)"
         if subject.interpreted:
             return "Triton's interpreter: minutes a token"
-        if self.fmt == "int8" and not subject.name.startswith("level3"):
+        if self.fmt in QUANTIZED and not subject.name.startswith("level3"):
             return "level 3's weight format"
         if self.fmt == "float16" and subject.device == "cpu":
             return "a GPU format (PyTorch's CPU float16 products are no decode path)"
@@ -143,13 +162,19 @@ class RealModel:
             return f"no {self.fmt} at this level"
         return None
 
+    def record_dtype(self, subject: Subject, dtype: str) -> str:
+        """What the table's dtype column says: the weights' format."""
+        return self.fmt
+
     def build(self, subject: Subject, dtype: str, reference: Reference) -> Case:
         fmt_dtype = DTYPE_OF[self.fmt]
         config, params, ids = _loaded("float32")
+        _truth()  # the float64 reference now: the check that follows times the level alone
+        note = ""
         if subject.name == "transformers":
             step, first = _peer_calls(ids, self.phase)
         else:
-            step, first = _level_calls(subject, config, params, ids, self.fmt, self.phase)
+            step, first, note = _level_calls(subject, config, params, ids, self.fmt, self.phase)
         threads = self.threads
 
         def run():
@@ -170,23 +195,31 @@ class RealModel:
             error=error,
             error_of="logits after the prompt",
             bound=BOUNDS[self.fmt],
-            extras={"bytes_read": bytes_read},
+            extras={"bytes_read": bytes_read, "note": note},
         )
 
 
 def _level_calls(subject: Subject, config, params, ids, fmt: str, phase: str):
-    """``(timed call, first logits)`` for a level: the prefill, or 16 steps from its cache."""
-    kwargs: dict[str, Any] = {"device": subject.device}
+    """``(timed call, first logits, note)`` for a level: the prefill, or 16 steps from its
+    cache; the note says how a compiled decode step was had (compiled, or loaded)."""
+    kwargs: dict[str, Any] = {"device": subject.device, **subject.options}
     if subject.kind != "python":
         kwargs["dtype"] = subject.native_dtype(DTYPE_OF[fmt])
-    if fmt == "int8":
-        kwargs["weights"] = "int8"
+    if fmt in QUANTIZED:
+        kwargs["weights"] = fmt
     model = subject.module.DecoderOnlyTransformer(config, params, **kwargs)
+    note = ""
+    if kwargs.get("compile"):
+        note = model.prepare_decode(1).line()
     prompt = subject.asarray(np.array([ids]))
     if phase == "prompt":
-        return (lambda: model.prefill(prompt)), lambda: subject.to_numpy(
-            subject.calls(lambda: model.prefill(prompt)[0], grad=False)()
-        )[0, -1]
+        return (
+            (lambda: model.prefill(prompt)),
+            lambda: subject.to_numpy(subject.calls(lambda: model.prefill(prompt)[0], grad=False)())[
+                0, -1
+            ],
+            note,
+        )
     _, kv = subject.calls(
         lambda: model.prefill(subject.asarray(np.array([ids[:-1]]))), grad=False
     )()
@@ -201,7 +234,7 @@ def _level_calls(subject: Subject, config, params, ids, fmt: str, phase: str):
             token = subject.asarray(logits.argmax(-1))  # greedy, as generate picks
         return first
 
-    return decode, subject.calls(decode, grad=False)
+    return decode, subject.calls(decode, grad=False), note
 
 
 def _peer_calls(ids, phase: str):

@@ -63,19 +63,22 @@ def machine_table(records: list[Record], machine: str) -> Table:
     table.add_column("backend", no_wrap=True)
     table.add_column("what computes")
     for r in records:
+        at = f" at {r.shape['threads']} thread(s)" if "threads" in r.shape else ""
         if r.scenario == "matmul peak":
             table.add_row(
                 _text(r.level),
                 _text(
                     f"{r.description}, {r.dtype}: {r.gflops:.3g} GFLOP/s (median "
-                    f"{fmt_time(r.median_s)}) = the 100% of '% peak'"
+                    f"{fmt_time(r.median_s)}) = the 100% of '% peak'{at}"
                 ),
             )
-        elif r.scenario == "copy bandwidth":
+        elif r.scenario == "read stream":
             table.add_row(
                 _text(r.level),
-                _text(f"{r.description}: {r.gbs:.3g} GB/s = the 100% of '% bw'"),
+                _text(f"{r.description}: {r.gbs:.3g} GB/s = the 100% of '% bw'{at}"),
             )
+        elif r.scenario == "copy bandwidth":
+            table.add_row(_text(r.level), _text(f"{r.description}: {r.gbs:.3g} GB/s{at}"))
     seen: set[str] = set()
     for r in records:
         if r.scenario in CEILINGS or r.status == FIGURE or r.level in seen:
@@ -86,7 +89,7 @@ def machine_table(records: list[Record], machine: str) -> Table:
     return table
 
 
-CEILINGS = ("matmul peak", "copy bandwidth")  # measured limits, not levels
+CEILINGS = ("matmul peak", "read stream", "copy bandwidth")  # measured limits, not levels
 
 COLUMNS = (
     # (header, right-justified); a column empty in every row of a table is left out

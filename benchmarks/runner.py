@@ -24,6 +24,7 @@ Computed figures that involve no timing (padding waste) come from
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -36,12 +37,14 @@ from .measure import (
     Peak,
     Stats,
     TimingPolicy,
+    cpu_threads,
     cpu_timer,
     cuda_timer,
     describe_machine,
     measure,
     measure_copy_bandwidth,
     measure_matmul_peak,
+    measure_read_bandwidth,
     peak_memory,
 )
 from .plan import Plan, Workload
@@ -114,14 +117,14 @@ def peak_dtype(device: str, dtype: str) -> str:
     return "float64" if dtype == "float64" else "float32"
 
 
-def peak_record(peak: Peak) -> Record:
+def peak_record(peak: Peak, threads: int | None = None) -> Record:
     """The matmul peak as a record (level ``torch.matmul``); its rate is the fastest sample."""
     record = Record(
         level="torch.matmul",
         scenario="matmul peak",
         device=peak.device,
         dtype=peak.dtype,
-        shape={"N": peak.n},
+        shape={"N": peak.n} | ({} if threads is None else {"threads": threads}),
         flops=matmul_flops(peak.n),
         gflops=peak.gflops,
         peak_fraction=1.0,
@@ -132,18 +135,25 @@ def peak_record(peak: Peak) -> Record:
     return record
 
 
-def bandwidth_record(bandwidth: Bandwidth) -> Record:
-    """The copy bandwidth as a record (level ``torch copy_``), the 100% of "% bw"."""
+def bandwidth_record(bandwidth: Bandwidth, threads: int | None = None) -> Record:
+    """A memory rate as a record: the read-only stream (the 100% of "% bw" at its thread
+    count) or the copy beside it (bytes read + written)."""
+    MiB = bandwidth.nbytes // 2**20
+    read = bandwidth.moved == 1
     return Record(
-        level="torch copy_",
-        scenario="copy bandwidth",
+        level=bandwidth.how,
+        scenario="read stream" if read else "copy bandwidth",
         device=bandwidth.device,
         dtype="float32",
-        shape={"MiB": bandwidth.nbytes // 2**20},
-        bytes_read=2.0 * bandwidth.nbytes,
+        shape={"MiB": MiB} | ({} if threads is None else {"threads": threads}),
+        bytes_read=bandwidth.moved * float(bandwidth.nbytes),
         gbs=bandwidth.gbs,
-        bandwidth_fraction=1.0,
-        description=f"copy_ of {bandwidth.nbytes // 2**20} MiB (bytes read + written)",
+        bandwidth_fraction=1.0 if read else None,
+        description=(
+            f"{bandwidth.how} reading {MiB} MiB once, the fastest of the read-only streams"
+            if read
+            else f"copy_ of {MiB} MiB (bytes read + written)"
+        ),
         note="rate of the fastest sample",
         **_times(bandwidth.stats),
     )
@@ -182,11 +192,12 @@ def screen(subject: Subject, workload: Workload, *, dtype: str, plan: Plan, pace
     """Step 1: the case's record, with its status ``"skipped: <why>"`` when the subject
     cannot run the workload and ``"skipped (budget)"`` when it is over the size budget;
     otherwise ``"ok"``, still to be checked and measured."""
+    record_dtype = getattr(workload, "record_dtype", None)  # a workload that says otherwise
     record = Record(
         level=subject.name,
         scenario=workload.scenario,
         device=subject.device,
-        dtype=subject.effective_dtype(dtype),
+        dtype=record_dtype(subject, dtype) if record_dtype else subject.effective_dtype(dtype),
         shape=workload.shape(),
         flops=workload.flops(),
         description=subject.description,
@@ -245,6 +256,7 @@ def _measure(record: Record, subject: Subject, case: Case, policy: TimingPolicy)
         setattr(record, key, value)
     record.padding_waste = case.extras.get("padding_waste")
     record.bytes_read = case.extras.get("bytes_read")
+    record.note = case.extras.get("note") or record.note
 
 
 def run_case(
@@ -345,20 +357,45 @@ def run(
             )
         )
     figures = [record for group in plan.figures.values() for make in group for record in make()]
-    # The peak again at the end: a machine busy at the start must not set a low ceiling.
-    again = measure_matmul_peak(device, pdtype, plan.peak_n, plan.timing)
-    peak = max(peak, again, key=lambda p: p.gflops)
-    for record in measured:
-        if record.gflops is not None:
-            record.peak_fraction = record.gflops / peak.gflops
-    ceilings = [peak_record(peak)]
-    if any(record.gbs for record in measured):  # only generation reads enough to ask
-        bandwidth = measure_copy_bandwidth(device, plan.timing)
-        ceilings.append(bandwidth_record(bandwidth))
-        for record in measured:
-            if record.gbs is not None:
-                record.bandwidth_fraction = record.gbs / bandwidth.gbs
+    ceilings = _ceilings(measured, peak, device=device, dtype=pdtype, plan=plan)
     everything = [*ceilings, *records, *measured, *figures]
     for record in everything:
         record.machine, record.date = stamp["machine"], stamp["date"]
     return everything
+
+
+def _ceilings(measured: list[Record], first: Peak, *, device: str, dtype: str, plan: Plan):
+    """The ceilings the records are fractions of, measured at each thread count the records
+    ran at (a record's ``threads``, else the run's): the matmul peak ("% peak"; the best of
+    the run's start, ``first``, and its end) and, where a record reads a known number of
+    bytes, the read-only stream ("% bw") with the copy beside it. On a GPU, one of each."""
+    import torch
+
+    cuda = device.startswith("cuda")
+    run_threads = None if cuda else torch.get_num_threads()
+
+    def threads_of(record: Record) -> int | None:
+        return None if cuda else record.shape.get("threads", run_threads)
+
+    counts = sorted({threads_of(r) for r in measured if r.ok} | {run_threads}, key=str)
+    reading = any(r.gbs for r in measured)
+    peaks, reads, ceilings = {}, {}, []
+    for n in counts:
+        with contextlib.nullcontext() if n is None else cpu_threads(n):
+            # The peak again at the end: a machine busy at the start must not set a low one.
+            peak = measure_matmul_peak(device, dtype, plan.peak_n, plan.timing)
+            if n == run_threads:
+                peak = max(first, peak, key=lambda p: p.gflops)
+            peaks[n] = peak
+            ceilings.append(peak_record(peak, n))
+            if reading:  # only generation reads enough to ask
+                reads[n] = measure_read_bandwidth(device, plan.timing)
+                ceilings.append(bandwidth_record(reads[n], n))
+                ceilings.append(bandwidth_record(measure_copy_bandwidth(device, plan.timing), n))
+    for record in measured:
+        n = threads_of(record)
+        if record.gflops is not None and n in peaks:
+            record.peak_fraction = record.gflops / peaks[n].gflops
+        if record.gbs is not None and n in reads:
+            record.bandwidth_fraction = record.gbs / reads[n].gbs
+    return ceilings

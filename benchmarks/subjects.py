@@ -51,6 +51,7 @@ class Subject:
     context: Callable[[], contextlib.AbstractContextManager] = field(
         default=contextlib.nullcontext
     )  # entered around every call
+    options: dict[str, Any] = field(default_factory=dict)  # for its models' constructors
 
     @property
     def has_grad(self) -> bool:
@@ -233,6 +234,29 @@ def unsplit_decode_peer(device: str, dtype: str = "bfloat16") -> Subject | None:
     peer.name = "level4:no-split"
     peer.description = "level 4's forward kernel for decoding, the keys not split"
     peer.attention, peer.models, peer.only = attention, False, ("decode attention",)
+    return peer
+
+
+COMPILED_SCENARIOS = tuple(f"real decode {fmt}" for fmt in ("float32", "bfloat16", "int8", "int4"))
+
+
+def compiled_peer(device: str, dtype: str = "float32", *, quick: bool = False) -> Subject | None:
+    """Level 3 with its decode step compiled (``compile=True``), beside level 3 in the real
+    model's decode; None when level 3 cannot load. Its prompt is level 3's own (eager),
+    so it joins the decode scenarios only (float32 alone in a quick run: each format
+    compiles once, a minute or two, then loads from the cache)."""
+    try:
+        level3 = levels.load(SDPA_LEVEL)
+    except levels.LevelUnavailable:
+        return None
+    peer = level_subject(SDPA_LEVEL, level3, device, dtype)
+    peer.name = "level3:compiled"
+    peer.description = (
+        "level 3 with its decode step compiled whole (compile=True: torch.export + "
+        "AOTInductor on a CPU, torch.compile reduce-overhead on CUDA)"
+    )
+    peer.models, peer.options = True, {"compile": True}
+    peer.only = COMPILED_SCENARIOS[:1] if quick else COMPILED_SCENARIOS
     return peer
 
 

@@ -78,6 +78,9 @@ def _run(args: argparse.Namespace) -> int:
             unavailable["transformers"] = "not installed (pip install transformers)"
         else:
             backends.append(peer)
+    compiled = _compiled_peer(args, backends, plan, device, dtype, console)
+    if compiled is not None:
+        backends.append(compiled)
     machine = describe_machine(device)
     load, cores = os.getloadavg()[0], os.cpu_count() or 1
     if not cuda and load >= 1.0:
@@ -135,3 +138,24 @@ def _run(args: argparse.Namespace) -> int:
         roofline(records, args.roofline, title=f"{machine}; {records[0].date}")
         console.print(f"roofline written to {args.roofline}", markup=False)
     return 0
+
+
+def _compiled_peer(args, backends, plan, device: str, dtype: str, console):
+    """Level 3 with its decode compiled, beside level 3 in the real model's decode: by
+    default where level 3 runs and a C++ compiler is found (one line says why not)."""
+    from benchmarks import subjects as B
+    from levels.level3_sdpa_flash.compiled import compiler_missing
+
+    if args.compile is False or not plan.workloads.get("real-model"):
+        return None
+    if not any(b.name == B.SDPA_LEVEL for b in backends):
+        if args.compile:
+            raise UsageError("--compile is level 3's: add level 3 to --levels")
+        return None
+    missing = None if device.startswith("cuda") else compiler_missing()
+    if missing is not None:
+        if args.compile:
+            raise UsageError(f"--compile: {missing}")
+        console.print(f"level3:compiled left out: {missing}", style="yellow", markup=False)
+        return None
+    return B.compiled_peer(device, dtype, quick=args.quick)

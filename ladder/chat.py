@@ -137,8 +137,9 @@ def _dtype(level, asked: str | None) -> str:
     return dtype
 
 
-def build(level, config, params, dtype: str, device: str):
-    """The level's decoder-only model of ``(config, params)`` in ``dtype`` on ``device``."""
+def build(level, config, params, dtype: str, device: str, *, weights="float", compile=False):
+    """The level's decoder-only model of ``(config, params)`` in ``dtype`` on ``device``;
+    level 3 takes ``weights`` (``"int8"``, ``"int4"``) and ``compile``."""
     kwargs: dict[str, Any] = {}
     if level.FACTS.array == "numpy":
         kwargs["dtype"] = np.dtype(dtype)
@@ -146,7 +147,40 @@ def build(level, config, params, dtype: str, device: str):
         import torch
 
         kwargs |= {"dtype": getattr(torch, dtype), "device": device}
+    if weights != "float":
+        kwargs["weights"] = weights
+    if compile:
+        kwargs["compile"] = True
     return level.DecoderOnlyTransformer(config, params, **kwargs)
+
+
+def _level3_options(level, args) -> tuple[str, bool]:
+    """``(weights, compile)`` for this level: both level 3's alone; ``--compile`` is the
+    default there, where a C++ compiler is found (``--no-compile``: eager)."""
+    weights = getattr(args, "weights", "float") or "float"
+    asked = getattr(args, "compile", None)
+    is_level3 = level.__name__.endswith("level3_sdpa_flash")
+    if not is_level3:
+        if weights != "float":
+            raise UsageError(f"--weights {weights} is level 3's (--level 3)")
+        if asked:
+            raise UsageError("--compile is level 3's (--level 3)")
+        return "float", False
+    return weights, asked is not False
+
+
+def _prepare_decode(model) -> None:
+    """Compile level 3's decode step now (or load it from the cache), saying which on stderr:
+    the first answer then starts without it, and its tokens/s are the compiled step's."""
+    from levels.level3_sdpa_flash import compiled
+
+    if compiled.compiler_missing() is None and not compiled.package_path(model, 1).is_file():
+        print(
+            "compiling the decode step for this model, once (later runs load it from the cache)",
+            file=sys.stderr,
+            flush=True,
+        )
+    print(model.prepare_decode(1).line(), file=sys.stderr, flush=True)
 
 
 def _warn_level0(config) -> None:
@@ -199,7 +233,10 @@ def load(args: argparse.Namespace, *, chat: bool) -> Loaded:
     if level.__name__.endswith("level0_loops"):
         _warn_level0(config)
     stops.add(config.eos_id)
-    model = build(level, config, params, dtype, args.device)
+    weights, compile = _level3_options(level, args)
+    model = build(level, config, params, dtype, args.device, weights=weights, compile=compile)
+    if compile:
+        _prepare_decode(model)
     return Loaded(model, level, name, tokenizer, template, tuple(sorted(stops)), dtype)
 
 

@@ -188,6 +188,13 @@ def _bench(commands) -> None:
     p.add_argument(
         "--no-peers", action="store_true", help="leave out the peers (SDPA backends, transformers)"
     )
+    p.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the real model's decode at level 3 also compiled (level3:compiled; the default "
+        "where a C++ compiler is on PATH, compiled once per weight format, then cached)",
+    )
     p.set_defaults(run="ladder.bench:run")
 
 
@@ -376,6 +383,25 @@ def _run_arguments(p: argparse.ArgumentParser, *, temperature: float, top_p: flo
         type=_count(2),
         default=None,
         help="tokens of context the KV cache holds (default: the model's, at most 2048)",
+    )
+    _level3_arguments(p)
+
+
+def _level3_arguments(p: argparse.ArgumentParser) -> None:
+    """How level 3 runs a decode step: compiled or not, and in which weight format."""
+    p.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="level 3: decode with the whole step compiled, once, then loaded from the cache "
+        "(the default where a C++ compiler is on PATH; --no-compile: eager)",
+    )
+    p.add_argument(
+        "--weights",
+        choices=("float", "int8", "int4"),
+        default="float",
+        help="level 3: the matrices in int8 or int4 (weight-only, in groups of 32; "
+        "PyTorch's packed kernels), or the dtype's floats (default)",
     )
 
 

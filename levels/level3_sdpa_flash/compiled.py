@@ -53,8 +53,10 @@ import platform
 import shutil
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -232,8 +234,10 @@ class CompileReport:
         return f"decode compiled in {self.seconds:.1f} s, once{where}"
 
 
+@lru_cache(maxsize=1)
 def _source_digest() -> str:
-    """The code the step is made of: the packages of levels 2 and 3 and the shared modules."""
+    """The code the step is made of: the packages of levels 2 and 3 and the shared modules
+    (read once, as this process imported them)."""
     here = Path(__file__).resolve().parent
     digest = hashlib.sha256()
     for folder in (here, here.parent / "level2_torch_manual", here.parent / "common"):
@@ -257,6 +261,14 @@ def cache_key(model: nn.Module, batch: int) -> str:
     }
     text = json.dumps(facts, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def package_path(model: nn.Module, batch: int, cache_dir: Path | None = None) -> Path:
+    """Where the compiled step of ``model`` for ``batch`` rows is kept: ``compiled/`` in the
+    user's cache (``levels.registry.cache_dir``), named by ``cache_key``."""
+    from ..registry import cache_dir as user_cache
+
+    return (cache_dir or user_cache()) / "compiled" / f"decode-{cache_key(model, batch)}.pt2"
 
 
 def _example(model: nn.Module, batch: int, length: int):
@@ -302,11 +314,16 @@ def compile_step(model: nn.Module, batch: int, path: Path) -> None:
     """Export the step and compile it ahead of time into ``path`` (a ``.pt2`` package)."""
     import torch._inductor  # the compiler itself, only where it compiles
 
-    program = export_step(model, batch)
     path.parent.mkdir(parents=True, exist_ok=True)
     scratch = path.with_name(f".{path.stem}.{os.getpid()}.tmp.pt2")  # the packager wants .pt2
     try:
-        torch._inductor.aoti_compile_and_package(program, package_path=str(scratch))
+        with warnings.catch_warnings():
+            # torch's own deprecations between its modules (its pytree's LeafSpec, TorchScript),
+            # raised while it exports and compiles: nothing the caller can act on.
+            warnings.filterwarnings("ignore", category=FutureWarning, module="copyreg")
+            warnings.filterwarnings("ignore", category=DeprecationWarning, module="torch")
+            program = export_step(model, batch)
+            torch._inductor.aoti_compile_and_package(program, package_path=str(scratch))
         os.replace(scratch, path)  # atomic: a half-written package is never seen
     finally:
         scratch.unlink(missing_ok=True)
@@ -361,10 +378,7 @@ def build(model: nn.Module, batch: int, *, cache_dir: Path | None = None) -> Com
         report = CompileReport("compiled", 0.0, reason="torch.compile, reduce-overhead")
         return CompiledDecode(model, batch, _with_bare_attention(model, step), report)
     row_major_(model)
-    from ..registry import cache_dir as user_cache
-
-    folder = (cache_dir or user_cache()) / "compiled"
-    path = folder / f"decode-{cache_key(model, batch)}.pt2"
+    path = package_path(model, batch, cache_dir)
     how = "loaded"
     if not path.is_file():
         compile_step(model, batch, path)
