@@ -15,7 +15,8 @@ what sits around them and is easy to leave stale:
   or a block to run, every test file it names exists, and its answers' anchor in
   ``docs/solutions.md`` exists;
 * the rendered figures (``docs/tools/figures.py``) were drawn from the committed data
-  and drawing code, and the induction-head data came from the lab's current defaults.
+  and drawing code, the induction-head data came from the lab's current defaults, and
+  the explanatory figures' data is what the library computes now.
 """
 
 from __future__ import annotations
@@ -304,6 +305,43 @@ def test_rendered_figures_were_drawn_from_the_committed_data(figure):
     assert figure.current(), (
         f"{_rel(figure.png)} was drawn from other data or by other code than "
         f"{_rel(figure.data)} and docs/tools/figures.py hold now: run `python docs/tools/figures.py`"
+    )
+
+
+def _agree(a, b, where="") -> list[str]:
+    """Where two parsed JSON values differ: structure and ints exactly, floats to 1e-4
+    (the recorded numbers are rounded to six digits; level 4's come from float32 kernels)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        if a.keys() != b.keys():
+            return [f"{where}: keys {sorted(a)} != {sorted(b)}"]
+        return [d for key in a for d in _agree(a[key], b[key], f"{where}.{key}")]
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return [f"{where}: {len(a)} items != {len(b)}"]
+        return [
+            d
+            for i, (x, y) in enumerate(zip(a, b, strict=True))
+            for d in _agree(x, y, f"{where}[{i}]")
+        ]
+    if isinstance(a, float) or isinstance(b, float):
+        same = a == b or abs(a - b) <= 1e-4 * max(1.0, abs(a), abs(b))
+        return [] if same else [f"{where}: {a} != {b}"]
+    return [] if a == b else [f"{where}: {a!r} != {b!r}"]
+
+
+@pytest.mark.parametrize("figure", [f for f in FIGURES if f.record], ids=lambda f: f.png.name)
+def test_the_explanatory_figures_show_what_the_code_computes_now(figure, tmp_path):
+    """Record the figure's data again (seconds: tiny cases, level 4 in the interpreter) and
+    compare it with the committed file the PNG was drawn from."""
+    again = tmp_path / figure.data.name
+    try:
+        figure.record(again)
+    except levels.LevelUnavailable as exc:
+        pytest.skip(str(exc))
+    differ = _agree(json.loads(again.read_text()), json.loads(figure.data.read_text()))
+    assert not differ, (
+        f"{_rel(figure.data)} is not what the code computes now ({differ[:3]}): run "
+        "`python docs/tools/figures.py --record`"
     )
 
 

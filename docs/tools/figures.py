@@ -2,6 +2,7 @@
 
     python docs/tools/figures.py            # redraw every figure whose data or drawing changed
     python docs/tools/figures.py --train    # first retrain the induction-head model (a minute)
+    python docs/tools/figures.py --record   # first record the explanatory figures' data again
 
 Each figure is a PNG under ``docs/img/`` with a sidecar ``.source`` beside it
 holding the sha256 of the data it was drawn from and of the function that
@@ -21,7 +22,13 @@ cannot silently show an older run; this command makes them agree again.
 * ``roofline.png``: the real model's decode tokens/s against the bytes a token
   reads, under the copy bandwidth's ceiling, from the committed run of
   ``ladder bench --scenario real-model --json docs/data/real_model_cpu.json``
-  (``benchmarks.plot.roofline``, which ``--roofline`` on that command also draws).
+  (``benchmarks.plot.roofline``, which ``--roofline`` on that command also draws);
+* the explanatory figures of ``course_figures.py`` (attention's shapes, a RoPE
+  pair, the KV cache, the flash kernel's tiles, the backward's loops), each
+  drawn from a small file that a ``record_*`` function writes by running the
+  library: this command records a file that is missing, ``--record`` records
+  them all again, and the docs tests check that recording again gives the
+  committed file.
 
 Why here: like ``doc_tables.py`` this is tooling for the docs, outside the
 installed packages; it uses the lab and the levels as a user would.
@@ -37,6 +44,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+import course_figures
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA, IMG = ROOT / "docs" / "data", ROOT / "docs" / "img"
@@ -208,11 +217,13 @@ def draw_roofline(data: Path, png: Path) -> None:
 
 @dataclass(frozen=True)
 class RenderedFigure:
-    """A PNG, the committed data it is drawn from, and the function that draws it."""
+    """A PNG, the committed data it is drawn from, and the function that draws it; for
+    data the library computes on the spot, the function that records it."""
 
     png: Path
     data: Path
     draw: Callable[[Path, Path], None]
+    record: Callable[[Path], None] | None = None
 
     @property
     def sidecar(self) -> Path:
@@ -221,9 +232,10 @@ class RenderedFigure:
     def digest(self) -> str:
         """What the sidecar must hold: the data's hash and the drawing function's."""
         code = inspect.getsource(self.draw).encode()
+        where = Path(inspect.getsourcefile(self.draw)).name
         return (
             f"data {self.data.relative_to(ROOT)} sha256 {sha256(self.data.read_bytes())}\n"
-            f"code {Path(__file__).name}:{self.draw.__name__} sha256 {sha256(code)}\n"
+            f"code {where}:{self.draw.__name__} sha256 {sha256(code)}\n"
         )
 
     def current(self) -> bool:
@@ -234,10 +246,26 @@ class RenderedFigure:
         )
 
 
+def _recorded(name: str) -> RenderedFigure:
+    """A figure of ``course_figures``: ``draw_<name>`` from ``docs/data/<name>.json``, which
+    ``record_<name>`` writes."""
+    return RenderedFigure(
+        IMG / f"{name}.png",
+        DATA / f"{name}.json",
+        getattr(course_figures, f"draw_{name}"),
+        getattr(course_figures, f"record_{name}"),
+    )
+
+
 FIGURES = (
     RenderedFigure(IMG / "peak_memory.png", DATA / "cpu_default.json", draw_peak_memory),
     RenderedFigure(IMG / "induction_head.png", DATA / "induction_head.json", draw_induction),
     RenderedFigure(IMG / "roofline.png", DATA / "real_model_cpu.json", draw_roofline),
+    _recorded("attention_shapes"),
+    _recorded("rope_pair"),
+    _recorded("kv_cache"),
+    _recorded("flash_tiles"),
+    _recorded("backward_loops"),
 )
 
 
@@ -245,6 +273,10 @@ def main(argv: list[str]) -> int:
     if "--train" in argv:
         train_induction(DATA / "induction_head.json")
         print("retrained: docs/data/induction_head.json")
+    for figure in FIGURES:
+        if figure.record is not None and ("--record" in argv or not figure.data.is_file()):
+            figure.record(figure.data)
+            print(f"recorded {figure.data.relative_to(ROOT)}")
     for figure in FIGURES:
         name = figure.png.relative_to(ROOT)
         if figure.current():
