@@ -27,7 +27,7 @@ import re
 from pathlib import Path
 
 import pytest
-from figures import FIGURES, INDUCTION_LEVEL, TRAIN_COMMAND
+from figures import FIGURES, INDUCTION_LEVEL, TEXT_COMMAND, TEXT_LEVEL, TRAIN_COMMAND
 from markdown_blocks import ROOT
 
 import levels
@@ -358,6 +358,40 @@ def test_the_induction_head_data_comes_from_the_lab_defaults():
         for layer in example["attention"]:
             for head in layer:
                 assert len(head) == T and all(abs(sum(row) - 1) < 1e-3 for row in head)
+
+
+def test_the_text_model_data_comes_from_the_lab_defaults():
+    """docs/text_model.md quotes a recorded run: it must be a run of lab.text's defaults."""
+    from lab.text import TextSpec, spec_dict
+
+    record = json.loads((ROOT / "docs/data/text_model.json").read_text())
+    assert record["made_by"] == TEXT_COMMAND and record["level"] == TEXT_LEVEL
+    assert record["spec"] == spec_dict(TextSpec()), (
+        f"lab.text's defaults changed since the model of real text was trained: run `{TEXT_COMMAND}`"
+    )
+    assert len(record["losses"]) == record["spec"]["steps"]
+
+
+@pytest.mark.extended
+def test_the_text_model_data_is_what_training_gives(tmp_path):
+    """Retrain (a few minutes) and compare with the recorded run: the same tokenizer, the
+    same first loss, and the held-out losses within 0.05 nats (one thread here sums in one
+    order; another machine's order drifts a long run by rounding, not by more)."""
+    from figures import train_text_model
+
+    from lab.text import corpus, corpus_sha256
+
+    committed = json.loads((ROOT / "docs/data/text_model.json").read_text())
+    if corpus_sha256(corpus()) != committed["corpus"]["sha256"]:
+        pytest.skip(
+            f"this Python's help text is not the recorded run's (Python {committed['python']})"
+        )
+    train_text_model(tmp_path / "again.json")
+    again = json.loads((tmp_path / "again.json").read_text())
+    assert again["tokenizer_sha256"] == committed["tokenizer_sha256"]
+    assert abs(again["losses"][0] - committed["losses"][0]) < 1e-3
+    for (step_a, a), (step_b, b) in zip(again["heldout"], committed["heldout"], strict=True):
+        assert step_a == step_b and abs(a - b) < 0.05, (step_a, a, b)
 
 
 @pytest.mark.extended
