@@ -15,7 +15,8 @@ what sits around them and is easy to leave stale:
   or a block to run, every test file it names exists, and its answers' anchor in
   ``docs/solutions.md`` exists;
 * the rendered figures (``docs/tools/figures.py``) were drawn from the committed data
-  and drawing code, and the induction-head data came from the lab's current defaults.
+  and drawing code, the induction-head data came from the lab's current defaults, and
+  the explanatory figures' data is what the library computes now.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import re
 from pathlib import Path
 
 import pytest
-from figures import FIGURES, INDUCTION_LEVEL, TRAIN_COMMAND
+from figures import FIGURES, INDUCTION_LEVEL, TEXT_COMMAND, TEXT_LEVEL, TRAIN_COMMAND
 from markdown_blocks import ROOT
 
 import levels
@@ -244,8 +245,8 @@ def test_the_reading_path_reaches_every_chapter():
 
 EXERCISES = [
     "prelude.md", "level0_loops.md", "level1_numpy.md", "level2_torch_manual.md",
-    "level3_sdpa_flash.md", "level4_triton_kernel.md", "level4_part2.md", "training.md",
-    "beyond_one_device.md",
+    "level3_sdpa_flash.md", "text_model.md", "level4_triton_kernel.md", "level4_part2.md",
+    "training.md", "beyond_one_device.md",
 ]  # fmt: skip
 
 
@@ -307,6 +308,43 @@ def test_rendered_figures_were_drawn_from_the_committed_data(figure):
     )
 
 
+def _agree(a, b, where="") -> list[str]:
+    """Where two parsed JSON values differ: structure and ints exactly, floats to 1e-4
+    (the recorded numbers are rounded to six digits; level 4's come from float32 kernels)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        if a.keys() != b.keys():
+            return [f"{where}: keys {sorted(a)} != {sorted(b)}"]
+        return [d for key in a for d in _agree(a[key], b[key], f"{where}.{key}")]
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return [f"{where}: {len(a)} items != {len(b)}"]
+        return [
+            d
+            for i, (x, y) in enumerate(zip(a, b, strict=True))
+            for d in _agree(x, y, f"{where}[{i}]")
+        ]
+    if isinstance(a, float) or isinstance(b, float):
+        same = a == b or abs(a - b) <= 1e-4 * max(1.0, abs(a), abs(b))
+        return [] if same else [f"{where}: {a} != {b}"]
+    return [] if a == b else [f"{where}: {a!r} != {b!r}"]
+
+
+@pytest.mark.parametrize("figure", [f for f in FIGURES if f.record], ids=lambda f: f.png.name)
+def test_the_explanatory_figures_show_what_the_code_computes_now(figure, tmp_path):
+    """Record the figure's data again (seconds: tiny cases, level 4 in the interpreter) and
+    compare it with the committed file the PNG was drawn from."""
+    again = tmp_path / figure.data.name
+    try:
+        figure.record(again)
+    except levels.LevelUnavailable as exc:
+        pytest.skip(str(exc))
+    differ = _agree(json.loads(again.read_text()), json.loads(figure.data.read_text()))
+    assert not differ, (
+        f"{_rel(figure.data)} is not what the code computes now ({differ[:3]}): run "
+        "`python docs/tools/figures.py --record`"
+    )
+
+
 def test_the_induction_head_data_comes_from_the_lab_defaults():
     from lab.train import default_spec, spec_to_dict
 
@@ -320,6 +358,40 @@ def test_the_induction_head_data_comes_from_the_lab_defaults():
         for layer in example["attention"]:
             for head in layer:
                 assert len(head) == T and all(abs(sum(row) - 1) < 1e-3 for row in head)
+
+
+def test_the_text_model_data_comes_from_the_lab_defaults():
+    """docs/text_model.md quotes a recorded run: it must be a run of lab.text's defaults."""
+    from lab.text import TextSpec, spec_dict
+
+    record = json.loads((ROOT / "docs/data/text_model.json").read_text())
+    assert record["made_by"] == TEXT_COMMAND and record["level"] == TEXT_LEVEL
+    assert record["spec"] == spec_dict(TextSpec()), (
+        f"lab.text's defaults changed since the model of real text was trained: run `{TEXT_COMMAND}`"
+    )
+    assert len(record["losses"]) == record["spec"]["steps"]
+
+
+@pytest.mark.extended
+def test_the_text_model_data_is_what_training_gives(tmp_path):
+    """Retrain (a few minutes) and compare with the recorded run: the same tokenizer, the
+    same first loss, and the held-out losses within 0.05 nats (one thread here sums in one
+    order; another machine's order drifts a long run by rounding, not by more)."""
+    from figures import train_text_model
+
+    from lab.text import corpus, corpus_sha256
+
+    committed = json.loads((ROOT / "docs/data/text_model.json").read_text())
+    if corpus_sha256(corpus()) != committed["corpus"]["sha256"]:
+        pytest.skip(
+            f"this Python's help text is not the recorded run's (Python {committed['python']})"
+        )
+    train_text_model(tmp_path / "again.json")
+    again = json.loads((tmp_path / "again.json").read_text())
+    assert again["tokenizer_sha256"] == committed["tokenizer_sha256"]
+    assert abs(again["losses"][0] - committed["losses"][0]) < 1e-3
+    for (step_a, a), (step_b, b) in zip(again["heldout"], committed["heldout"], strict=True):
+        assert step_a == step_b and abs(a - b) < 0.05, (step_a, a, b)
 
 
 @pytest.mark.extended

@@ -350,3 +350,47 @@ def test_fsdp_without_a_process_group_is_refused():
     spec = default_spec("seq2seq", "copy", quick=True)
     with pytest.raises(ValueError, match="fsdp shards the model across processes"):
         build_backend(spec, levels.load("level2_torch_manual"), fsdp=True)
+
+
+# ----------------------------------------------------------------------------- lab.text
+
+
+def test_text_windows_predict_the_next_token_at_every_position():
+    from lab.text import windows
+
+    ids = np.arange(100, 140)
+    batch = windows(ids, np.array([0, 7, 30]), context=8)
+    assert batch.inputs.shape == batch.targets.shape == (3, 8)
+    assert (batch.inputs[1] == np.arange(107, 115)).all()
+    assert (batch.targets == batch.inputs + 1).all()  # the next token, everywhere
+    assert batch.scored.all() and batch.valid.all()
+
+
+def test_text_tokenizer_is_repeatable_and_round_trips():
+    """The corpus's BPE is a function of the text: trained twice, the same vocabulary; and
+    bytes-level, so any text (here outside the corpus's alphabet) decodes to itself."""
+    from lab.text import corpus, train_tokenizer
+
+    text = corpus()[:50_000]
+    a, b = train_tokenizer(text, 300), train_tokenizer(text, 300)
+    assert a.to_str() == b.to_str() and a.get_vocab_size() == 300
+    sample = "The “for” statement, 3 × 4 = 12 — ∑ é"
+    assert a.decode(a.encode(sample).ids) == sample
+
+
+def test_text_heldout_loss_weighs_every_window_by_its_tokens():
+    """heldout_loss is the mean over every scored token of the non-overlapping windows."""
+    from lab.backend import OptimizerSettings, make_backend
+    from lab.text import heldout_loss, windows
+    from levels.common.params import init_params
+
+    config = TransformerConfig(vocab_size=20, d_model=16, n_heads=2, d_ff=32, n_layers=1,
+                               max_seq_len=8)  # fmt: skip
+    backend = make_backend(
+        levels.load(LEVEL2), config, "decoder_only", init_params(config, "decoder_only", 0),
+        OptimizerSettings(),
+    )  # fmt: skip
+    ids = np.random.default_rng(0).integers(0, 20, 100)
+    starts = np.arange(0, 100 - 8, 8)
+    whole = backend.loss(windows(ids, starts, 8))  # every window in one batch
+    assert heldout_loss(backend, ids, 8, batch_size=5) == pytest.approx(whole, rel=1e-6)

@@ -1,6 +1,7 @@
 """The tutorial kernels of level 4's chapter (levels/level4_triton_kernel/tutorial.py) against
-PyTorch and level 2, on awkward sizes: partial tiles at every edge, a padded head width,
-``T != S``. They are not part of the rung; these tests keep the chapter's kernels honest."""
+PyTorch and level 2, on awkward sizes: partial blocks and tiles at every edge, a padded head
+width, ``T != S``, a transposed operand. They are not part of the rung; these tests keep the
+chapter's kernels honest."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ try:
     levels.load("level4_triton_kernel")
 except levels.LevelUnavailable as exc:  # no triton: the chapter's blocks are skipped too
     pytest.skip(f"level 4 is unavailable: {exc}", allow_module_level=True)
+
+import triton  # noqa: E402
 
 from levels.level4_triton_kernel import tutorial  # noqa: E402
 from levels.level4_triton_kernel.tiles import interpreting  # noqa: E402
@@ -27,6 +30,73 @@ def _qkv(B, H, T, S, Dh, seed=0):
     k = torch.randn(B, H, S, Dh, generator=g)  # (B,H,S,Dh)
     v = torch.randn(B, H, S, Dh, generator=g)
     return (x.to(DEVICE) for x in (q, k, v))
+
+
+@pytest.mark.parametrize("N,block", [(1823, 64), (1, 64), (64, 64), (65, 16), (1000, 128)])
+def test_add_matches_torch_and_writes_nothing_past_the_end(N, block):
+    """Exact (one rounding, as torch's), and the lanes past N touch nothing: the output
+    lives in a larger buffer whose tail must keep its NaN."""
+    g = torch.Generator().manual_seed(N)
+    x, y = (torch.randn(N, generator=g).to(DEVICE) for _ in range(2))
+    buffer = torch.full((N + block,), float("nan"), device=DEVICE)
+    z = buffer[:N]
+    tutorial._add_kernel[(triton.cdiv(N, block),)](x, y, z, N, BLOCK=block)
+    assert torch.equal(z, x + y)
+    assert buffer[N:].isnan().all()
+    assert torch.equal(tutorial.add(x, y, block=block), x + y)
+
+
+def test_add_refuses_what_it_cannot_index():
+    x = torch.zeros(8, 2, device=DEVICE)
+    with pytest.raises(ValueError, match="contiguous 1-D"):
+        tutorial.add(x, x)
+    with pytest.raises(ValueError, match="contiguous 1-D"):
+        tutorial.add(x[:, 0], x[:, 0])  # a strided view
+
+
+@pytest.mark.parametrize(
+    "M,K,N", [(37, 29, 41), (1, 7, 1), (64, 64, 64), (17, 100, 3), (50, 16, 33)]
+)
+@pytest.mark.parametrize("blocks", [(16, 16, 16), (32, 16, 64), (16, 64, 32)])
+def test_matmul_matches_float64(M, K, N, blocks):
+    """float32 products summed in float32: about K * eps relative to the size of a sum of K
+    products of standard normals (sqrt(K)), so 1e-5 * sqrt(K) absolute, with room."""
+    g = torch.Generator().manual_seed(M * K * N)
+    a, b = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g)
+    want = a.double() @ b.double()
+    bm, bn, bk = blocks
+    got = tutorial.matmul(a.to(DEVICE), b.to(DEVICE), block_m=bm, block_n=bn, block_k=bk)
+    torch.testing.assert_close(got.cpu().double(), want, atol=1e-5 * K**0.5, rtol=1e-5)
+
+
+def test_matmul_reads_a_transposed_operand_in_place():
+    """``q @ k.T`` as attention's scores take it: b is a (Dh, S) view of a (S, Dh) tensor."""
+    g = torch.Generator().manual_seed(3)
+    q, k = torch.randn(13, 24, generator=g), torch.randn(29, 24, generator=g)
+    got = tutorial.matmul(q.to(DEVICE), k.to(DEVICE).t())
+    torch.testing.assert_close(
+        got.cpu().double(), q.double() @ k.double().t(), atol=1e-5, rtol=1e-5
+    )
+
+
+def test_matmul_never_reads_past_an_edge():
+    """a and b are views into buffers padded with NaN past their edges (columns of a, rows
+    of b); a lane that read the padding would multiply NaN by the other side's masked 0."""
+    M, K, N = 21, 37, 19
+    g = torch.Generator().manual_seed(4)
+    a_buf = torch.full((M, K + 16), float("nan"))
+    b_buf = torch.full((K + 16, N + 16), float("nan"))
+    a_buf[:, :K], b_buf[:K, :N] = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g)
+    a, b = a_buf.to(DEVICE)[:, :K], b_buf.to(DEVICE)[:K, :N]  # strided views, NaN beyond
+    got = tutorial.matmul(a, b)
+    torch.testing.assert_close(
+        got.cpu().double(), a.cpu().double() @ b.cpu().double(), atol=1e-4, rtol=1e-5
+    )
+
+
+def test_matmul_refuses_mismatched_shapes():
+    with pytest.raises(ValueError, match="matmul takes"):
+        tutorial.matmul(torch.zeros(3, 4, device=DEVICE), torch.zeros(5, 6, device=DEVICE))
 
 
 @pytest.mark.parametrize("R,C", [(7, 13), (3, 1), (5, 100), (1, 16)])

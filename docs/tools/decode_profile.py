@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -73,7 +74,25 @@ def _matrices(model, level: str) -> list:
     return out + [model.token_embedding.weight]
 
 
-def _op_count(model, level: str, step) -> int:
+def decode_step(model, level: str, ids) -> Callable[[], None]:
+    """One decode step of ``model`` after the prompt ``ids[:-1]``, as a call that rewinds
+    the cache first, so that every call is the same step (the prompt is prefilled once)."""
+    L = levels.load(level)
+    with torch.no_grad():
+        _, cache = model.prefill(L.asarray(np.array([ids[:-1]])))
+    token = L.asarray(np.array([ids[-1]]))
+
+    def step():
+        cache.rewind(len(ids) - 1)
+        with torch.no_grad():
+            model.decode_step(token, cache)
+
+    return step
+
+
+def op_count(model, level: str, step) -> int:
+    """The operations one ``step()`` issues: torch's top-level operations (its profiler) at
+    the torch levels, calls into the level's ``ops`` module at level 1."""
     if level == "level1_numpy":
         calls = 0
         ops = model.ops
@@ -109,16 +128,7 @@ def profile_level(level: str, config, params, ids, repeats: int) -> dict:
     model = L.DecoderOnlyTransformer(
         config, params, dtype=torch.float32 if torch_level else np.float32
     )
-    asarray = L.asarray
-    with torch.no_grad():
-        _, cache = model.prefill(asarray(np.array([ids[:-1]])))
-    token = asarray(np.array([ids[-1]]))
-
-    def step():
-        cache.rewind(len(ids) - 1)
-        with torch.no_grad():
-            model.decode_step(token, cache)
-
+    step = decode_step(model, level, ids)
     step_s = _median_s(step, repeats)
     mats = _matrices(model, level)
     nbytes = sum(m.size * m.itemsize if not torch_level else m.numel() * 4 for m in mats)
@@ -135,7 +145,7 @@ def profile_level(level: str, config, params, ids, repeats: int) -> dict:
         "weights_ms": weights_s * 1e3,
         "weights_gbs": nbytes / weights_s / 1e9,
         "rest_ms": (step_s - weights_s) * 1e3,
-        "ops": _op_count(model, level, step),
+        "ops": op_count(model, level, step),
         "tok_s": 1.0 / step_s,
     }
 

@@ -2,6 +2,8 @@
 
     python docs/tools/figures.py            # redraw every figure whose data or drawing changed
     python docs/tools/figures.py --train    # first retrain the induction-head model (a minute)
+    python docs/tools/figures.py --record   # first record the explanatory figures' data again
+    python docs/tools/figures.py --train-text   # first retrain the model of real text (minutes)
 
 Each figure is a PNG under ``docs/img/`` with a sidecar ``.source`` beside it
 holding the sha256 of the data it was drawn from and of the function that
@@ -18,10 +20,19 @@ cannot silently show an older run; this command makes them agree again.
   sequences, from ``docs/data/induction_head.json``, which ``--train`` writes:
   the training takes about half a minute on two cores, so its result is
   committed and the test reads it, as the benchmark tables read their run;
+* ``text_model.png``: the loss curves of ``lab.text``'s model of Python's help text
+  (docs/text_model.md), from ``docs/data/text_model.json``, which ``--train-text``
+  writes with the run's samples (a few minutes on one thread);
 * ``roofline.png``: the real model's decode tokens/s against the bytes a token
   reads, under the copy bandwidth's ceiling, from the committed run of
   ``ladder bench --scenario real-model --json docs/data/real_model_cpu.json``
-  (``benchmarks.plot.roofline``, which ``--roofline`` on that command also draws).
+  (``benchmarks.plot.roofline``, which ``--roofline`` on that command also draws);
+* the explanatory figures of ``course_figures.py`` (attention's shapes, a RoPE
+  pair, the KV cache, the flash kernel's tiles, the backward's loops), each
+  drawn from a small file that a ``record_*`` function writes by running the
+  library: this command records a file that is missing, ``--record`` records
+  them all again, and the docs tests check that recording again gives the
+  committed file.
 
 Why here: like ``doc_tables.py`` this is tooling for the docs, outside the
 installed packages; it uses the lab and the levels as a user would.
@@ -37,6 +48,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+import course_figures
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA, IMG = ROOT / "docs" / "data", ROOT / "docs" / "img"
@@ -189,6 +202,96 @@ def draw_induction(data: Path, png: Path) -> None:
     fig.savefig(png, dpi=110)
 
 
+# ----------------------------------------------------------------------------- a model of real text
+
+TEXT_COMMAND = "python docs/tools/figures.py --train-text"
+TEXT_LEVEL = "level3_sdpa_flash"
+# What the recorded run samples: prompts from the corpus's kind of text, at two temperatures.
+TEXT_SAMPLES = (
+    ("The for statement", 0.8),
+    ("A class definition", 0.8),
+    ("Exceptions", 0.8),
+    ("The for statement", 0.0),
+)
+TEXT_NEW_TOKENS = 80
+
+
+def train_text_model(out: Path) -> None:
+    """Train ``lab.text``'s default model at level 3 on Python's help text (a few minutes on
+    one thread) and record its losses and samples in ``out``."""
+    import platform
+
+    import torch
+
+    import levels
+    from lab.text import TextSpec, sample, spec_dict, train_text
+
+    torch.set_num_threads(1)  # the lab's default: one run is bit-identical to the next here
+    spec = TextSpec()
+    result = train_text(spec, levels.load(TEXT_LEVEL))
+    model, tokenizer = result["backend"].model, result["tokenizer"]
+    model.eval()
+    samples = [
+        {"prompt": prompt, "temperature": temperature, "seed": 0,
+         "text": sample(model, tokenizer, prompt, TEXT_NEW_TOKENS, temperature=temperature, seed=0)}
+        for prompt, temperature in TEXT_SAMPLES
+    ]  # fmt: skip
+    record = {
+        "made_by": TEXT_COMMAND,
+        "level": TEXT_LEVEL,
+        "spec": spec_dict(spec),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "corpus": {
+            "name": "pydoc_data.topics",
+            "chars": result["corpus_chars"],
+            "sha256": result["corpus_sha256"],
+        },  # fmt: skip
+        "tokenizer_sha256": sha256(tokenizer.to_str().encode()),
+        "tokens": result["tokens"],
+        "heldout_chars": result["heldout_chars"],
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "train_seconds": round(result["train_seconds"], 1),
+        "losses": [round(x, 4) for x in result["losses"]],
+        "heldout": [[step, round(loss, 4)] for step, loss in result["heldout"]],
+        "samples": samples,
+    }
+    out.write_text(json.dumps(record, indent=1) + "\n")
+
+
+def draw_text_model(data: Path, png: Path) -> None:
+    """The training loss of every step (and its 25-step mean) and the held-out loss, per
+    token, against the step."""
+    import numpy as np
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    record = json.loads(data.read_text())
+    losses = np.array(record["losses"])
+    mean = np.convolve(losses, np.ones(25) / 25, mode="valid")  # the mean of steps s-24..s
+    fig = Figure(figsize=(7.5, 4.4), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    ax.plot(np.arange(len(losses)), losses, color="C0", alpha=0.3, lw=0.8, label="training batch")
+    ax.plot(np.arange(24, len(losses)), mean, color="C0", lw=1.8, label="training, 25-step mean")
+    steps, held = zip(*record["heldout"], strict=True)
+    ax.plot(steps, held, color="C3", marker="o", lw=1.8, label="held-out text (the last 5%)")
+    V = record["spec"]["vocab_size"]
+    ax.axhline(math.log(V), color="0.5", ls="--", lw=1, label=f"a uniform guess, ln {V}")
+    ax.set_xlabel("step (16 windows of 128 tokens each)")
+    ax.set_ylabel("cross-entropy, nats per token")
+    ax.set_ylim(0, max(held[0], losses[0]) * 1.05)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    ax.set_title(
+        f"{record['parameters']:,}-parameter model of Python's help text, {record['level']}, "
+        f"{record['train_seconds']:.0f} s on one thread\n"
+        f"(Python {record['python']}, torch {record['torch']})",
+        fontsize="small",
+    )
+    fig.savefig(png, dpi=110)
+
+
 # ----------------------------------------------------------------------------- the registry
 
 
@@ -208,11 +311,13 @@ def draw_roofline(data: Path, png: Path) -> None:
 
 @dataclass(frozen=True)
 class RenderedFigure:
-    """A PNG, the committed data it is drawn from, and the function that draws it."""
+    """A PNG, the committed data it is drawn from, and the function that draws it; for
+    data the library computes on the spot, the function that records it."""
 
     png: Path
     data: Path
     draw: Callable[[Path, Path], None]
+    record: Callable[[Path], None] | None = None
 
     @property
     def sidecar(self) -> Path:
@@ -221,9 +326,10 @@ class RenderedFigure:
     def digest(self) -> str:
         """What the sidecar must hold: the data's hash and the drawing function's."""
         code = inspect.getsource(self.draw).encode()
+        where = Path(inspect.getsourcefile(self.draw)).name
         return (
             f"data {self.data.relative_to(ROOT)} sha256 {sha256(self.data.read_bytes())}\n"
-            f"code {Path(__file__).name}:{self.draw.__name__} sha256 {sha256(code)}\n"
+            f"code {where}:{self.draw.__name__} sha256 {sha256(code)}\n"
         )
 
     def current(self) -> bool:
@@ -234,10 +340,27 @@ class RenderedFigure:
         )
 
 
+def _recorded(name: str) -> RenderedFigure:
+    """A figure of ``course_figures``: ``draw_<name>`` from ``docs/data/<name>.json``, which
+    ``record_<name>`` writes."""
+    return RenderedFigure(
+        IMG / f"{name}.png",
+        DATA / f"{name}.json",
+        getattr(course_figures, f"draw_{name}"),
+        getattr(course_figures, f"record_{name}"),
+    )
+
+
 FIGURES = (
     RenderedFigure(IMG / "peak_memory.png", DATA / "cpu_default.json", draw_peak_memory),
     RenderedFigure(IMG / "induction_head.png", DATA / "induction_head.json", draw_induction),
     RenderedFigure(IMG / "roofline.png", DATA / "real_model_cpu.json", draw_roofline),
+    _recorded("attention_shapes"),
+    _recorded("rope_pair"),
+    _recorded("kv_cache"),
+    _recorded("flash_tiles"),
+    _recorded("backward_loops"),
+    RenderedFigure(IMG / "text_model.png", DATA / "text_model.json", draw_text_model),
 )
 
 
@@ -245,6 +368,13 @@ def main(argv: list[str]) -> int:
     if "--train" in argv:
         train_induction(DATA / "induction_head.json")
         print("retrained: docs/data/induction_head.json")
+    if "--train-text" in argv:
+        train_text_model(DATA / "text_model.json")
+        print("retrained: docs/data/text_model.json")
+    for figure in FIGURES:
+        if figure.record is not None and ("--record" in argv or not figure.data.is_file()):
+            figure.record(figure.data)
+            print(f"recorded {figure.data.relative_to(ROOT)}")
     for figure in FIGURES:
         name = figure.png.relative_to(ROOT)
         if figure.current():

@@ -1,13 +1,21 @@
-"""Level 4's on-ramp: three small Triton kernels, each one idea past the last, up to the
+"""Level 4's on-ramp: five small Triton kernels, each one idea past the last, up to the
 shape of the real forward kernel (flash_forward.py).
 
-Numbered as llm.c's ``dev/cuda`` numbers its kernel versions, and climbing as
-Triton's own tutorials climb from a vector add to fused attention
-(docs/level4_triton_kernel.md reads them in order):
+Two warm-ups, lettered, climb as Triton's own tutorials begin (01 vector add,
+03 matrix multiplication); then three versions of one kernel, numbered as
+llm.c's ``dev/cuda`` numbers its kernel versions (docs/level4_triton_kernel.md
+reads them in order):
 
-1. ``softmax_rows``: the programming model. One *program* per row (the grid
-   is the number of rows), a block of ``BLOCK`` columns loaded with a *mask*
-   for the columns past the row's end. One read and one write of the row.
+A. ``add``: the programming model. One *program* per block of ``BLOCK``
+   elements (the grid is the number of blocks), each block loaded with a
+   *mask* for the lanes past the end of the vectors.
+B. ``matmul``: tiles and ``tl.dot``. One program per ``BLOCK_M x BLOCK_N``
+   tile of the output (a 2-D grid), walking the shared dimension ``BLOCK_K``
+   at a time with a float32 accumulator held in registers: the loop every
+   attention kernel below runs, with a softmax added.
+1. ``softmax_rows``: a reduction inside a program. One program per row, a
+   block of ``BLOCK`` columns, the row's max and sum taken in registers. One
+   read and one write of the row.
 2. ``attention_v2``: the online softmax over key tiles, FlashAttention-2's
    loop: one program per (query tile, batch x head), every key visible. No
    attention mask, no causal rule, no grouped heads, no window.
@@ -35,6 +43,98 @@ import triton
 import triton.language as tl
 
 LOG2E = math.log2(math.e)  # exp(x) == exp2(x * LOG2E)
+
+
+# ----------------------------------------------------------------------------- A. add
+
+
+@triton.jit
+def _add_kernel(
+    X,  # (N,) first input, contiguous
+    Y,  # (N,) second input, contiguous
+    Z,  # (N,) output, contiguous
+    N,  # the true number of elements
+    BLOCK: tl.constexpr,  # elements per program: a compile-time power of two
+):
+    start = tl.program_id(0) * BLOCK  # this program's first element
+    offs = start + tl.arange(0, BLOCK)  # (BLOCK,) the elements it owns
+    inside = offs < N  # the last block runs past N: its extra lanes neither read nor write
+    x = tl.load(X + offs, mask=inside)  # (BLOCK,)
+    y = tl.load(Y + offs, mask=inside)
+    tl.store(Z + offs, x + y, mask=inside)
+
+
+def add(x: torch.Tensor, y: torch.Tensor, *, block: int = 64) -> torch.Tensor:
+    """``x + y`` of two contiguous 1-D tensors of one shape: one program per ``block`` elements."""
+    if x.dim() != 1 or x.shape != y.shape or not (x.is_contiguous() and y.is_contiguous()):
+        raise ValueError(
+            f"add takes two contiguous 1-D tensors of one shape, got {tuple(x.shape)}, {tuple(y.shape)}"
+        )
+    z = torch.empty_like(x)  # (N,)
+    N = x.numel()
+    _add_kernel[(triton.cdiv(N, block),)](x, y, z, N, BLOCK=block)
+    return z
+
+
+# ----------------------------------------------------------------------------- B. matmul
+
+
+@triton.jit
+def _matmul_kernel(
+    A,  # (M, K) left operand
+    B,  # (K, N) right operand
+    C,  # (M, N) output
+    M,  # rows of A and C
+    N,  # columns of B and C
+    K,  # the shared dimension
+    stride_am, stride_ak,  # elements from one row / column of A to the next
+    stride_bk, stride_bn,  # the same for B (a transposed view has stride_bk == 1)
+    stride_cm, stride_cn,  # the same for C
+    BLOCK_M: tl.constexpr,  # rows of C per program
+    BLOCK_N: tl.constexpr,  # columns of C per program
+    BLOCK_K: tl.constexpr,  # the shared dimension, this much per loop step
+):  # fmt: skip
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,) this tile's rows
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,) its columns
+    offs_k = tl.arange(0, BLOCK_K)  # (BLOCK_K,)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)  # the C tile, in registers throughout
+    for start_k in range(0, K, BLOCK_K):
+        k = start_k + offs_k  # (BLOCK_K,) this step's slice of the shared dimension
+        a = tl.load(
+            A + offs_m[:, None] * stride_am + k[None, :] * stride_ak,
+            mask=(offs_m[:, None] < M) & (k[None, :] < K),
+            other=0.0,
+        )  # (BLOCK_M, BLOCK_K); past the edges 0, which adds nothing to the products
+        b = tl.load(
+            B + k[:, None] * stride_bk + offs_n[None, :] * stride_bn,
+            mask=(k[:, None] < K) & (offs_n[None, :] < N),
+            other=0.0,
+        )  # (BLOCK_K, BLOCK_N)
+        acc += tl.dot(a, b, input_precision="ieee")  # (BLOCK_M, BLOCK_K) @ (BLOCK_K, BLOCK_N)
+    tl.store(
+        C + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn,
+        acc,
+        mask=(offs_m[:, None] < M) & (offs_n[None, :] < N),
+    )
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, *, block_m=16, block_n=16, block_k=16):
+    """``a @ b`` of float32 ``a (M, K)`` and ``b (K, N)``, any strides: one program per
+    ``block_m x block_n`` tile of the output ``(M, N)``."""
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(
+            f"matmul takes a (M, K) and b (K, N), got {tuple(a.shape)}, {tuple(b.shape)}"
+        )
+    if not (a.dtype == b.dtype == torch.float32):
+        raise TypeError("the tutorial's matmul takes float32 operands")
+    (M, K), N = a.shape, b.shape[1]
+    c = torch.empty((M, N), device=a.device, dtype=torch.float32)  # (M, N)
+    grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))  # one program per tile of c
+    _matmul_kernel[grid](
+        a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+        c.stride(0), c.stride(1), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+    )  # fmt: skip
+    return c
 
 
 # ----------------------------------------------------------------------------- 1. softmax_rows

@@ -1,0 +1,577 @@
+"""The course's explanatory figures: each drawn from numbers the library itself computes.
+
+``docs/tools/figures.py`` renders and checks them with the others. Each figure
+here has two functions:
+
+* ``record_<name>(out)`` runs the library on a tiny case (level 1's attention
+  weights, level 0's RoPE, a level-2 model's attention calls with and without
+  the cache, level 4's kernels in Triton's interpreter) and writes what it saw to
+  ``docs/data/<name>.json``;
+* ``draw_<name>(data, png)`` draws the PNG from that file alone.
+
+The docs tests re-record every file and compare it with the committed one
+(``tests/test_docs_course.py``), so a figure cannot show what the code no longer
+does; its sidecar digest then ties the PNG to the file and the drawing code.
+
+* ``attention_shapes``: one head's attention as the chapters write it, the
+  shapes and the numbers: ``Q Kᵀ`` -> scores ``(T, S)`` -> causal mask ->
+  softmax -> ``P V`` (docs/prelude.md);
+* ``rope_pair``: one pair of features of a query turning in its plane as its
+  position grows, a fast pair and a slow one, and a query and a key at two
+  placements with the same distance (docs/prelude.md);
+* ``kv_cache``: the queries and keys of every attention call of generation,
+  recomputing the prefix at each step and with the KV cache (docs/level0_loops.md);
+* ``flash_tiles``: one query tile on chip while the key/value tiles stream
+  past it, and its running max ``m``, sum ``l`` and accumulator after each tile,
+  read off level 4's forward kernel (docs/level4_triton_kernel.md);
+* ``backward_loops``: which (query tile, key tile) pairs each program of the
+  two backward kernels visits, and in which order, found by poisoning tiles
+  with NaN (docs/level4_part2.md).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+ROUND = 6  # digits kept in the recorded files: far below what a figure shows
+
+
+def _rounded(x):
+    """Nested lists of floats rounded to ROUND digits (numpy arrays and scalars too)."""
+    if hasattr(x, "tolist"):
+        x = x.tolist()
+    if isinstance(x, (list, tuple)):
+        return [_rounded(a) for a in x]
+    if isinstance(x, float):
+        return x if math.isinf(x) else round(x, ROUND)
+    return x
+
+
+def _write(out: Path, record: dict) -> None:
+    out.write_text(json.dumps(record) + "\n")
+
+
+def _figure(width: float, height: float):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+# ----------------------------------------------------------------------------- attention shapes
+
+
+def record_attention_shapes(out: Path) -> None:
+    """One head, ``T = S = 5``, ``Dh = 4``, causal: q, k, v and every step after them,
+    from level 1's ``attention_weights`` (weights and their mask) and a product with v."""
+    import numpy as np
+
+    from levels.level1_numpy import ops
+
+    rng = np.random.default_rng(3)
+    T = S = 5
+    Dh = 4
+    q, k, v = (np.round(rng.standard_normal((1, 1, n, Dh)), 1) for n in (T, S, S))
+    scale = 1 / math.sqrt(Dh)
+    scores = scale * q[0, 0] @ k[0, 0].T  # (T, S)
+    allowed = ops.position_mask(T, S, causal=True, window=None)  # (T, S)
+    weights, _ = ops.attention_weights(q, k, causal=True)  # (1, 1, T, S)
+    output = ops.attention(q, k, v, causal=True)  # (1, 1, T, Dv)
+    _write(
+        out,
+        {
+            "made_by": "record_attention_shapes",
+            "scale": scale,
+            "q": _rounded(q[0, 0]),
+            "k": _rounded(k[0, 0]),
+            "v": _rounded(v[0, 0]),
+            "scores": _rounded(scores),
+            "allowed": allowed.tolist(),
+            "weights": _rounded(weights[0, 0]),
+            "output": _rounded(output[0, 0]),
+        },
+    )
+
+
+def draw_attention_shapes(data: Path, png: Path) -> None:
+    """Seven matrices left to right with their shapes, the numbers written in each cell."""
+    import numpy as np
+
+    r = json.loads(data.read_text())
+    q, k, v = (np.array(r[n]) for n in ("q", "k", "v"))
+    scores, weights, output = (np.array(r[n]) for n in ("scores", "weights", "output"))
+    allowed = np.array(r["allowed"])
+    masked = np.where(allowed, scores, np.nan)
+    T, S, Dh, Dv = len(q), len(k), q.shape[1], v.shape[1]
+    panels = [
+        ("Q", q, f"(T, Dh) = ({T}, {Dh})", "query i", "feature", "coolwarm", 2.0),
+        ("Kᵀ", k.T, f"(Dh, S) = ({Dh}, {S})", "feature", "key j", "coolwarm", 2.0),
+        ("1. scores = Q Kᵀ / √Dh", scores, f"(T, S) = ({T}, {S})", "query i", "key j", "coolwarm", 2.0),
+        ("2. causal mask", masked, "-inf where key j > query i", "query i", "key j", "coolwarm", 2.0),
+        ("3. P = softmax of each row", weights, "(T, S), each row sums to 1", "query i", "key j", "Greens", 1.0),
+        ("V", v, f"(S, Dv) = ({S}, {Dv})", "key j", "feature", "coolwarm", 2.0),
+        ("4. O = P V", output, f"(T, Dv) = ({T}, {Dv})", "query i", "feature", "coolwarm", 2.0),
+    ]  # fmt: skip
+    widths = [p[1].shape[1] for p in panels]
+    fig = _figure(17.0, 3.7)
+    axes = fig.subplots(1, len(panels), width_ratios=widths)
+    for ax, (title, m, shape, ylabel, xlabel, cmap, lim) in zip(axes, panels, strict=True):
+        lo = 0.0 if cmap == "Greens" else -lim
+        ax.imshow(m, cmap=cmap, vmin=lo, vmax=lim)
+        for (i, j), x in np.ndenumerate(m):
+            if np.isnan(x):
+                ax.add_patch(_hatch(j, i))
+                ax.text(j, i, "-inf", ha="center", va="center", fontsize=7.5)
+                continue
+            dark = abs(x) > 0.7 * lim  # the ends of both colour maps are dark
+            ax.text(j, i, f"{x:.2f}", ha="center", va="center", fontsize=7.5,
+                    color="white" if dark else "black")  # fmt: skip
+        ax.set_title(f"{title}\n{shape}", fontsize=10)
+        ax.set_xticks(range(m.shape[1]))
+        ax.set_yticks(range(m.shape[0]))
+        ax.tick_params(labelsize=7)
+        ax.set_xlabel(xlabel, fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=8)
+    fig.suptitle(
+        "one head of causal attention, T = S = 5, Dh = 4 (level 1's attention_weights): "
+        "1. the scores, scaled, 2. masked, 3. normalised row by row, 4. averaging the values",
+        fontsize=11,
+    )
+    fig.savefig(png, dpi=110)
+
+
+def _hatch(j, i):
+    from matplotlib.patches import Rectangle
+
+    return Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor="0.85", edgecolor="0.6", hatch="//")
+
+
+# ----------------------------------------------------------------------------- a RoPE pair
+
+
+def record_rope_pair(out: Path) -> None:
+    """A (1, 1, 1, Dh = 8) vector rotated by level 0's ``rope``: its pair 0 (one radian a
+    position) at positions 0..7, its pair 3 (base^(-6/8) radians) at 0, 100, ..., 700; and
+    pair 0 of a query and a key placed at (m, n) = (2, 0) and (7, 5)."""
+    from levels.level0_loops import ops
+
+    base = 10000.0
+    vec = [1.0, 0.0, 0.3, 0.2, -0.5, 0.4, 1.0, 0.0]
+    fast, slow = list(range(8)), list(range(0, 800, 100))
+    qv, kv = [1.0, 0.0] + [0.0] * 6, [0.6, 0.8] + [0.0] * 6
+    placed = {
+        f"{m},{n}": {
+            "q": ops.rope([[[qv]]], m, base)[0][0][0][:2],
+            "k": ops.rope([[[kv]]], n, base)[0][0][0][:2],
+        }
+        for m, n in ((2, 0), (7, 5))
+    }
+    _write(
+        out,
+        {
+            "made_by": "record_rope_pair",
+            "base": base,
+            "pair0": {"positions": fast, "points": _rounded([ops.rope([[[vec]]], m, base)[0][0][0][0:2] for m in fast])},
+            "pair3": {"positions": slow, "points": _rounded([ops.rope([[[vec]]], m, base)[0][0][0][6:8] for m in slow])},
+            "placed": _rounded(placed),
+        },
+    )  # fmt: skip
+
+
+def draw_rope_pair(data: Path, png: Path) -> None:
+    """Three planes: pair 0 at positions 0..7, pair 3 at 0..700, and a query/key placed twice."""
+    import numpy as np
+
+    r = json.loads(data.read_text())
+    base = r["base"]
+    fig = _figure(13.5, 5.3)
+    axes = fig.subplots(1, 3)
+    for ax, name, title in (
+        (axes[0], "pair0", f"pair 0 at positions 0..7: θ₀ = 1 rad = {math.degrees(1):.1f}° a step"),
+        (axes[1], "pair3", f"pair 3 at positions 0, 100, ..., 700:\nθ₃ = {base:g}^(-6/8) rad = "
+                           f"{math.degrees(base ** -0.75):.3f}° a step"),
+    ):  # fmt: skip
+        for c, (m, (a, b)) in enumerate(zip(r[name]["positions"], r[name]["points"], strict=True)):
+            ax.annotate(
+                "", (a, b), (0, 0), arrowprops=dict(arrowstyle="-|>", color=f"C{c}", lw=1.6)
+            )
+            ax.text(
+                a * 1.16, b * 1.16, f"m={m}", color=f"C{c}", fontsize=8, ha="center", va="center"
+            )
+        ax.add_patch(_circle(1.0))
+        ax.set_title(title, fontsize=10)
+    ax = axes[2]
+    for (key, placed), colour in zip(r["placed"].items(), ("C0", "C3"), strict=True):
+        m, n = key.split(",")
+        for what, style in (("q", "-"), ("k", "--")):
+            a, b = placed[what]
+            ax.annotate("", (a, b), (0, 0),
+                        arrowprops=dict(arrowstyle="-|>", color=colour, lw=1.8, ls=style))  # fmt: skip
+            label = f"q at m={m}" if what == "q" else f"k at n={n}"
+            ax.text(a * 1.2, b * 1.2, label, color=colour, fontsize=8, ha="center", va="center")
+    ax.add_patch(_circle(1.0))
+    qa, ka = (np.array(r["placed"]["2,0"][w]) for w in ("q", "k"))
+    qb, kb = (np.array(r["placed"]["7,5"][w]) for w in ("q", "k"))
+    ax.set_title(
+        f"pair 0 of a query and a key, m - n = 2 both times:\nthe same angle, q·k = {qa @ ka:.4f} "
+        f"and {qb @ kb:.4f}",
+        fontsize=10,
+    )
+    for ax in axes:
+        ax.set_aspect("equal")
+        ax.set_xlim(-1.4, 1.4)
+        ax.set_ylim(-1.4, 1.4)
+        ax.axhline(0, color="0.85", lw=0.8)
+        ax.axvline(0, color="0.85", lw=0.8)
+        ax.set_xlabel("first feature of the pair (a)", fontsize=8)
+        ax.set_ylabel("second feature (b)", fontsize=8)
+        ax.tick_params(labelsize=7)
+    fig.suptitle(
+        "RoPE turns pair i of q and k by m·θᵢ at position m, in the pair's own plane and at its "
+        "own speed (levels.level0_loops.ops.rope)",
+        fontsize=11,
+    )
+    fig.savefig(png, dpi=110)
+
+
+def _circle(radius: float):
+    from matplotlib.patches import Circle
+
+    return Circle((0, 0), radius, fill=False, color="0.7", ls=":")
+
+
+# ----------------------------------------------------------------------------- the KV cache
+
+
+def record_kv_cache(out: Path) -> None:
+    """Every attention call of layer 0 while a level-2 model generates 4 tokens after a
+    3-token prompt, without and with the KV cache: ``(T, S)`` of each call, read
+    through a ``Kernels`` hook."""
+    import torch
+
+    import levels
+    from levels import TransformerConfig, init_params
+
+    L2 = levels.load("level2_torch_manual")
+    config = TransformerConfig(vocab_size=11, d_model=8, n_heads=2, d_ff=16, n_layers=1,
+                               max_seq_len=16)  # fmt: skip
+    calls: list[tuple[int, int]] = []
+
+    def recording(q, k, v, **kw):  # (B, H, T, Dh), (B, Hkv, S, Dh)
+        calls.append((q.shape[-2], k.shape[-2]))
+        return L2.attention(q, k, v, **kw)
+
+    model = L2.DecoderOnlyTransformer(
+        config, init_params(config, "decoder_only", seed=0),
+        kernels=L2.Kernels(attention=recording),
+    )  # fmt: skip
+    record = {"made_by": "record_kv_cache", "prompt": 3, "new": 4}
+    with torch.no_grad():
+        for use_cache in (False, True):
+            calls.clear()
+            tokens = model.generate(torch.tensor([[3, 4, 5]]), 4, use_cache=use_cache)
+            record["cached" if use_cache else "recomputed"] = [list(c) for c in calls]
+            record["tokens"] = tokens[0].tolist()
+    _write(out, record)
+
+
+def draw_kv_cache(data: Path, png: Path) -> None:
+    """Two grids, one row per attention call, one column per position: what the call
+    computes (its queries, and the keys and values it writes) and what it reads from the cache."""
+    import numpy as np
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    r = json.loads(data.read_text())
+    P, new = r["prompt"], r["new"]
+    width = P + new - 1  # the last token is generated, never attended
+    fig = _figure(12.0, 3.9)
+    axes = fig.subplots(1, 2)
+    colours = ["white", "#f4a261", "#2a9d8f"]  # unused, computed, read from the cache
+    for ax, name, title in (
+        (axes[0], "recomputed", "without a cache: every step recomputes the prefix"),
+        (axes[1], "cached", "with the KV cache: a step computes its one new position"),
+    ):
+        computed = sum(T for T, _ in r[name])
+        title = f"{title}\n({computed} positions computed for {new} tokens)"
+        grid = np.zeros((len(r[name]), width), dtype=int)
+        for row, (T, S) in enumerate(r[name]):
+            grid[row, S - T : S] = 1  # this call's queries: their q, k and v computed now
+            grid[row, : S - T] = 2  # keys and values computed by an earlier call
+        ax.imshow(grid, cmap=ListedColormap(colours), vmin=0, vmax=2)
+        for row, (T, S) in enumerate(r[name]):
+            ax.text(width - 0.45, row, f"  T={T}, S={S}", va="center", fontsize=8)
+        ax.set_xticks(range(width), [f"{p}" for p in range(width)], fontsize=8)
+        labels = [f"forward {i + 1}" for i in range(len(r[name]))]
+        if name == "cached":
+            labels = ["prefill"] + [f"decode step {i}" for i in range(1, len(r[name]))]
+        ax.set_yticks(range(len(r[name])), labels, fontsize=8)
+        ax.set_xlabel("position of the token", fontsize=8)
+        ax.set_title(title, fontsize=10)
+        ax.set_xticks(np.arange(-0.5, width), minor=True)
+        ax.set_yticks(np.arange(-0.5, len(r[name])), minor=True)
+        ax.grid(which="minor", color="0.6", lw=0.6)
+        ax.tick_params(which="minor", length=0)
+        ax.set_xlim(-0.5, width + 1.8)
+    handles = [
+        Patch(facecolor=colours[1], edgecolor="0.6", label="computed in this call: queries, new keys and values"),
+        Patch(facecolor=colours[2], edgecolor="0.6", label="keys and values read from the cache"),
+    ]  # fmt: skip
+    fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=8, frameon=False)
+    fig.suptitle(
+        f"layer 0's attention calls while a level-2 model generates {new} tokens after a "
+        f"{P}-token prompt (generate, use_cache False and True)",
+        fontsize=10,
+    )
+    fig.savefig(png, dpi=110)
+
+
+# ----------------------------------------------------------------------------- flash tiles
+
+FLASH_T, FLASH_S, FLASH_DH, FLASH_BLOCK = 16, 64, 16, 16
+
+
+def record_flash_tiles(out: Path) -> None:
+    """Level 4's forward kernel (tiles of 16 x 16) on one query tile of 16 rows against
+    the first 16, 32, 48 and 64 keys: after key tile ``j`` the kernel's state is what it
+    returns for the keys up to that tile, its output ``acc / l`` and ``lse = m + log l``
+    (the same tiles in the same order). ``m`` is the running maximum of the scaled scores,
+    from the same float32 products; ``l = exp(lse - m)``; ``acc = out · l``. Natural units."""
+    import numpy as np
+    import torch
+
+    import levels
+    from levels.level4_triton_kernel.tiles import Tiles
+
+    L4 = levels.load("level4_triton_kernel")
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, n, FLASH_DH, generator=g) for n in (FLASH_T, FLASH_S, FLASH_S))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    scale = 1 / math.sqrt(FLASH_DH)
+    scores = (scale * q[0, 0] @ k[0, 0].T).numpy()  # (T, S) float32, for m only
+    steps = []
+    with torch.no_grad():
+        for end in range(FLASH_BLOCK, FLASH_S + 1, FLASH_BLOCK):
+            o, lse = L4.attention(
+                q.to(device), k[:, :, :end].to(device), v[:, :, :end].to(device),
+                return_lse=True, tiles=Tiles(FLASH_BLOCK, FLASH_BLOCK), splits=1,
+            )  # fmt: skip
+            o, lse = o[0, 0].cpu().numpy(), lse[0, 0].cpu().numpy()  # (T, Dv), (T,)
+            m = scores[:, :end].max(1)  # (T,)
+            l = np.exp(lse - m)
+            steps.append({"keys": end, "m": m, "l": l, "acc": o * l[:, None], "out": o})
+    _write(
+        out,
+        {
+            "made_by": "record_flash_tiles",
+            "T": FLASH_T, "S": FLASH_S, "Dh": FLASH_DH, "block": FLASH_BLOCK,
+            "scores": _rounded(scores),
+            "steps": [{key: _rounded(val) for key, val in s.items()} for s in steps],
+        },
+    )  # fmt: skip
+
+
+def draw_flash_tiles(data: Path, png: Path) -> None:
+    """Top: the memory picture (the Q tile and the state on chip, K and V tiles streaming
+    past, the score tile of each step). Bottom: m, l and the output acc / l of every query
+    row after each key tile."""
+    import numpy as np
+    from matplotlib.patches import FancyArrowPatch, Rectangle
+
+    r = json.loads(data.read_text())
+    steps, block, S = r["steps"], r["block"], r["S"]
+    n_tiles = len(steps)
+    scores = np.array(r["scores"])
+    final = np.array(steps[-1]["out"])
+    fig = _figure(14.0, 8.6)
+    top, bottom = fig.subfigures(2, 1, height_ratios=[1.15, 1.0])
+    axes = top.subplots(1, n_tiles + 1, width_ratios=[1.25] + [1] * n_tiles)
+
+    ax = axes[0]  # the layout in memory
+    ax.set_xlim(0, 10)
+    ax.set_ylim(0, 10)
+    ax.axis("off")
+    ax.add_patch(Rectangle((0.2, 5.6), 9.6, 4.2, facecolor="#fdf0d5", edgecolor="0.5"))
+    ax.text(5, 9.3, "HBM (slow, large)", ha="center", fontsize=9)
+    tile_colours = [
+        "#8ecae6",
+        "#b5e48c",
+        "#ffd6a5",
+        "#cdb4db",
+    ]  # key tile j, here and above its scores
+    for i in range(n_tiles):
+        for row, name in ((7.7, "K"), (6.1, "V")):
+            ax.add_patch(Rectangle((1.2 + 2.1 * i, row), 1.8, 1.1, facecolor=tile_colours[i % 4],
+                                   edgecolor="0.3"))  # fmt: skip
+            ax.text(2.1 + 2.1 * i, row + 0.55, f"{name}{i}", ha="center", va="center", fontsize=8)
+    ax.add_patch(Rectangle((0.2, 0.2), 9.6, 4.4, facecolor="#e9f5db", edgecolor="0.5"))
+    ax.text(5, 4.05, "on chip (registers, fast, small)", ha="center", fontsize=9)
+    ax.add_patch(Rectangle((0.6, 0.7), 3.2, 2.6, facecolor="#f4a261", edgecolor="0.3"))
+    ax.text(2.2, 2.0, "Q tile\nheld for\nthe whole loop", ha="center", va="center", fontsize=8)
+    ax.text(
+        6.8,
+        2.0,
+        "this step's S tile;\nm, l, acc: the state\nof every row, float32",
+        ha="center",
+        va="center",
+        fontsize=8,
+    )
+    ax.add_patch(FancyArrowPatch((5.0, 6.0), (5.0, 3.4), arrowstyle="-|>", mutation_scale=14))
+    ax.text(5.2, 4.8, "Kj, Vj, one tile\nafter another", fontsize=7.5, va="center")
+
+    lim = float(np.abs(scores).max())
+    for j, ax in enumerate(axes[1:]):
+        ax.imshow(scores[:, j * block : (j + 1) * block], cmap="coolwarm", vmin=-lim, vmax=lim)
+        ax.set_title(f"step {j}: S = Q K{j}ᵀ · scale\nkeys {j * block}..{(j + 1) * block - 1}",
+                     fontsize=9)  # fmt: skip
+        ax.set_xticks([0, block - 1], [j * block, (j + 1) * block - 1], fontsize=7)
+        ax.set_yticks([0, r["T"] - 1], [0, r["T"] - 1], fontsize=7)
+        ax.set_xlabel("key", fontsize=8)
+        for spine in ax.spines.values():
+            spine.set(color=tile_colours[j % 4], linewidth=4)
+        if j == 0:
+            ax.set_ylabel("query row", fontsize=8)
+
+    axes = bottom.subplots(1, 3)
+    x = [s["keys"] for s in steps]
+    m = np.array([s["m"] for s in steps])  # (tiles, T)
+    l = np.array([s["l"] for s in steps])
+    err = np.array([np.abs(np.array(s["out"]) - final).max(1) for s in steps])  # (tiles, T)
+    shown = (0, 5, 11)
+    for ax, values, title in (
+        (axes[0], m, "m: the largest score so far"),
+        (axes[1], l, "l: sum of exp(s - m) so far"),
+        (axes[2], err, "|acc / l - final output|, largest feature"),
+    ):
+        for row in range(values.shape[1]):
+            highlight = row in shown
+            ax.plot(x, values[:, row], marker="o" if highlight else None, lw=1.8 if highlight else 0.6,
+                    color=f"C{shown.index(row)}" if highlight else "0.75",
+                    label=f"query row {row}" if highlight else None, zorder=3 if highlight else 1)  # fmt: skip
+        ax.set_xticks(x)
+        ax.set_xlabel("keys read (after key tile 0, 1, 2, 3)", fontsize=8)
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=7)
+    axes[0].legend(fontsize=8)
+    axes[1].text(0.02, 0.97, "falls when m rises: l · exp(m_old - m_new)", transform=axes[1].transAxes,
+                 fontsize=7.5, va="top")  # fmt: skip
+    axes[2].text(0.98, 0.97, "0 after the last tile: nothing approximated",
+                 transform=axes[2].transAxes, fontsize=7.5, va="top", ha="right")  # fmt: skip
+    top.suptitle(
+        f"level 4's forward kernel, one query tile of {r['T']} rows against {S} keys in tiles of "
+        f"{block} (Triton's interpreter): the scores of one tile at a time",
+        fontsize=10,
+    )
+    bottom.suptitle(
+        "the state of every query row after each key tile (grey: the other rows), "
+        "read off the kernel's output and log-sum-exp",
+        fontsize=10,
+    )
+    fig.savefig(png, dpi=110)
+
+
+# ----------------------------------------------------------------------------- backward loops
+
+BWD_T, BWD_S, BWD_BLOCK = 64, 64, 16
+
+
+def record_backward_loops(out: Path) -> None:
+    """The (query tile, key tile) pairs each backward kernel of level 4 visits, causal, T = S
+    = 64, tiles of 16: the dK/dV kernel's with dO of one query tile poisoned with NaN (a
+    key tile whose program read those rows gets NaN in dK), the dQ kernel's with one key
+    tile of K poisoned (a query tile whose program read it gets NaN in dQ)."""
+    import warnings
+
+    import torch
+
+    import levels
+    from levels.level4_triton_kernel.flash_backward import flash_backward
+    from levels.level4_triton_kernel.flash_forward import flash_forward
+    from levels.level4_triton_kernel.tiles import Tiles
+
+    levels.load("level4_triton_kernel")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, n, 16, generator=g).to(device) for n in (BWD_T, BWD_S, BWD_S))
+    d_out = torch.randn(1, 1, BWD_T, 16, generator=g).to(device)
+    tiles = Tiles(BWD_BLOCK, BWD_BLOCK)
+    scale = 0.25
+    o, lse = flash_forward(q, k, v, None, True, scale, tiles=tiles)  # (B, H, T, Dv), (B*H, T)
+    n_q, n_k = BWD_T // BWD_BLOCK, BWD_S // BWD_BLOCK
+    dkdv, dq = [], []
+    with warnings.catch_warnings():  # the interpreter's reductions meet the NaN made on purpose
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for i in range(n_q):
+            poisoned = d_out.clone()
+            poisoned[:, :, i * BWD_BLOCK : (i + 1) * BWD_BLOCK] = float("nan")
+            _, dk, _ = flash_backward(poisoned, q, k, v, o, lse, None, True, scale, tiles=tiles)
+            for j in range(n_k):
+                if dk[0, 0, j * BWD_BLOCK : (j + 1) * BWD_BLOCK].isnan().any():
+                    dkdv.append([i, j])
+        for j in range(n_k):
+            poisoned = k.clone()
+            poisoned[:, :, j * BWD_BLOCK : (j + 1) * BWD_BLOCK] = float("nan")
+            dqs, _, _ = flash_backward(
+                d_out, q, poisoned, v, o, lse, None, True, scale, tiles=tiles
+            )
+            for i in range(n_q):
+                if dqs[0, 0, i * BWD_BLOCK : (i + 1) * BWD_BLOCK].isnan().any():
+                    dq.append([i, j])
+    _write(
+        out,
+        {
+            "made_by": "record_backward_loops",
+            "T": BWD_T, "S": BWD_S, "block": BWD_BLOCK, "causal": True,
+            "dkdv": sorted(dkdv), "dq": sorted(dq),
+        },
+    )  # fmt: skip
+
+
+def draw_backward_loops(data: Path, png: Path) -> None:
+    """Two tile grids (query tiles down, key tiles across): each program's tiles in its
+    colour, numbered in the order its loop visits them, skipped tiles left blank."""
+    from matplotlib.patches import FancyArrowPatch, Rectangle
+
+    r = json.loads(data.read_text())
+    n_q, n_k = r["T"] // r["block"], r["S"] // r["block"]
+    fig = _figure(11.5, 5.4)
+    axes = fig.subplots(1, 2)
+    for ax, name, title, program_of in (
+        (axes[0], "dkdv", "dK, dV: one program per key tile (a column),\n"
+         "its loop down the query tiles that see it", lambda i, j: j),
+        (axes[1], "dq", "dQ: one program per query tile (a row),\n"
+         "its loop across the key tiles it sees (the forward's)", lambda i, j: i),
+    ):  # fmt: skip
+        visited = [tuple(p) for p in r[name]]
+        for i in range(n_q):
+            for j in range(n_k):
+                ax.add_patch(Rectangle((j, i), 1, 1, facecolor="white", edgecolor="0.8"))
+        for program in range(n_k if name == "dkdv" else n_q):
+            mine = sorted(p for p in visited if program_of(*p) == program)
+            colour = f"C{program}"
+            for step, (i, j) in enumerate(mine):
+                ax.add_patch(Rectangle((j, i), 1, 1, facecolor=colour, alpha=0.35, edgecolor="0.4"))
+                ax.text(j + 0.5, i + 0.5, f"{step + 1}", ha="center", va="center", fontsize=10)
+            for (i0, j0), (i1, j1) in zip(mine, mine[1:], strict=False):
+                ax.add_patch(FancyArrowPatch((j0 + 0.5, i0 + 0.5), (j1 + 0.5, i1 + 0.5),
+                                             arrowstyle="-|>", mutation_scale=12, color=colour,
+                                             shrinkA=9, shrinkB=9, lw=1.4))  # fmt: skip
+        ax.set_xlim(0, n_k)
+        ax.set_ylim(n_q, 0)
+        ax.set_aspect("equal")
+        ax.set_xticks([j + 0.5 for j in range(n_k)], [f"keys {16 * j}..{16 * j + 15}" for j in range(n_k)],
+                      fontsize=7)  # fmt: skip
+        ax.set_yticks([i + 0.5 for i in range(n_q)], [f"queries {16 * i}..{16 * i + 15}" for i in range(n_q)],
+                      fontsize=7)  # fmt: skip
+        ax.set_title(title, fontsize=10)
+    fig.suptitle(
+        f"level 4's backward kernels, causal, T = S = {r['T']}, tiles of {r['block']}: which tiles "
+        "each program reads (found by poisoning tiles with NaN); blank tiles are never loaded",
+        fontsize=10,
+    )
+    fig.savefig(png, dpi=110)
