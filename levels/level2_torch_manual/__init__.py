@@ -12,7 +12,7 @@ concatenation (``kernels.py``).
 Hooks for the levels above
 --------------------------
 Levels 3 and 4 change only pieces of this level, through one frozen
-dataclass, ``Kernels`` (``kernels.py``), with four fields:
+dataclass, ``Kernels`` (``kernels.py``), with five fields:
 
 - ``attention``: the core, ``attention(q, k, v, *, causal, mask, window, dropout_p=...)``
   with the semantics of :func:`attention.attention` (``dropout_p`` is passed
@@ -20,7 +20,9 @@ dataclass, ``Kernels`` (``kernels.py``), with four fields:
 - ``layer_norm`` and ``rms_norm``: the norm classes, built as ``cls(config, params, *,
   prefix, device, dtype)``, whose state dict is ``weight`` (and ``bias``);
 - ``kv_cache``: the cache class, built as ``cls(config, batch, *, device, dtype)``: a
-  ``levels.common.boundary.CacheBook`` with an ``append`` (``kernels.py``).
+  ``levels.common.boundary.CacheBook`` with an ``append`` (``kernels.py``);
+- ``linear``: ``x @ w.T + bias`` for the matrices a module holds itself (the fused
+  q/k/v rows, the tied head): ``F.linear``, or level 3's product of int8 and int4 ones.
 
 Every module that uses one of these (``MultiHeadAttention``, ``EncoderLayer``,
 ``DecoderLayer``, ``DecoderOnlyTransformer``, ``Seq2SeqTransformer``) reads
