@@ -9,6 +9,8 @@ case meets them:
 * ``model_scenarios``      the model workloads: forward, generation, batching, varlen, training;
 * ``flops``                what a call costs: FLOP and byte formulas, with their sources;
 * ``reference``            what is right: the float64 reference, the error, each dtype's bound;
+* ``real_model``           the real model's prompt and decode, per weight format;
+* ``startup``              a cached ``ladder chat``'s seconds to its first token, a process each;
 * ``plan``                 what a run measures: sizes, the size budget, computed figures;
 * ``runner``               the sweep: screen, check, then time every case;
 * ``measure``              how a call becomes numbers: timing, peak memory, the machine's ceilings;
@@ -37,6 +39,7 @@ SCENARIOS = (
     "train",
     "ring",
     "real-model",
+    "startup",
 )
 """Scenario groups selectable with ``--scenario``, in the order they run (here, so that the
 ``ladder`` parser lists them without importing the harness)."""

@@ -55,6 +55,7 @@ from .model_scenarios import DecoderForward, Generate, TrainStep, VarlenBatch
 from .real_model import RealModel
 from .real_model import workloads as real_model_workloads
 from .records import FIGURE, Record
+from .startup import startup_records
 from .subjects import Subject
 
 Workload = Attention | DecoderForward | Generate | VarlenBatch | TrainStep | RealModel
@@ -249,6 +250,7 @@ def plan_from(
     device: str = "cpu",
 ) -> Plan:
     """The workloads of ``sizes``; ``seq_lens`` replaces both T sweeps."""
+    quick = sizes is CPU_QUICK or sizes is CUDA_QUICK
     attn_T = tuple(seq_lens) if seq_lens else sizes.attn_T
     model_T = tuple(seq_lens) if seq_lens else sizes.model_T
     prompt, new = sizes.gen
@@ -292,12 +294,13 @@ def plan_from(
         ],
         "varlen": [VarlenBatch(config, lengths, batch, bucketed=b) for b in (False, True)],
         "train": [TrainStep(config, *sizes.train)],
-        "real-model": real_model_workloads(quick=sizes is CPU_QUICK or sizes is CUDA_QUICK),
+        "real-model": real_model_workloads(quick=quick),
     }
     figures = {
         "kv-cache": [kv_cache_figures],
         "varlen": [padding_figures],
         "ring": [partial(ring_records, sizes.ring, device)],
+        "startup": [] if device.startswith("cuda") else [partial(startup_records, quick)],
     }
     # Full causal attention at the window's longest T is the point of the comparison; at
     # level 3 on two cores it takes about 3 s a call, past the CPU cap of 2 s. A batch of 8

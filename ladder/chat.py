@@ -155,8 +155,10 @@ def build(level, config, params, dtype: str, device: str, *, weights="float", co
 
 
 def _level3_options(level, args) -> tuple[str, bool]:
-    """``(weights, compile)`` for this level: both level 3's alone; ``--compile`` is the
-    default there, where a C++ compiler is found (``--no-compile``: eager)."""
+    """``(weights, compile)`` for this level: both level 3's alone. ``ladder chat`` compiles
+    by default (``--no-compile``: eager), which pays once and then at every answer;
+    ``ladder generate`` compiles when asked (``--compile``): one continuation rarely
+    repays a first compile. Without a C++ compiler the model says so and decodes eagerly."""
     weights = getattr(args, "weights", "float") or "float"
     asked = getattr(args, "compile", None)
     is_level3 = level.__name__.endswith("level3_sdpa_flash")
@@ -166,7 +168,7 @@ def _level3_options(level, args) -> tuple[str, bool]:
         if asked:
             raise UsageError("--compile is level 3's (--level 3)")
         return "float", False
-    return weights, asked is not False
+    return weights, (args.command == "chat") if asked is None else asked
 
 
 def _prepare_decode(model) -> None:

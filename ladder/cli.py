@@ -394,7 +394,7 @@ def _level3_arguments(p: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="level 3: decode with the whole step compiled, once, then loaded from the cache "
-        "(the default where a C++ compiler is on PATH; --no-compile: eager)",
+        "(chat's default, where a C++ compiler is on PATH; --no-compile: eager)",
     )
     p.add_argument(
         "--weights",

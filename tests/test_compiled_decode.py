@@ -150,3 +150,23 @@ def test_quantized_compiled_steps_give_the_quantized_eager_logits(fmt, compiled_
     for want, got in steps:
         assert (got - want).abs().max().item() <= F32_BOUND * want.abs().max().item()
         assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+def test_on_a_gpu_the_compiled_step_gives_the_eager_tokens(device):
+    """CUDA: ``torch.compile`` with CUDA graphs over the whole cache (masks as wide as it),
+    the cache's buffers written in place: the eager step's greedy tokens from a ragged
+    cache, and its logits within the float32 bound (``pytest --device cuda``)."""
+    if device != "cuda":
+        pytest.skip("the CUDA path of the compiled step (pytest --device cuda)")
+    eager = _model(LLAMA, device="cuda")
+    fast = _model(LLAMA, device="cuda", compile=True)
+    prompts, valid = torch.tensor(PROMPTS, device="cuda"), torch.tensor(VALID, device="cuda")
+    with torch.no_grad():
+        want, want_cache = eager.prefill(prompts, valid=valid, last_only=True)
+        got, got_cache = fast.prefill(prompts, valid=valid, last_only=True)
+        for _ in range(LLAMA.max_seq_len - PROMPTS.shape[1]):
+            token = want.argmax(-1)
+            want, got = eager.decode_step(token, want_cache), fast.decode_step(token, got_cache)
+            assert (got - want).abs().max().item() <= F32_BOUND * want.abs().max().item()
+            assert torch.equal(got.argmax(-1), want.argmax(-1))
+    assert fast.decode_report.how == "compiled"

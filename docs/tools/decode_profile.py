@@ -3,6 +3,7 @@
     python docs/tools/decode_profile.py            # one thread
     python docs/tools/decode_profile.py --threads 2
     python docs/tools/decode_profile.py --layouts   # the weights alone, three ways
+    python docs/tools/decode_profile.py --compiled  # level 3 compiled, per weight format
 
 For SmolLM2-135M-Instruct in float32 (``ladder pull`` first), a 37-token chat
 prompt prefilled, then per level:
@@ -175,16 +176,86 @@ def copy_gbs(repeats: int = 10) -> float:
     return 2 * a.numel() * 4 / _median_s(lambda: b.copy_(a), repeats) / 1e9
 
 
+def read_gbs(repeats: int = 10) -> float:
+    """The fastest read-only stream over 512 MiB (the benchmark's ceiling for "% bw")."""
+    from benchmarks.measure import READ_BYTES, read_streams
+
+    return max(
+        READ_BYTES / _median_s(fn, repeats) / 1e9 for fn in read_streams("cpu", READ_BYTES).values()
+    )
+
+
+def library_calls(path) -> dict[str, int]:
+    """What one step of a compiled library runs: its fused loops (inductor's C++ kernels)
+    and its calls into PyTorch's own kernels, counted in the generated wrapper's source."""
+    import re
+    import zipfile
+
+    with zipfile.ZipFile(path) as package:
+        name = next(n for n in package.namelist() if n.endswith("wrapper.cpp"))
+        source = package.read(name).decode()
+    run = source[source.index("::run_impl(") :]
+    calls = {"fused loops": len(re.findall(r"\n\s+cpp_fused_\w+\(", run))}
+    for extern in sorted(set(re.findall(r"aoti_torch_cpu_(\w+)\(", run))):
+        calls[extern] = len(re.findall(rf"aoti_torch_cpu_{extern}\(", run))
+    return calls
+
+
+def profile_compiled(config, params, ids, repeats: int, weights: str = "float") -> dict:
+    """Level 3's compiled decode step (``compile=True``) beside its eager one: their times,
+    the weights' bytes a step reads and at what rate, and what the compiled step runs."""
+    from benchmarks.real_model import weight_bytes
+    from levels.level3_sdpa_flash import compiled
+
+    L3 = levels.load("level3_sdpa_flash")
+    fmt = "float32" if weights == "float" else weights
+    eager = L3.DecoderOnlyTransformer(config, params, weights=weights)
+    fast = L3.DecoderOnlyTransformer(config, params, weights=weights, compile=True)
+    report = fast.prepare_decode(1)
+    eager_s = _median_s(decode_step(eager, "level3_sdpa_flash", ids), repeats)
+    fast_s = _median_s(decode_step(fast, "level3_sdpa_flash", ids), repeats)
+    nbytes = weight_bytes(params, fmt)
+    return {
+        "weights": fmt,
+        "eager_ms": eager_s * 1e3,
+        "compiled_ms": fast_s * 1e3,
+        "speedup": eager_s / fast_s,
+        "bytes": nbytes,
+        "compiled_gbs": nbytes / fast_s / 1e9,
+        "calls": library_calls(compiled.package_path(fast, 1)),
+        "report": report.line(),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--layouts", action="store_true", help="the weights alone, three ways")
+    parser.add_argument(
+        "--compiled", action="store_true", help="level 3 compiled and eager, per weight format"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     with threadpool_limits(limits=args.threads, user_api="blas"):
         config, params, ids = _loaded("float32")
-        print(f"SmolLM2-135M float32, {args.threads} thread(s), copy {copy_gbs():.1f} GB/s")
+        print(
+            f"SmolLM2-135M float32, {args.threads} thread(s), copy {copy_gbs():.1f} GB/s, "
+            f"read {read_gbs():.1f} GB/s"
+        )
+        if args.compiled:
+            print("| level 3 decode | eager | compiled | speed-up | weights read | rate |")
+            print("| --- | ---: | ---: | ---: | ---: | ---: |")
+            for weights in ("float", "int8", "int4"):
+                r = profile_compiled(config, params, ids, args.repeats, weights)
+                print(
+                    f"| {r['weights']} | {r['eager_ms']:.1f} ms | {r['compiled_ms']:.1f} ms | "
+                    f"{r['speedup']:.2f}x | {r['bytes'] / 1e6:.0f} MB | "
+                    f"{r['compiled_gbs']:.1f} GB/s |"
+                )
+                calls = ", ".join(f"{n} {k}" for k, n in r["calls"].items())
+                print(f"|   {r['report']}; a step runs {calls} | | | | | |")
+            return
         if args.layouts:
             print("| one row times every weight | GB/s |")
             print("| --- | ---: |")

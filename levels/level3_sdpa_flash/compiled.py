@@ -112,6 +112,8 @@ class DecodeStep(nn.Module):
         self.windows = tuple(dict.fromkeys(model.config.layer_windows))
 
     def forward(self, ids, positions, slot, masks, keys, values) -> torch.Tensor:
+        if isinstance(keys, torch.Tensor):  # the whole buffers (L,B,Hkv,C,Dh): its layers
+            keys, values = keys.unbind(0), values.unbind(0)
         sees = {w: (mask, None) for w, mask in zip(self.windows, masks, strict=True)}
         cache = SlotCache(keys, values, slot, masks[0].shape[-1])
         return self.model.compute(ids, positions, sees, cache)[:, 0]  # (B,1,V) -> (B,V)
@@ -331,20 +333,27 @@ def compile_step(model: nn.Module, batch: int, path: Path) -> None:
 
 class CompiledDecode:
     """A compiled decode step bound to a model and a batch size; called as the model's
-    ``_decoder`` is for one new token per row: ``(ids (B,1), steps, cache) -> (B,1,V)``."""
+    ``_decoder`` is for one new token per row: ``(ids (B,1), steps, cache) -> (B,1,V)``.
 
-    def __init__(self, model: nn.Module, batch: int, run: Callable, report: CompileReport):
+    ``whole_cache``: every step reads all ``C`` slots, the ones past the new position
+    masked (on a GPU: CUDA graphs replay fixed shapes only); otherwise the step reads the
+    first ``S = length + 1`` slots, ``S`` the one symbolic size of the compiled program.
+    """
+
+    def __init__(self, model, batch: int, run: Callable, report, *, whole_cache=False):
         self.model, self.batch, self.run, self.report = model, batch, run, report
+        self.whole_cache = whole_cache
         self.windows = tuple(dict.fromkeys(model.config.layer_windows))
 
     def fits(self, ids: torch.Tensor, cache) -> bool:
-        """Whether this step can take the next position: the batch it was compiled for, a
-        slot before the cache's last, the cache's own layout."""
-        C = self.model.config.max_seq_len
-        return ids.shape[0] == self.batch and cache.length + 1 < C and hasattr(cache, "k")
+        """Whether this step can take the next position: the batch it was compiled for, the
+        cache's own layout, and (reading a prefix) a slot before the cache's last."""
+        last = self.model.config.max_seq_len - (0 if self.whole_cache else 1)
+        return ids.shape[0] == self.batch and cache.length + 1 <= last and hasattr(cache, "k")
 
     def inputs(self, ids: torch.Tensor, steps: dict[int | None, Step], cache):
-        """The step's inputs from the boundary's plan: positions, the slot, a mask per window."""
+        """The step's inputs from the boundary's plan: positions, the slot, a mask per window,
+        the cache (its layers, or the whole buffers, marked as fixed addresses, on a GPU)."""
         device, B, S = ids.device, ids.shape[0], cache.length + 1
         step = next(iter(steps.values()))
         offset = step.offset
@@ -353,17 +362,22 @@ class CompiledDecode:
         else:
             positions = torch.tensor(offset, dtype=torch.long, device=device)
         slot = torch.full((1,), cache.length, dtype=torch.long, device=device)
-        masks = tuple(self._mask(steps[w], B, S, device) for w in self.windows)
+        width = cache.capacity if self.whole_cache else S
+        masks = tuple(self._mask(steps[w], B, S, width, device) for w in self.windows)
+        if self.whole_cache:
+            return ids, positions, slot, masks, cache.k, cache.v
         return ids, positions, slot, masks, tuple(cache.k.unbind(0)), tuple(cache.v.unbind(0))
 
     @staticmethod
-    def _mask(step: Step, B: int, S: int, device) -> torch.Tensor:
-        """``(B,1,1,S)``: the step's mask, or its window by slot, or every key."""
+    def _mask(step: Step, B: int, S: int, width: int, device) -> torch.Tensor:
+        """``(B,1,1,width)``: the step's mask, or its window by slot, or every key, over the
+        first ``S`` slots; the slots past them hidden."""
+        keys = torch.arange(width, device=device)
         if step.mask is not None:
-            return torch.tensor(step.mask, dtype=torch.bool, device=device).reshape(B, 1, 1, S)
-        keys = torch.arange(S, device=device)
-        visible = keys >= 0 if step.window is None else keys > (S - 1) - step.window
-        return visible.expand(B, 1, 1, S)
+            mask = torch.tensor(step.mask, dtype=torch.bool, device=device).reshape(B, 1, 1, S)
+            return torch.nn.functional.pad(mask, (0, width - S))  # False past the new slot
+        visible = keys < S if step.window is None else (keys < S) & (keys > (S - 1) - step.window)
+        return visible.expand(B, 1, 1, width)
 
     def __call__(self, ids: torch.Tensor, steps: dict, cache) -> torch.Tensor:
         return self.run(*self.inputs(ids, steps, cache)).unsqueeze(1)  # (B,V) -> (B,1,V)
@@ -376,7 +390,8 @@ def build(model: nn.Module, batch: int, *, cache_dir: Path | None = None) -> Com
     if model.device.type == "cuda":
         step = torch.compile(DecodeStep(model), mode="reduce-overhead", fullgraph=True)
         report = CompileReport("compiled", 0.0, reason="torch.compile, reduce-overhead")
-        return CompiledDecode(model, batch, _with_bare_attention(model, step), report)
+        run = _with_bare_attention(model, _static_cache(step))
+        return CompiledDecode(model, batch, run, report, whole_cache=True)
     row_major_(model)
     path = package_path(model, batch, cache_dir)
     how = "loaded"
@@ -403,6 +418,19 @@ class _Runner:
     def __call__(self, ids, positions, slot, masks, keys, values) -> torch.Tensor:
         inputs = [*self.weights, ids, positions, slot, *masks, *keys, *values]
         return self.loader.boxed_run(inputs)[0]
+
+
+def _static_cache(step: Callable) -> Callable:
+    """``step`` with the cache's buffers marked as fixed addresses: CUDA graphs then write
+    into them in place (the buffers of a new cache are marked, and the graph re-recorded,
+    once)."""
+
+    def run(ids, positions, slot, masks, keys, values):
+        for buffer in (keys, values):
+            torch._dynamo.mark_static_address(buffer)
+        return step(ids, positions, slot, masks, keys, values)
+
+    return run
 
 
 def _with_bare_attention(model: nn.Module, step: Callable) -> Callable:

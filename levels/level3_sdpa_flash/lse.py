@@ -44,6 +44,7 @@ output) and cut off again.
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -95,12 +96,19 @@ class FusedAttentionWithLSE(torch.autograd.Function):
         return dq[..., :Dh], dk[..., :Dh], dv[..., :Dv], None, None, None, None
 
 
+def _is_causal_bias(attn_mask) -> bool:
+    """Whether ``attn_mask`` is the lower-right ``CausalBias`` ``sdpa_mask`` returns for
+    ``1 < T < S``. Its module is imported only where that case arises (it imports
+    ``torch._dynamo``): until then no mask can be one."""
+    bias = sys.modules.get("torch.nn.attention.bias")
+    return bias is not None and isinstance(attn_mask, bias.CausalBias)
+
+
 def attention_with_lse(q, k, v, attn_mask, is_causal: bool, *, scale):
     """``(out (B,H,T,Dv), lse (B,H,T))`` on the CPU, from SDPA's ``(attn_mask, is_causal)``
     for these inputs (``attention.sdpa_mask``: checked, no empty row): the kernel's own
     causal rule when ``T == S``, which skips the tiles above the diagonal."""
-    if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
-        # sdpa_mask's lower-right CausalBias (1 < T < S): bottom-right, spelled out for the kernel
+    if _is_causal_bias(attn_mask):  # 1 < T < S: bottom-right, spelled out for the kernel
         attn_mask = causal_mask(q.shape[-2], k.shape[-2], device=q.device)  # (T, S)
     bias = None
     if attn_mask is not None:
