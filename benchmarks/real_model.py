@@ -32,6 +32,7 @@ unsupported, with the command that pulls it.
 
 from __future__ import annotations
 
+import inspect
 import os
 from dataclasses import dataclass
 from functools import cache
@@ -252,7 +253,13 @@ def _peer_calls(ids, phase: str):
 
         return prefill, lambda: prefill()[0, -1].double().numpy()
     with torch.no_grad():
-        kv = model(prompt[:, :-1], use_cache=True).past_key_values
+        out = model(prompt[:, :-1], use_cache=True)
+        kv = out["cache"] if "cache" in out.keys() else out.past_key_values  # by 5.2x: "cache"
+    # The keyword the cache goes back in by: "cache" where forward takes it (later 5.x
+    # releases, which warn about the older "past_key_values"), else the older one.
+    keyword = (
+        "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    )
 
     def decode(**extra):
         # Back to the prompt but its last token, as the levels rewind: crop takes the number
@@ -261,7 +268,7 @@ def _peer_calls(ids, phase: str):
         with torch.no_grad():
             return model.generate(
                 prompt,
-                past_key_values=kv,
+                **{keyword: kv},
                 attention_mask=torch.ones_like(prompt),
                 do_sample=False,
                 max_new_tokens=NEW_TOKENS,
@@ -287,13 +294,23 @@ def _peer_model(path: str):
     file = Path(path)
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(file.parent),
-        gguf_file=file.name,
-        dtype=torch.float32,
-        quantization_config=transformers.GgufConfig(dequantize=True),
-        attn_implementation="sdpa",
-    )
+    # Its GGUF reader draws its own progress bar (tqdm, on stderr), which the switch above
+    # does not reach; TQDM_DISABLE does, for this load only.
+    saved = os.environ.get("TQDM_DISABLE")
+    os.environ["TQDM_DISABLE"] = "1"
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(file.parent),
+            gguf_file=file.name,
+            dtype=torch.float32,
+            quantization_config=transformers.GgufConfig(dequantize=True),
+            attn_implementation="sdpa",
+        )
+    finally:
+        if saved is None:
+            del os.environ["TQDM_DISABLE"]
+        else:
+            os.environ["TQDM_DISABLE"] = saved
     return model.eval()
 
 

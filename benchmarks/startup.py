@@ -44,8 +44,14 @@ def first_token(command: list[str]) -> tuple[float, str]:
     """Seconds from the process's start to its first byte on stdout, and that output; the
     process is then left to finish (its exit is not part of the figure)."""
     start = time.perf_counter()
+    # Unbuffered: the one byte read here is the only one taken from the pipe, and
+    # communicate() gets the rest (a buffered read would keep them from it).
     process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ | {"NO_COLOR": "1"}
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        bufsize=0,
+        env=os.environ | {"NO_COLOR": "1"},
     )
     try:
         first = process.stdout.read(1)
