@@ -356,13 +356,16 @@ def _run_arguments(p: argparse.ArgumentParser, *, temperature: float, top_p: flo
         "--threads",
         type=_count(1),
         default=None,
-        help="CPU threads for torch and BLAS (default: the cores other processes leave free)",
+        help="CPU threads for torch and BLAS (default: the cores the load average leaves "
+        "free, at most 8; the speeds line says how many and why)",
     )
     p.add_argument(
         "--max-new-tokens",
-        type=_count(0),
+        type=_count(1),
         default=None,
-        help="at most this many new tokens per answer (default 256; a trained model: its length)",
+        help="at most this many new tokens per answer, at least 1: the first comes from the "
+        "prompt's pass, so 1 times the prompt alone (default 256, or what --context leaves "
+        "after the prompt; a trained model: its task's length)",
     )
     p.add_argument(
         "--temperature",
@@ -484,8 +487,9 @@ def _chat(commands) -> None:
         help="chat with a real model at any level",
         description=(
             "Talk to a model through its chat template, at any level; the answer streams as "
-            "it is generated and ends at the model's end-of-turn token. Type /clear to forget "
-            "the conversation, /quit (or Ctrl-D) to leave. Prompt and decode speeds go to stderr."
+            "it is generated and ends at the model's end-of-turn token. Type /help for the "
+            "commands, /clear to forget the conversation, /quit (or Ctrl-D) to leave. Prompt and "
+            "decode speeds go to stderr, with the threads used and why."
         ),
     )
     _model_source(p, with_aliases=False)
