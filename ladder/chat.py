@@ -402,10 +402,9 @@ def _threads(args) -> Threads:
     if n == cores:
         return Threads(n, "every core")
     if n == DEFAULT_THREADS:
-        return Threads(n, f"at most {n} by default; --threads {cores} uses every core")
-    return Threads(
-        n, f"the load average leaves {n} of {cores} cores free; --threads {cores} uses every core"
-    )
+        return Threads(n, f"at most {n} by default; --threads {cores} for every core")
+    load = os.getloadavg()[0]  # what free_cores read: other processes' share of the cores
+    return Threads(n, f"load average {load:.1f} on {cores} cores; --threads {cores} for every core")
 
 
 HELP = """\

@@ -314,10 +314,11 @@ def test_the_speeds_line_after_one_and_two_new_tokens(capsys, fake):
 @pytest.mark.parametrize(
     ("cores", "load", "argv", "said"),
     [
-        (2, 1.2, [], "1 thread (the load average leaves 1 of 2 cores free; --threads 2 uses every core)"),
+        (2, 1.2, [], "1 thread (load average 1.2 on 2 cores; --threads 2 for every core)"),
+        (2, 2.6, [], "1 thread (load average 2.6 on 2 cores; --threads 2 for every core)"),
         (2, 0.2, [], "2 threads (every core)"),
-        (16, 0.0, [], "8 threads (at most 8 by default; --threads 16 uses every core)"),
-        (16, 12.4, [], "4 threads (the load average leaves 4 of 16 cores free; --threads 16 uses every core)"),
+        (16, 0.0, [], "8 threads (at most 8 by default; --threads 16 for every core)"),
+        (16, 12.4, [], "4 threads (load average 12.4 on 16 cores; --threads 16 for every core)"),
         (2, 1.2, ["--threads", "2"], "2 threads (--threads)"),
     ],
 )  # fmt: skip
