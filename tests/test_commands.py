@@ -68,12 +68,17 @@ class Run:
     extended: bool = False
     stdin: str | None = None  # what the user types (an interactive command)
     expect: str = ""  # text its output must hold
+    model: str = ""  # the real model it runs, pulled first (or the test skipped, as conftest's)
     real_model_memory: bool = False  # gigabytes of a real model (level 0): CI's real-model run
     at_root: bool = False  # it names the repository's files (benchmarks/): run at the root
 
 
 def run(timeout: float = FAST, **kwargs) -> Run:
     return Run(timeout, **kwargs)
+
+
+SMOL, GEMMA = {"model": "smollm2-135m"}, {"model": "gemma3-270m"}
+FIXTURES = {"smollm2-135m": "smollm2_gguf", "gemma3-270m": "gemma3_gguf"}  # tests/conftest.py
 
 
 @dataclass(frozen=True)
@@ -149,11 +154,11 @@ COMMANDS: dict[str, list[tuple[str, Check]]] = {
     "README.md": [
         ("pip install torch==2.13.0", SETUP),
         ('pip install -e ".[dev,triton]"', SETUP),
-        ('ladder chat -p "What is the capital of France?"', run(MODEL, expect="Paris")),
-        ('ladder chat -p "What is the capital of France?" --level 1', run(MODEL, extended=True, expect="Paris")),
+        ('ladder chat -p "What is the capital of France?"', run(MODEL, expect="Paris", **SMOL)),
+        ('ladder chat -p "What is the capital of France?" --level 1', run(MODEL, extended=True, expect="Paris", **SMOL)),
         # Level 0 holds the model as 6.6 GB of Python floats, and takes 90 s.
-        ('ladder chat --level 0 --max-new-tokens 3 -p "Hi"', run(TRAIN, extended=True, real_model_memory=True)),
-        ("ladder chat", run(MODEL, extended=True, stdin="What is the capital of France?\n/quit\n", expect="Paris")),
+        ('ladder chat --level 0 --max-new-tokens 3 -p "Hi"', run(TRAIN, extended=True, real_model_memory=True, **SMOL)),
+        ("ladder chat", run(MODEL, extended=True, stdin="What is the capital of France?\n/quit\n", expect="Paris", **SMOL)),
         ("ladder bench", Same("docs/benchmarks.md")),
         ("python -m pytest", Same("docs/testing.md")),
         ("ladder show attention", run()),
@@ -161,8 +166,8 @@ COMMANDS: dict[str, list[tuple[str, Check]]] = {
         ("ladder train seq2seq --task reverse --checkpoint runs/reverse.pt", run(TRAIN, extended=True)),
         ("ladder train seq2seq --task reverse --nproc 2", DDP),
         ("ladder preflight seq2seq", run()),
-        ("ladder pull gemma3-270m", run(MODEL, extended=True)),  # 253 MB, once
-        ('ladder generate -p "The capital of France is" --level 2', run(MODEL, extended=True, expect="Paris")),
+        ("ladder pull gemma3-270m", run(MODEL, extended=True, **GEMMA)),  # 253 MB, once
+        ('ladder generate -p "The capital of France is" --level 2', run(MODEL, extended=True, expect="Paris", **SMOL)),
         ('ladder generate --model runs/reverse.pt --input "5 9 4 7"', run(MODEL, extended=True, expect="5 9 4 7 -> 7 4 9 5")),
     ],
     "docs/benchmarks.md": [
@@ -183,12 +188,12 @@ COMMANDS: dict[str, list[tuple[str, Check]]] = {
     "docs/checkpoints.md": [
         ('ladder chat -p "What is the capital of France?"', Same("README.md")),
         ("ladder chat", Same("README.md")),
-        ('ladder chat --level 1 --temperature 0 -p "Name three colours."', run(MODEL, extended=True)),
-        ('ladder chat --system "Answer in French." -p "What is the capital of France?"', run(MODEL, extended=True)),
-        ('ladder generate -p "The capital of France is" --max-new-tokens 8 --level 2', run(MODEL, extended=True, expect="Paris")),
-        ('ladder generate --model gemma3-270m -p "The capital of France is" --level 3', run(MODEL, extended=True)),
-        ("ladder pull", run()),
-        ("ladder pull gemma3-270m", run(MODEL, extended=True)),
+        ('ladder chat --level 1 --temperature 0 -p "Name three colours."', run(MODEL, extended=True, **SMOL)),
+        ('ladder chat --system "Answer in French." -p "What is the capital of France?"', run(MODEL, extended=True, **SMOL)),
+        ('ladder generate -p "The capital of France is" --max-new-tokens 8 --level 2', run(MODEL, extended=True, expect="Paris", **SMOL)),
+        ('ladder generate --model gemma3-270m -p "The capital of France is" --level 3', run(MODEL, extended=True, **GEMMA)),
+        ("ladder pull", run(**SMOL)),
+        ("ladder pull gemma3-270m", run(MODEL, extended=True, **GEMMA)),
         ("ladder pull --list", run(expect="smollm2-135m")),
     ],
     "docs/index.md": [
@@ -303,12 +308,14 @@ def _tail(out: str, err: str) -> str:
     return f"--- stderr (the end)\n{err[-3000:]}\n--- stdout (the end)\n{out[-1500:]}"
 
 
-def _run_page(page: str, tmp_path: Path, *, extended: bool) -> None:
+def _run_page(page: str, tmp_path: Path, request, *, extended: bool) -> None:
     """The page's commands that run (its default ones, or every one), in order, in one folder."""
     ran = 0
     for command, check in COMMANDS[page]:
         if not isinstance(check, Run) or (check.extended and not extended):
             continue
+        if check.model:
+            request.getfixturevalue(FIXTURES[check.model])
         status, out, err = shell(
             command, ROOT if check.at_root else tmp_path, check.timeout, check.stdin
         )
@@ -386,13 +393,13 @@ def _pages(extended: bool) -> list:
 
 
 @pytest.mark.parametrize("page", _pages(extended=False))
-def test_the_commands_run(page, tmp_path):
-    _run_page(page, tmp_path, extended=False)
+def test_the_commands_run(page, tmp_path, request):
+    _run_page(page, tmp_path, request, extended=False)
 
 
 @pytest.mark.parametrize("page", _pages(extended=True))
-def test_the_commands_run_in_the_extended_run(page, tmp_path):
-    _run_page(page, tmp_path, extended=True)
+def test_the_commands_run_in_the_extended_run(page, tmp_path, request):
+    _run_page(page, tmp_path, request, extended=True)
 
 
 COLLECTS = [
