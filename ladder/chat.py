@@ -25,6 +25,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
+import os
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -59,6 +61,7 @@ class Loaded:
     stop_ids: tuple[int, ...] = ()
     dtype: str = "float64"
     spec: Any = None  # a trained checkpoint's RunSpec
+    model_context: int | None = None  # the longest context the model allows (its file's)
 
 
 # ----------------------------------------------------------------------------- loading
@@ -172,8 +175,11 @@ def _level3_options(level, args) -> tuple[str, bool]:
 
 
 def _prepare_decode(model) -> None:
-    """Compile level 3's decode step now (or load it from the cache), saying which on stderr:
-    the first answer then starts without it, and its tokens/s are the compiled step's."""
+    """With ``--compile``, level 3's decode step compiled now (or loaded from the cache), once,
+    saying which on stderr: after the first prompt is known to fit (a refused one costs no
+    compile), before its answer, whose tokens/s are then the compiled step's."""
+    if not getattr(model, "compiled_decode", False) or model.decode_report is not None:
+        return
     from levels.level3_sdpa_flash import compiled
 
     if compiled.compiler_missing() is None and not compiled.package_path(model, 1).is_file():
@@ -230,6 +236,7 @@ def load(args: argparse.Namespace, *, chat: bool) -> Loaded:
     context = args.context or min(config.max_seq_len, DEFAULT_CONTEXT)
     if context > config.max_seq_len:
         raise UsageError(f"--context {context} exceeds the model's {config.max_seq_len} tokens")
+    longest = config.max_seq_len
     # The KV cache and RoPE tables are built for this context, not the file's whole one.
     config = dataclasses.replace(config, max_seq_len=context)
     if level.__name__.endswith("level0_loops"):
@@ -237,9 +244,9 @@ def load(args: argparse.Namespace, *, chat: bool) -> Loaded:
     stops.add(config.eos_id)
     weights, compile = _level3_options(level, args)
     model = build(level, config, params, dtype, args.device, weights=weights, compile=compile)
-    if compile:
-        _prepare_decode(model)
-    return Loaded(model, level, name, tokenizer, template, tuple(sorted(stops)), dtype)
+    return Loaded(
+        model, level, name, tokenizer, template, tuple(sorted(stops)), dtype, model_context=longest
+    )
 
 
 def _numpy_dtype(dtype: str):
@@ -257,17 +264,31 @@ class Speed:
 
     prompt_tokens: int
     prompt_s: float
-    new_tokens: int
+    new_tokens: int  # the first comes from the prompt's pass, each later one from a decode step
     decode_s: float  # from the first new token to the last
 
     def line(self, what: str) -> str:
-        decode = self.new_tokens - 1  # the first new token comes from the prefill's logits
-        rate = f"{decode / self.decode_s:.1f} tok/s" if decode > 0 and self.decode_s > 0 else "-"
-        return (
-            f"[prompt {self.prompt_tokens} tokens in {self.prompt_s:.2f} s "
-            f"({self.prompt_tokens / self.prompt_s:.1f} tok/s) | decode {decode} tokens in "
-            f"{self.decode_s:.2f} s ({rate}) | {what}]"
-        )
+        """``[prompt ... | decode ... | what]``; the decode only when there were decode steps."""
+        parts = [f"prompt {_tokens(self.prompt_tokens)}"]
+        if self.new_tokens == 0:  # interrupted before the prompt's pass ended
+            parts[0] += f", no new token after {self.prompt_s:.2f} s"
+        else:
+            parts[0] += f" in {self.prompt_s:.2f} s ({_rate(self.prompt_tokens, self.prompt_s)})"
+        steps = self.new_tokens - 1
+        if steps > 0:
+            parts.append(
+                f"decode {_tokens(steps)} in {self.decode_s:.2f} s ({_rate(steps, self.decode_s)})"
+            )
+        return f"[{' | '.join([*parts, what])}]"
+
+
+def _tokens(n: int) -> str:
+    return f"{n} token{'' if n == 1 else 's'}"
+
+
+def _rate(n: int, seconds: float) -> str:
+    # perf_counter can measure 0 s between two reads on a coarse clock: no rate then.
+    return f"{n / seconds:.1f} tok/s" if seconds > 0 else "-"
 
 
 class _Holdback:
@@ -300,19 +321,53 @@ class _Holdback:
         return self._release(len(self.text))
 
 
+class PromptTooLong(UsageError):
+    """A prompt that leaves no room in the context for the answer asked; the message says
+    what the user can change."""
+
+
+def new_tokens(loaded: Loaded, n_prompt: int, args) -> int:
+    """How many new tokens to ask for after a prompt of ``n_prompt`` tokens: ``--max-new-tokens``,
+    else ``DEFAULT_NEW_TOKENS`` or the room ``--context`` leaves, whichever is fewer.
+    ``PromptTooLong`` when the room is less than ``--max-new-tokens`` (or than one token)."""
+    room = loaded.model.config.max_seq_len - n_prompt
+    if room < (args.max_new_tokens or 1):
+        raise PromptTooLong(_too_long(loaded, n_prompt, args))
+    return min(room, args.max_new_tokens or DEFAULT_NEW_TOKENS)
+
+
+def _too_long(loaded: Loaded, n_prompt: int, args) -> str:
+    """Why the prompt does not fit, in what the user controls: the prompt, ``--context`` (and
+    how far the model allows it to go), ``--max-new-tokens`` only when it was given."""
+    context = loaded.model.config.max_seq_len
+    setting = f"--context {context}" + ("" if getattr(args, "context", None) else " (the default)")
+    asked = args.max_new_tokens
+    room = max(context - n_prompt, 0)
+    if asked is None:
+        text = f"the prompt is {_tokens(n_prompt)}; {setting} leaves no room for an answer"
+    else:
+        text = (
+            f"the prompt is {_tokens(n_prompt)}; {setting} leaves room for {_tokens(room)}, "
+            f"not --max-new-tokens {asked}"
+        )
+    longest = loaded.model_context
+    if longest is None:
+        return text
+    if n_prompt + (asked or 1) > longest:
+        fewer = " or a smaller --max-new-tokens" if asked and n_prompt < longest else ""
+        return f"{text} (the model allows at most {longest}: a shorter prompt{fewer})"
+    # Room for the answer asked (or a full default one), rounded up to a power of two.
+    wanted = n_prompt + (asked or DEFAULT_NEW_TOKENS)
+    enough = min(longest, 1 << (wanted - 1).bit_length())
+    return f"{text} (the model allows {longest}: try --context {enough})"
+
+
 def answer(loaded: Loaded, ids: list[int], args, out=None) -> tuple[str, Speed]:
     """Stream the model's continuation of ``ids`` to ``out`` (stdout); -> ``(text, speed)``."""
     out = out or sys.stdout
     from levels.tokenizer import StreamDecoder
 
-    config = loaded.model.config
-    room = config.max_seq_len - len(ids)
-    if args.max_new_tokens is not None and args.max_new_tokens > room or room <= 0:
-        raise UsageError(
-            f"{len(ids)} prompt tokens + --max-new-tokens {args.max_new_tokens or 1} exceed the "
-            f"--context of {config.max_seq_len}"
-        )
-    new = min(room, DEFAULT_NEW_TOKENS if args.max_new_tokens is None else args.max_new_tokens)
+    new = new_tokens(loaded, len(ids), args)
     decoder, holdback = StreamDecoder(loaded.tokenizer), _Holdback(args.stop)
     tokens = loaded.model.stream(
         ids,
@@ -347,75 +402,196 @@ def answer(loaded: Loaded, ids: list[int], args, out=None) -> tuple[str, Speed]:
     return holdback.text, Speed(len(ids), first - start, count, end - first)
 
 
-def _report(loaded: Loaded, speed: Speed, threads: int) -> None:
-    where = f"{loaded.level.__name__.rsplit('.', 1)[-1]}, {loaded.dtype}, {threads} thread(s)"
+def _report(loaded: Loaded, speed: Speed, threads: Threads) -> None:
+    report = getattr(loaded.model, "decode_report", None)
+    decode = (
+        "" if report is None else f", decode {'eager' if report.how == 'eager' else 'compiled'}"
+    )
+    weights = getattr(loaded.model, "weights", "float")
+    fmt = loaded.dtype if weights == "float" else f"{weights} weights"
+    where = f"{loaded.level.__name__.rsplit('.', 1)[-1]}, {fmt}{decode}, {threads}"
     print(speed.line(where), file=sys.stderr, flush=True)
 
 
 # ----------------------------------------------------------------------------- the commands
 
+DEFAULT_THREADS = 8  # at most, unless --threads: a 135M model's decode gains little past a few
 
-def _threads(args):
-    from benchmarks.measure import cpu_threads, free_cores
 
-    n = args.threads or free_cores(8)
-    return n, cpu_threads(n)
+@dataclass(frozen=True)
+class Threads:
+    """The CPU threads a run uses, and why that many (the speeds line says both)."""
+
+    n: int
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.n} thread{'' if self.n == 1 else 's'} ({self.why})"
+
+    def limit(self):
+        """A context in which torch and BLAS use ``n`` threads."""
+        from benchmarks.measure import cpu_threads
+
+        return cpu_threads(self.n)
+
+
+def _threads(args) -> Threads:
+    """``--threads``, else one thread per core the load average leaves free (at most
+    ``DEFAULT_THREADS``): on a busy machine a thread without a core of its own stalls every
+    multi-threaded op (``benchmarks.measure.free_cores``)."""
+    from benchmarks.measure import free_cores
+
+    if args.threads:
+        return Threads(args.threads, "--threads")
+    cores = os.cpu_count() or 1
+    n = free_cores(DEFAULT_THREADS)
+    if n == cores:
+        return Threads(n, "every core")
+    if n == DEFAULT_THREADS:
+        return Threads(n, f"at most {n} by default; --threads {cores} for every core")
+    load = os.getloadavg()[0]  # what free_cores read: other processes' share of the cores
+    return Threads(n, f"load average {load:.1f} on {cores} cores; --threads {cores} for every core")
+
+
+HELP = """\
+/help   this list
+/clear  forget the conversation (a --system message stays)
+/quit   leave (also /exit, or Ctrl-D)
+Anything else is a turn of the conversation; a paste of several lines is one turn."""
 
 
 def chat(args: argparse.Namespace) -> int:
     loaded = load(args, chat=True)
-    threads, limit = _threads(args)
+    threads = _threads(args)
     messages: list[dict[str, str]] = []
     if args.system is not None:
         messages.append({"role": "system", "content": args.system})
     interactive = args.prompt is None
     if interactive and sys.stdin.isatty():
-        print(
-            f"{loaded.name} at {loaded.level.__name__}; /clear forgets, /quit leaves",
-            file=sys.stderr,
-        )
-    with limit:
+        print(f"{loaded.name} at {loaded.level.__name__}; /help for the commands", file=sys.stderr)
+    with threads.limit():
         for line in [args.prompt] if not interactive else _lines():
             text = line.strip()
-            if text in ("/quit", "/exit"):
-                break
-            if text == "/clear":
-                del messages[int(args.system is not None) :]
-                print("(conversation cleared)", file=sys.stderr)
+            if interactive and _is_command(text):
+                if not _command(text, messages):
+                    break
                 continue
             if not text:
                 continue
-            messages.append({"role": "user", "content": text})
-            ids = _fit(loaded, messages, args)
-            reply, speed = answer(loaded, ids, args)
+            try:
+                prompt = _fit(loaded, [*messages, {"role": "user", "content": text}], args)
+            except PromptTooLong as exc:
+                if not interactive:
+                    raise
+                print(f"not sent: {exc}", file=sys.stderr)  # the conversation goes on without it
+                continue
+            messages[:] = prompt.messages
+            _prepare_decode(loaded.model)  # before the first answer: compiled, or loaded
+            reply, speed = answer(loaded, prompt.ids, args)
             print()
             _report(loaded, speed, threads)
             messages.append({"role": "assistant", "content": reply})
     return 0
 
 
+def _is_command(text: str) -> bool:
+    """``/word`` (then anything): a command of the conversation, never sent to the model.
+    (A path such as ``/usr/bin`` is not one: it is a turn.)"""
+    return re.fullmatch(r"/[A-Za-z]+", text.split(maxsplit=1)[0] if text else "") is not None
+
+
+def _command(text: str, messages: list[dict[str, str]]) -> bool:
+    """Run a ``/command``; -> whether the conversation goes on."""
+    word = text.split(maxsplit=1)[0]
+    if word in ("/quit", "/exit"):
+        return False
+    if word == "/clear":
+        del messages[int(bool(messages) and messages[0]["role"] == "system") :]
+        print("(conversation cleared)", file=sys.stderr)
+    elif word == "/help":
+        print(HELP, file=sys.stderr)
+    else:
+        print(f"unknown command {word}; /help lists them", file=sys.stderr)
+    return True
+
+
+PASTE_GAP_S = 0.05  # lines that arrive closer together than this were pasted, not typed
+
+
 def _lines():
-    """The user's turns: lines from the terminal (with a prompt) or from a pipe."""
+    """The user's turns: lines from a pipe, one turn each, or from the terminal, with a
+    prompt, line editing and history (``readline``, where the platform has it).
+
+    On a terminal, the lines of a paste are one turn: those already waiting when a line
+    ends are read into it. And ``readline`` matters for long turns too: without it the
+    terminal's canonical mode hands ``input()`` at most 4095 bytes of a line and drops the
+    rest (Linux's line discipline buffer), silently; ``readline`` reads the keys itself.
+    """
+    tty = sys.stdin.isatty()
+    if tty:
+        _line_editing()
     while True:
         try:
-            yield input(">>> " if sys.stdin.isatty() else "")
+            line = input(">>> " if tty else "")
+            while tty and _waiting(sys.stdin):
+                line += "\n" + input("")
         except EOFError:
+            if tty:
+                print()  # Ctrl-D: end the prompt's line, so the shell's starts on its own
             return
+        yield line
 
 
-def _fit(loaded: Loaded, messages: list[dict[str, str]], args) -> list[int]:
-    """The prompt's ids for ``messages``, dropping the oldest turns (never a system message or
-    the last one) while the prompt and a full answer would overflow the context."""
-    room = loaded.model.config.max_seq_len - (args.max_new_tokens or DEFAULT_NEW_TOKENS)
+def _line_editing() -> None:
+    """Arrows, Home/End, history (up/down) for ``input()``: importing ``readline`` is what
+    turns them on. Not every platform has it (Windows); the prompt then works without."""
+    try:
+        import readline  # noqa: F401
+    except ImportError:
+        pass
+
+
+def _waiting(stdin) -> bool:
+    """Whether more input is already there (the rest of a paste); a terminal that cannot be
+    polled (not a file descriptor ``select`` takes) has none."""
+    import select
+
+    try:
+        ready, _, _ = select.select([stdin], [], [], PASTE_GAP_S)
+    except (OSError, ValueError, TypeError):
+        return False
+    return bool(ready)
+
+
+@dataclass
+class Prompt:
+    """The ids of a conversation's prompt, and the messages they hold (the oldest turns may
+    have been dropped to make room)."""
+
+    ids: list[int]
+    messages: list[dict[str, str]]
+
+
+def _fit(loaded: Loaded, messages: list[dict[str, str]], args) -> Prompt:
+    """The prompt for ``messages``, dropping the oldest turns (never a system message or the
+    last one) while the prompt and a full answer would overflow the context.
+    ``PromptTooLong`` when even the last turn alone leaves no room (``messages`` unchanged)."""
+    context = loaded.model.config.max_seq_len
+    wanted = args.max_new_tokens or DEFAULT_NEW_TOKENS
+    first = int(messages[0]["role"] == "system")
+    kept = list(messages)
     while True:
-        text = loaded.template.render(messages, add_generation_prompt=True)
+        text = loaded.template.render(kept, add_generation_prompt=True)
         # The template writes the special tokens itself (transformers encodes it this way too).
         ids = loaded.tokenizer.encode(text, add_special_tokens=False).ids
-        first = int(messages[0]["role"] == "system")
-        if len(ids) <= room or len(messages) - first <= 1:
-            return ids
-        del messages[first : first + 2]  # the oldest question and its answer
-        print("(the oldest turn was dropped to fit the context)", file=sys.stderr)
+        if len(ids) + wanted <= context or len(kept) - first <= 1:
+            break
+        del kept[first : first + 2]  # the oldest question and its answer
+    new_tokens(loaded, len(ids), args)  # refuses here, before any turn is dropped
+    if len(kept) < len(messages):
+        turns = (len(messages) - len(kept)) // 2
+        print(f"({turns} oldest turn(s) dropped to fit the context)", file=sys.stderr)
+    return Prompt(ids, kept)
 
 
 def generate(args: argparse.Namespace) -> int:
@@ -431,9 +607,11 @@ def generate(args: argparse.Namespace) -> int:
     ids = loaded.tokenizer.encode(args.prompt).ids  # with the BOS the tokenizer adds, if any
     if not ids:
         raise UsageError(f"--prompt {args.prompt!r} encodes to no tokens")
-    threads, limit = _threads(args)
+    threads = _threads(args)
+    new_tokens(loaded, len(ids), args)  # before the prompt is echoed
+    _prepare_decode(loaded.model)
     print(args.prompt, end="", flush=True)
-    with limit:
+    with threads.limit():
         _, speed = answer(loaded, ids, args)
     print()
     _report(loaded, speed, threads)

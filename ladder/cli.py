@@ -13,9 +13,13 @@ Every argument is declared here, so ``--help`` and parse errors need none of
 the implementations; a command's implementation is imported only when it runs.
 
 Every misuse answers with one line on stderr and a non-zero exit status: 2
-for a usage error (what argparse does), 1 for anything that failed while
-running (a corrupted checkpoint, a level that cannot load here), 130 for
-Ctrl-C. ``--debug`` (or ``LADDER_DEBUG=1``) shows the traceback instead.
+for a usage error, that is a command line that cannot run as given: an
+argument argparse refuses, one that does not fit the others, or a file it
+names that is missing or is not what it should be (a text file named
+``x.gguf``, a corrupted checkpoint); 1 for anything that failed while
+running on good input (a level that cannot load here, a registry that
+cannot be reached); 130 for Ctrl-C. ``--debug`` (or ``LADDER_DEBUG=1``)
+shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -44,6 +48,18 @@ DTYPES = ("float64", "float32", "float16", "bfloat16")
 
 class UsageError(Exception):
     """A command line that cannot be run as asked (exit status 2)."""
+
+
+# The errors of the readers of the files a command line names (a model, a checkpoint): their
+# input is the user's, so each is a usage error. Named, not imported: ``ladder --help`` imports
+# no implementation, and a reader is loaded only by the command that reads.
+INPUT_ERRORS = ("levels.gguf.GGUFError", "lab.checkpoint.CheckpointError")
+
+
+def is_usage_error(exc: BaseException) -> bool:
+    """Whether ``exc`` means the command line cannot run as given (exit status 2)."""
+    names = {f"{c.__module__}.{c.__qualname__}" for c in type(exc).__mro__}
+    return isinstance(exc, UsageError) or bool(names & set(INPUT_ERRORS))
 
 
 class Interrupted(Exception):
@@ -347,13 +363,16 @@ def _run_arguments(p: argparse.ArgumentParser, *, temperature: float, top_p: flo
         "--threads",
         type=_count(1),
         default=None,
-        help="CPU threads for torch and BLAS (default: the cores other processes leave free)",
+        help="CPU threads for torch and BLAS (default: the cores the load average leaves "
+        "free, at most 8; the speeds line says how many and why)",
     )
     p.add_argument(
         "--max-new-tokens",
-        type=_count(0),
+        type=_count(1),
         default=None,
-        help="at most this many new tokens per answer (default 256; a trained model: its length)",
+        help="at most this many new tokens per answer, at least 1: the first comes from the "
+        "prompt's pass, so 1 times the prompt alone (default 256, or what --context leaves "
+        "after the prompt; a trained model: its task's length)",
     )
     p.add_argument(
         "--temperature",
@@ -494,8 +513,9 @@ def _chat(commands) -> None:
         help="chat with a real model at any level",
         description=(
             "Talk to a model through its chat template, at any level; the answer streams as "
-            "it is generated and ends at the model's end-of-turn token. Type /clear to forget "
-            "the conversation, /quit (or Ctrl-D) to leave. Prompt and decode speeds go to stderr."
+            "it is generated and ends at the model's end-of-turn token. Type /help for the "
+            "commands, /clear to forget the conversation, /quit (or Ctrl-D) to leave. Prompt and "
+            "decode speeds go to stderr, with the threads used and why."
         ),
     )
     _model_source(p, with_aliases=False)
@@ -571,7 +591,8 @@ def _handler(spec: str):
 
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if isinstance(exc, UsageError | Interrupted) else f"{type(exc).__name__}: {text}"
+    plain = isinstance(exc, Interrupted) or is_usage_error(exc)  # the message says it all
+    return text if plain else f"{type(exc).__name__}: {text}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -587,11 +608,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     prog = f"ladder {args.command}"
     try:
         return int(_handler(args.run)(args) or 0)
-    except UsageError as exc:
-        if debug:
-            traceback.print_exc()
-        print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
-        return 2
     except (Interrupted, KeyboardInterrupt) as exc:
         if debug:
             traceback.print_exc()
@@ -603,5 +619,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # everything else is one line too; --debug for the traceback
         if debug:
             traceback.print_exc()
+        if is_usage_error(exc):
+            print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
+            return 2
         print(f"{prog}: error: {_one_line(exc)} (--debug for the traceback)", file=sys.stderr)
         return 1

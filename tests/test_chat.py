@@ -5,21 +5,32 @@ printed), a ``--stop`` string or ``--max-new-tokens``; one line of prompt and de
 per answer on stderr; the conversation's history through the chat template, ``/clear`` and
 ``/quit``; greedy answers the same at every level. The tokens themselves are held to
 transformers' in tests/test_real_models.py; here it is the command around them.
+
+The conversation's own rules (what fits the context, the commands, the speeds line, the
+threads) are checked on a fake model too, which answers at once: ``fake`` below.
 """
 
 from __future__ import annotations
 
 import io
+import os
 import re
+import select
+import signal
 import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from ladder import chat as ladder_chat
 from ladder.cli import main as ladder
 
 QUESTION = "What is the capital of France?"
+# The decode part is there only when there were decode steps (two new tokens or more).
 SPEED = re.compile(
-    r"^\[prompt (\d+) tokens in [\d.]+ s \([\d.]+ tok/s\) \| decode (\d+) tokens in "
+    r"^\[prompt (\d+) tokens? in [\d.]+ s \([\d.]+ tok/s\)(?: \| decode (\d+) tokens? in )?"
 )
 
 
@@ -28,13 +39,16 @@ def _chat(capsys, *argv, stdin: str | None = None, monkeypatch=None):
         monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
     status = ladder(["chat", "--model", "smollm2-135m", *argv])
     out, err = capsys.readouterr()
-    speeds = [tuple(map(int, m.groups())) for m in map(SPEED.match, err.splitlines()) if m]
+    speeds = [(int(m[1]), int(m[2] or 0)) for m in map(SPEED.match, err.splitlines()) if m]
     return status, out, err, speeds
 
 
 @pytest.fixture(autouse=True)
-def _pulled(smollm2_gguf):
-    """The model is in the cache before the command runs (or the module is skipped)."""
+def _pulled(request):
+    """The real model is in the cache before a command runs it (or the test is skipped);
+    the tests on the fake model need none."""
+    if not {"fake", "terminal"} & set(request.fixturenames):
+        request.getfixturevalue("smollm2_gguf")
 
 
 def test_one_question_greedy_is_answered_and_stops_at_eos(capsys):
@@ -113,7 +127,13 @@ CHAT_MISUSES = [
     (["--temperature", "-1", "-p", "x"], 2, "must lie in [0.0, 100.0]"),
     (["--top-p", "0", "-p", "x"], 2, "must lie in (0.0, 1.0]"),
     (["--context", "9000", "-p", "x"], 2, "exceeds the model's 8192 tokens"),
-    (["--max-new-tokens", "5000", "--context", "64", "-p", "x"], 2, "exceed the --context of 64"),
+    (
+        ["--max-new-tokens", "5000", "--context", "64", "-p", "x"],
+        2,
+        "; --context 64 leaves room for 33 tokens, not --max-new-tokens 5000 (the model allows "
+        "8192: try --context 8192)",
+    ),
+    (["--max-new-tokens", "0", "-p", "x"], 2, "--max-new-tokens: must be at least 1, got 0"),
 ]
 
 
@@ -130,7 +150,7 @@ def test_chat_misuse_is_one_line(capsys, extra, code, message):
 def test_chat_refuses_a_model_without_a_template(capsys, gemma3_gguf):
     status = ladder(["chat", "--model", str(gemma3_gguf), "-p", "x", "--level", "1"])
     err = capsys.readouterr().err
-    assert status == 1 and "has no chat template; use ladder generate" in err
+    assert status == 2 and "has no chat template; use ladder generate" in err  # a misuse
 
 
 @pytest.mark.extended
@@ -141,3 +161,254 @@ def test_level0_chats_slowly_and_says_so(capsys):
     assert status == 0 and "level 0 computes in pure Python" in err
     _, want, _, _ = _chat(capsys, *argv, "--level", "1")
     assert out == want and speeds[0][1] <= 2
+
+
+# ----------------------------------------------------------------------------- on a fake model
+
+EOS = 3  # the fake's end-of-turn id (a control character: never in a test's text)
+REPLY = "ok"
+
+
+class FakeTokenizer:
+    """One token per character, its code point: what ``StreamDecoder`` and ``_fit`` call."""
+
+    def encode(self, text: str, add_special_tokens: bool = True):
+        return SimpleNamespace(ids=[ord(c) for c in text])
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join(chr(i) for i in ids if i != EOS)
+
+    def get_added_tokens_decoder(self) -> dict:
+        return {}
+
+    def token_to_id(self, token: str) -> None:
+        return None
+
+
+class FakeTemplate:
+    def render(self, messages, *, add_generation_prompt: bool = False) -> str:
+        turns = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
+        return turns + ("<assistant>" if add_generation_prompt else "")
+
+
+class FakeModel:
+    """Answers every prompt with ``REPLY`` then EOS, at once; records what it was asked."""
+
+    def __init__(self, context: int):
+        self.config = SimpleNamespace(max_seq_len=context)
+        self.calls: list[tuple[str, int]] = []  # (prompt text, max_new_tokens)
+
+    def stream(self, ids, max_new_tokens, **sampling):
+        self.calls.append(("".join(map(chr, ids)), max_new_tokens))
+        yield from [*map(ord, REPLY), EOS][:max_new_tokens]
+
+
+def prompt_tokens(*turns: str) -> int:
+    """The fake's prompt length for these user turns (one token per character)."""
+    messages = [{"role": "user", "content": t} for t in turns]
+    return len(FakeTemplate().render(messages, add_generation_prompt=True))
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    """``ladder chat`` and ``generate`` on a fake model: a 2048-token context (the default),
+    8192 allowed by the model, as SmolLM2's; the model, to read what it was asked."""
+    model = FakeModel(2048)
+    loaded = ladder_chat.Loaded(
+        model, SimpleNamespace(__name__="levels.fake"), "fake", FakeTokenizer(), FakeTemplate(),
+        stop_ids=(EOS,), dtype="float64", model_context=8192,
+    )  # fmt: skip
+    monkeypatch.setattr(ladder_chat, "load", lambda args, chat: loaded)
+    return model
+
+
+def _one_error(capsys, argv: list[str]) -> str:
+    assert ladder(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1, err
+    return err.strip()
+
+
+def test_a_prompt_that_does_not_fit_says_what_to_change(capsys, fake):
+    """The prompt, the room, the --context in use and how far the model goes; never a
+    --max-new-tokens that was not given."""
+    long = "x" * 2400
+    n = prompt_tokens(long)
+    assert _one_error(capsys, ["chat", "-p", long]) == (
+        f"ladder chat: error: the prompt is {n} tokens; --context 2048 (the default) leaves no "
+        "room for an answer (the model allows 8192: try --context 4096)"
+    )
+    short = prompt_tokens("Hi")
+    assert _one_error(capsys, ["chat", "-p", "Hi", "--max-new-tokens", "3000"]) == (
+        f"ladder chat: error: the prompt is {short} tokens; --context 2048 (the default) leaves "
+        f"room for {2048 - short} tokens, not --max-new-tokens 3000 (the model allows 8192: "
+        "try --context 4096)"
+    )
+    huge = "x" * 9000
+    assert _one_error(capsys, ["generate", "-p", huge]).endswith(
+        "leaves no room for an answer (the model allows at most 8192: a shorter prompt)"
+    )
+    assert fake.calls == []  # nothing reached the model
+    assert capsys.readouterr().out == ""  # not even generate's echo of the prompt
+
+
+def test_a_prompt_that_fits_answers_in_the_room_left(capsys, fake):
+    """Without --max-new-tokens, a prompt that leaves fewer than 256 tokens gets what is left."""
+    text = "x" * (2048 - 10 - prompt_tokens(""))  # leaves 10 tokens
+    assert ladder(["chat", "-p", text]) == 0
+    assert fake.calls[-1][1] == 10
+    assert ladder(["chat", "-p", "Hi"]) == 0
+    assert fake.calls[-1][1] == ladder_chat.DEFAULT_NEW_TOKENS
+
+
+def test_the_repl_commands_and_a_turn_too_long_are_answered_locally(capsys, monkeypatch, fake):
+    turns = ["Hi", "/help", "/what now", "y" * 3000, "Again", "/clear", "Hi", "/quit", "never"]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("\n".join(turns) + "\n"))
+    assert ladder(["chat"]) == 0
+    out, err = capsys.readouterr()
+    assert "/help   this list" in err and "/clear  forget" in err and "/quit   leave" in err
+    assert "unknown command /what; /help lists them" in err
+    # Refused as -p refuses it (the history was no help: the turn alone is too long), and the
+    # conversation goes on with its history as it was.
+    n = prompt_tokens("y" * 3000)
+    assert f"not sent: the prompt is {n} tokens; --context 2048 (the default) leaves no " in err
+    prompts = [text for text, _ in fake.calls]  # no command, no refused turn, reached the model
+    assert prompts == [
+        "<user>Hi\n<assistant>",
+        "<user>Hi\n<assistant>ok\n<user>Again\n<assistant>",
+        "<user>Hi\n<assistant>",  # after /clear
+    ]
+    assert out == "ok\n" * 3
+
+
+SPEEDS = {  # (prompt tokens, prompt s, new tokens, decode s) -> the line
+    (37, 0.25, 8, 0.5): "[prompt 37 tokens in 0.25 s (148.0 tok/s) | decode 7 tokens in 0.50 s (14.0 tok/s) | w]",
+    (37, 0.25, 2, 0.5): "[prompt 37 tokens in 0.25 s (148.0 tok/s) | decode 1 token in 0.50 s (2.0 tok/s) | w]",
+    # One new token is the prompt's pass alone: no decode to report.
+    (37, 0.25, 1, 0.0): "[prompt 37 tokens in 0.25 s (148.0 tok/s) | w]",
+    # Interrupted before the prompt's pass ended: no rate.
+    (37, 0.3, 0, 0.0): "[prompt 37 tokens, no new token after 0.30 s | w]",
+    # A clock that saw no time pass: no rate either, rather than a division by zero.
+    (1, 0.0, 3, 0.0): "[prompt 1 token in 0.00 s (-) | decode 2 tokens in 0.00 s (-) | w]",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("speed", list(SPEEDS), ids=str)
+def test_the_speeds_line(speed):
+    assert ladder_chat.Speed(*speed).line("w") == SPEEDS[speed]
+
+
+def test_the_speeds_line_after_one_and_two_new_tokens(capsys, fake):
+    assert ladder(["chat", "-p", "Hi", "--max-new-tokens", "1", "--threads", "2"]) == 0
+    line = capsys.readouterr().err.strip()
+    assert re.fullmatch(
+        rf"\[prompt {prompt_tokens('Hi')} tokens in [\d.]+ s \([\d.]+ tok/s\) \| "
+        r"fake, float64, 2 threads \(--threads\)\]",
+        line,
+    ), line
+    assert ladder(["chat", "-p", "Hi", "--max-new-tokens", "2"]) == 0
+    assert "| decode 1 token in " in capsys.readouterr().err
+    _one_error(capsys, ["chat", "-p", "Hi", "--max-new-tokens", "0"])  # refused, never -1
+
+
+@pytest.mark.parametrize(
+    ("cores", "load", "argv", "said"),
+    [
+        (2, 1.2, [], "1 thread (load average 1.2 on 2 cores; --threads 2 for every core)"),
+        (2, 2.6, [], "1 thread (load average 2.6 on 2 cores; --threads 2 for every core)"),
+        (2, 0.2, [], "2 threads (every core)"),
+        (16, 0.0, [], "8 threads (at most 8 by default; --threads 16 for every core)"),
+        (16, 12.4, [], "4 threads (load average 12.4 on 16 cores; --threads 16 for every core)"),
+        (2, 1.2, ["--threads", "2"], "2 threads (--threads)"),
+    ],
+)  # fmt: skip
+def test_the_threads_and_why(monkeypatch, cores, load, argv, said):
+    from ladder.cli import build_parser
+
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    args = build_parser().parse_args(["chat", *argv])
+    assert str(ladder_chat._threads(args)) == said
+
+
+# ----------------------------------------------------------------------------- on a terminal
+
+ROOT = Path(__file__).resolve().parent.parent
+WAIT_S = 60  # for the child's output or its reading: its imports (numpy) on a busy machine
+ESCAPES = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")  # readline's terminal controls (bracketed paste)
+TURNS = """\
+import sys
+from ladder.chat import _lines
+for turn in _lines():
+    print("TURN", len(turn), repr(turn[:20]), flush=True)
+print("readline" in sys.modules, "END", flush=True)
+"""
+
+
+class Terminal:
+    """A child process on a pseudo-terminal: what it prints, what the keyboard sends."""
+
+    def __init__(self, code: str):
+        import pty
+
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # the child: stdin, stdout and stderr are the terminal
+            os.chdir(ROOT)
+            os.execv(sys.executable, [sys.executable, "-c", code])
+        self.out = b""
+
+    def _read(self, timeout: float) -> None:
+        if select.select([self.fd], [], [], timeout)[0]:
+            try:
+                self.out += os.read(self.fd, 1 << 16)
+            except OSError:  # the child has exited and closed the terminal
+                pass
+
+    def send(self, data: bytes) -> None:
+        """Type (or paste) ``data``, reading what the child echoes meanwhile: the terminal's
+        buffers are small, and a child blocked on its echo would never read the rest."""
+        deadline = time.monotonic() + WAIT_S
+        while data:
+            assert time.monotonic() < deadline, (
+                f"the terminal took no more input: {self.out[-300:]!r}"
+            )
+            self._read(0)
+            if select.select([], [self.fd], [], 0.1)[1]:
+                data = data[os.write(self.fd, data[:1024]) :]
+
+    def expect(self, pattern: bytes) -> None:
+        """Wait until the output matches ``pattern``."""
+        deadline = time.monotonic() + WAIT_S
+        while not re.search(pattern, self.out, re.S):
+            assert time.monotonic() < deadline, f"waited for {pattern!r}, got {self.out[-300:]!r}"
+            self._read(0.1)
+
+
+@pytest.fixture
+def terminal():
+    pytest.importorskip("pty")  # Unix only, as the terminal behaviour it checks
+    pytest.importorskip("readline")
+    term = Terminal(TURNS)
+    yield term
+    if os.waitpid(term.pid, os.WNOHANG) == (0, 0):  # still waiting for input: a failed test
+        os.kill(term.pid, signal.SIGKILL)
+        os.waitpid(term.pid, 0)
+    os.close(term.fd)
+
+
+def test_the_terminal_edits_lines_keeps_long_turns_and_pastes_whole(terminal):
+    """readline is on; a turn longer than the 4095 bytes the terminal's canonical mode would
+    keep (what cut an 8760-character paste to 1239 tokens) arrives whole; the lines of a
+    paste are one turn, bracketed (readline 8.1's default) or not; Ctrl-D ends the line."""
+    terminal.expect(rb">>> ")
+    terminal.send(b"typed\r")
+    terminal.expect(rb"TURN 5 'typed'.*>>> ")  # the next prompt: the typed turn is over
+    terminal.send(b"a" * 8760 + b"\r")
+    terminal.expect(rb"TURN 8760 .*>>> ")
+    terminal.send(b"line one\rline two\r")  # a paste, in one write
+    terminal.expect(rb"TURN 17 'line one\\nline two'.*>>> ")
+    terminal.send(b"\x1b[200~p one\rp two\x1b[201~\r")  # as a terminal brackets a paste
+    terminal.expect(rb"TURN 11 'p one\\np two'.*>>> ")
+    terminal.send(b"\x04")  # Ctrl-D
+    terminal.expect(rb"END\r\n")
+    assert ESCAPES.sub(b"", terminal.out).endswith(b">>> \r\nTrue END\r\n")

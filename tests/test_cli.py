@@ -114,12 +114,39 @@ def test_unusable_checkpoints_are_one_line_and_nothing_changes(capsys, tmp_path)
     cases["SHA-256 does not match"] = _checkpoint(tmp_path, "flipped.pt", bytes(data))
     for match, path in cases.items():
         before = path.read_bytes() if path.is_file() else None
-        # train checks --checkpoint as an output path first: a directory is a usage error.
-        code = 2 if path.is_dir() else 1
-        one_line(capsys, code, ["train", "seq2seq", "--resume", "--checkpoint", str(path)], match)
-        one_line(capsys, 1, ["generate", "--checkpoint", str(path), "--input", "3 4"], match)
+        # A file the command line names that cannot be used is a usage error, as a bad flag is.
+        one_line(capsys, 2, ["train", "seq2seq", "--resume", "--checkpoint", str(path)], match)
+        one_line(capsys, 2, ["generate", "--checkpoint", str(path), "--input", "3 4"], match)
         if before is not None:
             assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize("command", ["chat", "generate"])
+def test_a_file_that_is_not_a_model_is_a_usage_error(capsys, tmp_path, command):
+    """A text file named like a model: exit 2 and one line naming the file, as for any misuse
+    (not 1, which is for what fails while running on good input)."""
+    text = tmp_path / "x.gguf"
+    text.write_text("a text file, not a model\n")
+    err = one_line(capsys, 2, [command, "--model", str(text), "-p", "hi"], "not a GGUF file")
+    assert err.startswith(f"ladder {command}: error: {text}: ") and "--debug" not in err
+    err = one_line(capsys, 2, ["generate", "--checkpoint", str(text), "--input", "3 4"], str(text))
+    assert "not a checkpoint of this project" in err
+    assert text.read_text() == "a text file, not a model\n"
+
+
+def test_only_the_readers_input_errors_are_usage_errors():
+    """The rule behind exit status 2: a usage error, or a reader refusing the file it was given;
+    any other exception (a ValueError inside a level, say) is a failure while running."""
+    from lab.checkpoint import CheckpointError
+    from ladder.cli import INPUT_ERRORS, UsageError, is_usage_error
+    from levels.gguf import GGUFError
+
+    assert {f"{c.__module__}.{c.__qualname__}" for c in (GGUFError, CheckpointError)} == set(
+        INPUT_ERRORS
+    )
+    assert is_usage_error(UsageError("x")) and is_usage_error(GGUFError("x"))
+    assert is_usage_error(CheckpointError("x"))
+    assert not is_usage_error(ValueError("x")) and not is_usage_error(RuntimeError("x"))
 
 
 def _trained(tmp_path: Path, capsys) -> Path:

@@ -260,6 +260,7 @@ def cache_key(model: nn.Module, batch: int) -> str:
         "torch": torch.__version__,
         "cpu": torch.backends.cpu.get_cpu_capability(),
         "machine": platform.machine(),
+        "cores": os.cpu_count(),  # the loops' parallel split (compile_step)
     }
     text = json.dumps(facts, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
@@ -325,7 +326,14 @@ def compile_step(model: nn.Module, batch: int, path: Path) -> None:
             warnings.filterwarnings("ignore", category=FutureWarning, module="copyreg")
             warnings.filterwarnings("ignore", category=DeprecationWarning, module="torch")
             program = export_step(model, batch)
-            torch._inductor.aoti_compile_and_package(program, package_path=str(scratch))
+            # Loops parallel over the machine's cores: inductor decides which loops to split
+            # from the thread count it compiles with, and a step compiled with one thread
+            # would run on one whatever the caller sets later (OpenMP runs the parallel
+            # loops with the threads torch is given at each call, one included).
+            configs = {"cpp.threads": os.cpu_count() or 1}
+            torch._inductor.aoti_compile_and_package(
+                program, package_path=str(scratch), inductor_configs=configs
+            )
         os.replace(scratch, path)  # atomic: a half-written package is never seen
     finally:
         scratch.unlink(missing_ok=True)

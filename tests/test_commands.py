@@ -1,0 +1,422 @@
+"""Every command the README and the docs show runs as shown, or says why not.
+
+A page's ```` ```bash ```` blocks are read a line at a time: a line is one
+command (a line ending in ``\\`` continues on the next), a trailing ``# ...``
+is the reader's note and not part of it, and a line that is only a comment is
+prose. ``COMMANDS`` says, page by page and in the page's order, how each one
+is checked:
+
+* ``run()``: run as shown, in the default suite; ``run(extended=True)``: in
+  the extended run (``pytest -m extended``), for the ones that take minutes.
+  The commands of a page run in the page's order, in one temporary working
+  directory (so a ``ladder train`` writes the checkpoint the next command
+  reads there), with ``LADDER_CACHE`` at the user's cache, where the real
+  models are pulled once. The default run runs a page's default commands; the
+  extended run goes through the page as a reader does, every command that
+  runs here, in order.
+* ``Same(page)``: the same command, run on that page; it reads nothing the
+  page's earlier commands wrote, so once is enough.
+* ``Collect(...)``: a ``python -m pytest`` line. Its selection is collected
+  (``--collect-only``) and checked against what the page says it selects,
+  rather than the suite running itself.
+* ``Elsewhere(where, why)``: what CI runs already, the same work named by its
+  test (or by ``.ci/run``'s own line), which must exist.
+* ``Absent(why)``: what this machine lacks (a CUDA device), or what CI's own
+  set-up runs (``pip install``).
+
+A command on a page that ``COMMANDS`` does not list, or one it lists that the
+page no longer shows, fails ``test_every_command_is_accounted_for``: a new
+command gets its line here. Each subprocess is run with a timeout, the
+environment's own ``ladder``, ``python`` and ``pytest`` first on ``PATH``, and
+a failure shows the command, its exit status and its output.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from markdown_blocks import ROOT, blocks
+
+PAGES = [ROOT / "README.md", *sorted(ROOT.glob("docs/*.md"))]
+SHELL = "bash"  # the one language of commands to run; another one is refused (ANOTHER_SHELL)
+ANOTHER_SHELL = ("sh", "shell", "console", "zsh", "shell-session")
+
+# ----------------------------------------------------------------------------- how a command is checked
+
+# Timeouts, in seconds: each about four times what the command took on a shared 2-core
+# machine (load average 2), so a slow day passes and a hang still ends.
+FAST = 60  # ladder show, pull of a cached model: about 1 s (imports)
+MODEL = 240  # a real model at level 1 to 3: 20 to 30 s, most of it reading the GGUF file
+TRAIN = 600  # a 600-step training run: 100 s; preflight at level 4 (Triton's interpreter): 270 s
+BENCH = 1500  # the full ladder bench: 5 minutes on 2 idle cores
+
+
+@dataclass(frozen=True)
+class Run:
+    """Run as shown: in the default suite, or in the extended run only."""
+
+    timeout: float  # seconds
+    extended: bool = False
+    stdin: str | None = None  # what the user types (an interactive command)
+    expect: str = ""  # text its output must hold
+    model: str = ""  # the real model it runs, pulled first (or the test skipped, as conftest's)
+    real_model_memory: bool = False  # gigabytes of a real model (level 0): CI's real-model run
+    at_root: bool = False  # it names the repository's files (benchmarks/): run at the root
+
+
+def run(timeout: float = FAST, **kwargs) -> Run:
+    return Run(timeout, **kwargs)
+
+
+SMOL, GEMMA = {"model": "smollm2-135m"}, {"model": "gemma3-270m"}
+FIXTURES = {"smollm2-135m": "smollm2_gguf", "gemma3-270m": "gemma3_gguf"}  # tests/conftest.py
+
+
+@dataclass(frozen=True)
+class Same:
+    """The same command, checked on ``page``."""
+
+    page: str
+
+
+@dataclass(frozen=True)
+class Collect:
+    """A ``pytest`` line: what it collects must pass ``check`` (a test id per item)."""
+
+    claim: str  # what the page says it selects
+    check: Callable[[list[str]], bool]
+    cuda: bool = False  # needs a CUDA device to collect at all (--device cuda)
+
+
+@dataclass(frozen=True)
+class Elsewhere:
+    """The same work, run by CI: ``where`` is a test (``path::name``) or ``.ci/run``."""
+
+    where: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Absent:
+    """Not run here, for a reason that is a real absence."""
+
+    why: str
+
+
+Check = Run | Same | Collect | Elsewhere | Absent
+
+SETUP = Absent("CI's own set-up runs it (.ci/run), in a fresh virtual environment")
+CUDA = Absent("needs a CUDA device (benchmarks/gpu_check.sh runs the GPU steps on one)")
+PARALLEL = "tests/test_parallel.py::test_two_processes_follow_the_single_process_loss_curve"
+DDP = Elsewhere(
+    PARALLEL,
+    "the same command with --quick --steps 30, its loss curve held to one process's, in the "
+    "default suite (the 600-step run takes minutes)",
+)
+FSDP = Elsewhere(PARALLEL, "as for DDP, with --fsdp (the fsdp2 case)")
+LEVELS = (
+    "level0_loops",
+    "level1_numpy",
+    "level2_torch_manual",
+    "level3_sdpa_flash",
+    "level4_triton_kernel",
+)
+
+
+def _in_file(name: str) -> Callable[[list[str]], bool]:
+    return lambda ids: bool(ids) and all(i.startswith(f"{name}::") for i in ids)
+
+
+def _has(*parts: str) -> Callable[[list[str]], bool]:
+    return lambda ids: all(any(p in i for i in ids) for p in parts)
+
+
+def _lacks(*parts: str) -> Callable[[list[str]], bool]:
+    return lambda ids: bool(ids) and not any(p in i for p in parts for i in ids)
+
+
+def _both(*checks: Callable[[list[str]], bool]) -> Callable[[list[str]], bool]:
+    return lambda ids: all(check(ids) for check in checks)
+
+
+EXTENDED_TESTS = ("tests/test_real_gemma.py::", "test_the_whole_matrix_compiles_for")
+
+COMMANDS: dict[str, list[tuple[str, Check]]] = {
+    "README.md": [
+        ("pip install torch==2.13.0", SETUP),
+        ('pip install -e ".[dev,triton]"', SETUP),
+        ('ladder chat -p "What is the capital of France?"', run(MODEL, expect="Paris", **SMOL)),
+        ('ladder chat -p "What is the capital of France?" --level 1', run(MODEL, extended=True, expect="Paris", **SMOL)),
+        # Level 0 holds the model as 6.6 GB of Python floats, and takes 90 s.
+        ('ladder chat --level 0 --max-new-tokens 3 -p "Hi"', run(TRAIN, extended=True, real_model_memory=True, **SMOL)),
+        ("ladder chat", run(MODEL, extended=True, stdin="What is the capital of France?\n/quit\n", expect="Paris", **SMOL)),
+        ("ladder bench", Same("docs/benchmarks.md")),
+        ("python -m pytest", Same("docs/testing.md")),
+        ("ladder show attention", run()),
+        ("ladder bench --quick --scenario generate", run(TRAIN, extended=True)),
+        ("ladder train seq2seq --task reverse --checkpoint runs/reverse.pt", run(TRAIN, extended=True)),
+        ("ladder train seq2seq --task reverse --nproc 2", DDP),
+        ("ladder preflight seq2seq", run()),
+        ("ladder pull gemma3-270m", run(MODEL, extended=True, **GEMMA)),  # 253 MB, once
+        ('ladder generate -p "The capital of France is" --level 2', run(MODEL, extended=True, expect="Paris", **SMOL)),
+        ('ladder generate --model runs/reverse.pt --input "5 9 4 7"', run(MODEL, extended=True, expect="5 9 4 7 -> 7 4 9 5")),
+    ],
+    "docs/benchmarks.md": [
+        ("ladder bench", run(BENCH, extended=True)),
+        ("ladder bench --quick", run(TRAIN, extended=True)),
+        ("ladder bench --levels 2,3 --scenario attention --seq-lens 256,1024,4096", run(TRAIN, extended=True)),
+        ("ladder bench --quick --json run.json --plot run.png", run(TRAIN, extended=True)),
+        ("ladder bench --device cuda", CUDA),
+        ("python -m benchmarks.plot run.json run.png", run(extended=True)),  # reads the run above
+        ("pytest benchmarks/ --benchmark-only", run(BENCH, extended=True, at_root=True)),
+        ("pytest benchmarks/ --benchmark-disable -q", Elsewhere(".ci/run", "python -m pytest -q benchmarks/ --benchmark-disable")),
+    ],
+    "docs/beyond_one_device.md": [
+        ("ladder train seq2seq --task reverse --nproc 2", DDP),
+        ("ladder train seq2seq --task reverse --nproc 2 --fsdp", FSDP),
+        ("torchrun --standalone --nproc_per_node 2 -m ladder train seq2seq --task reverse", run(TRAIN, extended=True)),
+    ],
+    "docs/checkpoints.md": [
+        ('ladder chat -p "What is the capital of France?"', Same("README.md")),
+        ("ladder chat", Same("README.md")),
+        ('ladder chat --level 1 --temperature 0 -p "Name three colours."', run(MODEL, extended=True, **SMOL)),
+        ('ladder chat --system "Answer in French." -p "What is the capital of France?"', run(MODEL, extended=True, **SMOL)),
+        ('ladder generate -p "The capital of France is" --max-new-tokens 8 --level 2', run(MODEL, extended=True, expect="Paris", **SMOL)),
+        ('ladder generate --model gemma3-270m -p "The capital of France is" --level 3', run(MODEL, extended=True, **GEMMA)),
+        ("ladder pull", run(**SMOL)),
+        ("ladder pull gemma3-270m", run(MODEL, extended=True, **GEMMA)),
+        ("ladder pull --list", run(expect="smollm2-135m")),
+    ],
+    "docs/index.md": [
+        ("ladder show", run()),
+        ("ladder show attention", run()),
+        ("ladder show kv_cache --levels 2,3", run()),
+    ],
+    "docs/level4_part2.md": [
+        ("ladder check", Elsewhere("tests/test_level4_compile.py::test_the_whole_matrix_compiles_for", "the whole matrix, a test per target, in CI's extended run (six core-minutes a target)")),
+        ("ladder check --kernel forward --dtype float32 --target sm_80", run(TRAIN, extended=True)),
+    ],
+    "docs/testing.md": [
+        ("python -m pytest", Collect("every level, all but the extended checks", _both(_has(*LEVELS), _lacks(*EXTENDED_TESTS)))),
+        ("python -m pytest -m extended", Collect("the compile matrix, real models at every level", _both(_has(*EXTENDED_TESTS, "test_level0_chats_slowly"), _lacks("tests/test_properties.py::")))),
+        ("python -m pytest -m real_model", Collect("the real models, extended or not", _both(_has("tests/test_real_gemma.py::", "tests/test_real_models.py::"), _lacks("tests/test_properties.py::")))),
+        ("python -m pytest -k level3_sdpa_flash", Collect("one level", lambda ids: bool(ids) and all("level3_sdpa_flash" in i for i in ids))),
+        ("python -m pytest tests/test_properties.py", Collect("one family of checks", _in_file("tests/test_properties.py"))),
+        ("python -m pytest tests/test_docs.py", Collect("the docs", _in_file("tests/test_docs.py"))),
+        ("python -m pytest tests/test_docs_course.py", Collect("the course", _in_file("tests/test_docs_course.py"))),
+        ("python -m pytest --device cuda", Collect("float16 and bfloat16 on a GPU", _has("float16", "bfloat16"), cuda=True)),
+        ('python -m pytest -m "not slow"', Collect("without the longer checks", _lacks("tests/test_parallel.py::"))),
+    ],
+    "docs/training.md": [
+        ("ladder train seq2seq --task reverse --level level2_torch_manual --json reverse.json --plot reverse.png", run(TRAIN, extended=True)),
+        ("ladder train seq2seq --task copy --level 2", run(TRAIN, extended=True)),
+        ("ladder train decoder-only --level 3 --checkpoint runs/cycle.pt", run(TRAIN, extended=True)),
+        ("ladder train decoder-only --level 3 --checkpoint runs/cycle.pt --resume", run(TRAIN, extended=True, expect="nothing to resume")),
+        ("ladder preflight seq2seq --task copy --level 4", run(TRAIN, extended=True)),
+        ("ladder train seq2seq --quick --level 1", run(TRAIN, extended=True)),
+        ("ladder train seq2seq --task reverse --nproc 2", DDP),
+        ("ladder train seq2seq --task reverse --nproc 2 --fsdp", FSDP),
+        ("ladder train seq2seq --task reverse --checkpoint runs/reverse.pt", run(TRAIN, extended=True)),
+        ('ladder generate --checkpoint runs/reverse.pt --input "5 9 4 7" --level 3', run(MODEL, extended=True, expect="5 9 4 7 -> 7 4 9 5")),
+    ],
+}  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- reading the pages
+
+
+def _without_comment(line: str) -> str:
+    """``line`` up to its first ``#`` outside quotes that starts a word (as the shell reads it)."""
+    quote = None
+    for i, c in enumerate(line):
+        if quote:
+            quote = None if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i].rstrip()
+    return line.rstrip()
+
+
+def commands(page: Path) -> list[str]:
+    """The commands of ``page``'s bash blocks, in order."""
+    found = []
+    for block in blocks(page):
+        if block.lang in ANOTHER_SHELL:
+            raise ValueError(f"{page}:{block.line}: write ```{SHELL} for commands (they run)")
+        if block.lang != SHELL:
+            continue
+        text = re.sub(r"\s*\\\n\s*", " ", block.text)  # continued lines are one command
+        found += [c for c in map(_without_comment, text.splitlines()) if c.strip()]
+    return found
+
+
+def _name(page: Path) -> str:
+    return str(page.relative_to(ROOT))
+
+
+# ----------------------------------------------------------------------------- running one
+
+
+def _environment() -> dict[str, str]:
+    """This environment's commands first on PATH, the user's model cache, no pytest state."""
+    from levels import registry
+
+    here = Path(sys.executable).parent
+    missing = [s for s in ("ladder", "pytest", "torchrun") if not (here / s).exists()]
+    assert not missing, (
+        f"{', '.join(missing)} not installed beside {sys.executable}: pip install -e '.[dev]'"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["PATH"] = f"{here}{os.pathsep}{env.get('PATH', '')}"
+    env["LADDER_CACHE"] = str(registry.cache_dir().resolve())
+    return env
+
+
+def shell(command: str, cwd: Path, timeout: float, stdin: str | None = None):
+    """``command`` in bash at ``cwd``: -> ``(status, stdout, stderr)``. Past ``timeout``, the
+    command and every process it started (torchrun's workers) are killed."""
+    proc = subprocess.Popen(
+        ["bash", "-c", command],
+        cwd=cwd,
+        env=_environment(),
+        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, to end it whole
+    )
+    try:
+        out, err = proc.communicate(stdin, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"`{command}` ran past its {timeout:.0f} s\n{_tail(out, err)}")
+    return proc.returncode, out, err
+
+
+def _tail(out: str, err: str) -> str:
+    return f"--- stderr (the end)\n{err[-3000:]}\n--- stdout (the end)\n{out[-1500:]}"
+
+
+def _run_page(page: str, tmp_path: Path, request, *, extended: bool) -> None:
+    """The page's commands that run (its default ones, or every one), in order, in one folder."""
+    ran = 0
+    for command, check in COMMANDS[page]:
+        if not isinstance(check, Run) or (check.extended and not extended):
+            continue
+        if check.model:
+            request.getfixturevalue(FIXTURES[check.model])
+        status, out, err = shell(
+            command, ROOT if check.at_root else tmp_path, check.timeout, check.stdin
+        )
+        assert status == 0, f"{page}: `{command}` exited {status}\n{_tail(out, err)}"
+        assert check.expect in out, (
+            f"{page}: `{command}` printed no {check.expect!r}\n{_tail(out, err)}"
+        )
+        ran += 1
+    assert ran, f"{page}: nothing ran"
+
+
+# ----------------------------------------------------------------------------- the tests
+
+
+def test_every_command_is_accounted_for():
+    """The table lists each page's commands exactly, in the page's order."""
+    problems = []
+    for page in PAGES:
+        shown, listed = commands(page), [c for c, _ in COMMANDS.get(_name(page), [])]
+        if shown != listed:
+            new = [c for c in shown if c not in listed]
+            gone = [c for c in listed if c not in shown]
+            problems.append(
+                f"{_name(page)}: not in COMMANDS: {new}; in COMMANDS, not on the page: {gone}"
+                + ("" if new or gone else "; the order differs")
+            )
+    assert not set(COMMANDS) - {_name(p) for p in PAGES}, "COMMANDS names a page that is gone"
+    assert not problems, "\n".join(problems)
+
+
+def test_a_commands_note_and_continued_lines_are_read_as_the_shell_reads_them(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(
+        "```bash\n# a note on its own line\nladder show   # the levels\n"
+        'ladder chat -p "a # in quotes" \\\n   --level 1\n```\n\n```python\nprint(1)\n```\n'
+    )
+    assert commands(page) == ["ladder show", 'ladder chat -p "a # in quotes" --level 1']
+    page.write_text("```console\n$ ladder show\n```\n")
+    with pytest.raises(ValueError, match="write ```bash"):
+        commands(page)
+
+
+def test_what_the_table_points_to_exists():
+    """A ``Same`` page runs that command; an ``Elsewhere`` test or CI line exists."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    for page, rows in COMMANDS.items():
+        for command, check in rows:
+            if isinstance(check, Same):
+                there = dict(COMMANDS[check.page]).get(command)
+                assert isinstance(there, Run | Collect), (
+                    f"{page}: `{command}` is not run on {check.page}"
+                )
+            elif isinstance(check, Elsewhere) and check.where == ".ci/run":
+                assert check.why in ci, f"{page}: .ci/run no longer runs `{check.why}`"
+            elif isinstance(check, Elsewhere):
+                path, _, name = check.where.partition("::")
+                tree = ast.parse((ROOT / path).read_text())
+                names = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+                assert name in names, f"{page}: `{command}`: {check.where} does not exist"
+
+
+def _pages(extended: bool) -> list:
+    """The pages with commands to run: those with a default one, or (extended) any."""
+    found = []
+    for page, rows in COMMANDS.items():
+        runs = [c for _, c in rows if isinstance(c, Run)]
+        if not extended and any(not c.extended for c in runs):
+            found.append(page)
+        elif extended and runs:
+            marks = [pytest.mark.extended]
+            if any(c.real_model_memory for c in runs):
+                marks.append(pytest.mark.real_model)
+            found.append(pytest.param(page, marks=marks))
+    return found
+
+
+@pytest.mark.parametrize("page", _pages(extended=False))
+def test_the_commands_run(page, tmp_path, request):
+    _run_page(page, tmp_path, request, extended=False)
+
+
+@pytest.mark.parametrize("page", _pages(extended=True))
+def test_the_commands_run_in_the_extended_run(page, tmp_path, request):
+    _run_page(page, tmp_path, request, extended=True)
+
+
+COLLECTS = [
+    (p, c) for p, rows in COMMANDS.items() for c, check in rows if isinstance(check, Collect)
+]
+
+
+@pytest.mark.extended  # 25 s or more each: a collection of the whole suite imports every peer
+@pytest.mark.parametrize(("page", "command"), COLLECTS, ids=[c for _, c in COLLECTS])
+def test_a_pytest_line_selects_what_its_page_says(page, command):
+    check = dict(COMMANDS[page])[command]
+    if check.cuda:
+        import torch
+
+        if not torch.cuda.is_available():
+            pytest.skip("needs a CUDA device")
+    status, out, err = shell(f"{command} --collect-only -q", ROOT, timeout=MODEL)
+    assert status == 0, f"`{command} --collect-only -q` exited {status}\n{_tail(out, err)}"
+    ids = [line for line in out.splitlines() if "::" in line]
+    assert check.check(ids), f"{page}: `{command}` collects {len(ids)} tests, not {check.claim}"
