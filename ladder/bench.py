@@ -148,6 +148,8 @@ def _compiled_peer(args, backends, plan, device: str, dtype: str, console):
 
     if args.compile is False or not plan.workloads.get("real-model"):
         return None
+    if args.compile is None and os.environ.get("LADDER_COMPILE") == "0":
+        return None  # as ladder chat: the default made eager
     if not any(b.name == B.SDPA_LEVEL for b in backends):
         if args.compile:
             raise UsageError("--compile is level 3's: add level 3 to --levels")

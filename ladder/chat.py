@@ -161,7 +161,9 @@ def _level3_options(level, args) -> tuple[str, bool]:
     """``(weights, compile)`` for this level: both level 3's alone. ``ladder chat`` compiles
     by default (``--no-compile``: eager), which pays once and then at every answer;
     ``ladder generate`` compiles when asked (``--compile``): one continuation rarely
-    repays a first compile. Without a C++ compiler the model says so and decodes eagerly."""
+    repays a first compile. ``LADDER_COMPILE=0`` makes chat's default eager too (the test
+    suite's, which is not about the compiler). Without a C++ compiler the model says so
+    and decodes eagerly."""
     weights = getattr(args, "weights", "float") or "float"
     asked = getattr(args, "compile", None)
     is_level3 = level.__name__.endswith("level3_sdpa_flash")
@@ -171,7 +173,9 @@ def _level3_options(level, args) -> tuple[str, bool]:
         if asked:
             raise UsageError("--compile is level 3's (--level 3)")
         return "float", False
-    return weights, (args.command == "chat") if asked is None else asked
+    if asked is None:  # chat's default, unless LADDER_COMPILE=0 says otherwise
+        return weights, args.command == "chat" and os.environ.get("LADDER_COMPILE") != "0"
+    return weights, asked
 
 
 def _prepare_decode(model) -> None:
@@ -609,9 +613,9 @@ def generate(args: argparse.Namespace) -> int:
         raise UsageError(f"--prompt {args.prompt!r} encodes to no tokens")
     threads = _threads(args)
     new_tokens(loaded, len(ids), args)  # before the prompt is echoed
-    _prepare_decode(loaded.model)
-    print(args.prompt, end="", flush=True)
     with threads.limit():
+        _prepare_decode(loaded.model)  # for these threads
+        print(args.prompt, end="", flush=True)
         _, speed = answer(loaded, ids, args)
     print()
     _report(loaded, speed, threads)

@@ -97,6 +97,11 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "no_lowp: no float16/bfloat16 run (no PyTorch baseline to hold it to)"
     )
+    # `ladder chat` at level 3 compiles its decode step by default: a few minutes once per
+    # model shape and code version, which the tests of chat's behaviour do not need. They
+    # run eager (and so do the commands they spawn); the tests of the compiled step ask for
+    # it (tests/test_compiled_decode.py, --compile in the chat tests that check it).
+    os.environ.setdefault("LADDER_COMPILE", "0")
     # The tests use tiny shapes, for which PyTorch's intra-op thread pool costs
     # far more than it saves (spin-waiting threads on a shared 2-core machine
     # made small float64 matmuls ~10x slower): one thread.

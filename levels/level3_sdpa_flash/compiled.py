@@ -250,7 +250,8 @@ def _source_digest() -> str:
 
 def cache_key(model: nn.Module, batch: int) -> str:
     """What a compiled step depends on, but the weights' values: the config, the dtype, the
-    batch, the weights' format, the code, torch, and the CPU's vector instructions."""
+    batch, the weights' format, the code, torch, the CPU's vector instructions, and the
+    threads torch runs with (the step is compiled for them)."""
     facts = {
         "config": asdict(model.config),
         "dtype": str(model.dtype),
@@ -260,7 +261,7 @@ def cache_key(model: nn.Module, batch: int) -> str:
         "torch": torch.__version__,
         "cpu": torch.backends.cpu.get_cpu_capability(),
         "machine": platform.machine(),
-        "cores": os.cpu_count(),  # the loops' parallel split (compile_step)
+        "threads": torch.get_num_threads(),  # the loops' split over threads (compile_step)
     }
     text = json.dumps(facts, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
@@ -326,11 +327,12 @@ def compile_step(model: nn.Module, batch: int, path: Path) -> None:
             warnings.filterwarnings("ignore", category=FutureWarning, module="copyreg")
             warnings.filterwarnings("ignore", category=DeprecationWarning, module="torch")
             program = export_step(model, batch)
-            # Loops parallel over the machine's cores: inductor decides which loops to split
-            # from the thread count it compiles with, and a step compiled with one thread
-            # would run on one whatever the caller sets later (OpenMP runs the parallel
-            # loops with the threads torch is given at each call, one included).
-            configs = {"cpp.threads": os.cpu_count() or 1}
+            # Inductor decides which loops to split over threads from the thread count it
+            # compiles with: a step compiled for one thread runs on one whatever is set
+            # later, and one compiled for two runs its split loops badly on one (measured:
+            # no faster than eager). So a step is compiled for the threads torch has now,
+            # and kept under that count (cache_key).
+            configs = {"cpp.threads": torch.get_num_threads()}
             torch._inductor.aoti_compile_and_package(
                 program, package_path=str(scratch), inductor_configs=configs
             )

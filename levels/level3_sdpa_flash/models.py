@@ -107,8 +107,8 @@ class DecoderOnlyTransformer(_Quantizable, level2.DecoderOnlyTransformer):
     """Level 2's decoder-only model on level 3's kernels; ``compile=True`` decodes with
     the whole step compiled (``compiled.py``).
 
-    With ``compile``, the first decode step of a batch size compiles the step for it,
-    or loads it from the user's cache (``prepare_decode`` does it beforehand, and says
+    With ``compile``, the first decode step of a batch size (and thread count) compiles
+    the step for it, or loads it from the user's cache (``prepare_decode`` does it beforehand, and says
     which, ``decode_report``); every later step of that batch size runs it, but the
     cache's last slot, which runs eagerly, as does every step of a model without a C++
     compiler. The prompt's prefill stays eager: it is a batched product, already
@@ -121,19 +121,21 @@ class DecoderOnlyTransformer(_Quantizable, level2.DecoderOnlyTransformer):
     def __init__(self, *args, compile: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         self.compiled_decode = compile
-        self._steps: dict[int, compiled.CompiledDecode | None] = {}  # by batch size
+        # By (batch size, torch's threads): a CPU step is compiled for the threads it runs on.
+        self._steps: dict[tuple[int, int], compiled.CompiledDecode | None] = {}
         self.decode_report: compiled.CompileReport | None = None
 
     def prepare_decode(self, batch: int = 1) -> compiled.CompileReport:
-        """Compile the decode step for ``batch`` rows, or load it from the cache, now ->
-        how it went (compiled, loaded, or eager and why)."""
-        if batch not in self._steps:
+        """Compile the decode step for ``batch`` rows and the threads torch runs with now, or
+        load it from the cache -> how it went (compiled, loaded, or eager and why)."""
+        key = (batch, torch.get_num_threads())
+        if key not in self._steps:
             reason = compiled.compiler_missing() if self.device.type == "cpu" else None
             if reason is not None:
-                self._steps[batch] = None
+                self._steps[key] = None
                 self.decode_report = compiled.CompileReport("eager", 0.0, reason=reason)
             else:
-                self._steps[batch] = step = compiled.build(self, batch)
+                self._steps[key] = step = compiled.build(self, batch)
                 self.decode_report = step.report
         return self.decode_report
 
@@ -152,7 +154,7 @@ class DecoderOnlyTransformer(_Quantizable, level2.DecoderOnlyTransformer):
         if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
             return None  # the compiled step has no backward
         self.prepare_decode(tokens.shape[0])
-        step = self._steps[tokens.shape[0]]
+        step = self._steps[(tokens.shape[0], torch.get_num_threads())]
         return step if step is not None and step.fits(tokens, cache) else None
 
 
