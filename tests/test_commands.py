@@ -7,13 +7,17 @@ prose. ``COMMANDS`` says, page by page and in the page's order, how each one
 is checked:
 
 * ``run()``: run as shown, in the default suite; ``run(extended=True)``: in
-  the extended run (``pytest -m extended``), for the ones that take minutes.
+  the extended run (``pytest -m extended``), for the ones that take minutes;
+  ``run(manual=True)``: only in the run a release gets (``pytest -m manual
+  tests/test_commands.py``, an hour on 2 cores), for the benchmark runs and
+  the 600-step trainings, whose code CI runs in a shorter form named beside
+  them. CI's 20 minutes cannot hold them.
   The commands of a page run in the page's order, in one temporary working
   directory (so a ``ladder train`` writes the checkpoint the next command
   reads there), with ``LADDER_CACHE`` at the user's cache, where the real
-  models are pulled once. The default run runs a page's default commands; the
-  extended run goes through the page as a reader does, every command that
-  runs here, in order.
+  models are pulled once. The default run runs a page's default commands, the
+  extended run its default and extended ones, and the manual run goes through
+  the page as a reader does, every command that runs here, in order.
 * ``Same(page)``: the same command, run on that page; it reads nothing the
   page's earlier commands wrote, so once is enough.
 * ``Collect(...)``: a ``python -m pytest`` line. Its selection is collected
@@ -66,6 +70,7 @@ class Run:
 
     timeout: float  # seconds
     extended: bool = False
+    manual: bool = False  # the release run only (implies extended); the comment says what CI runs
     stdin: str | None = None  # what the user types (an interactive command)
     expect: str = ""  # text its output must hold
     model: str = ""  # the real model it runs, pulled first (or the test skipped, as conftest's)
@@ -74,7 +79,16 @@ class Run:
 
 
 def run(timeout: float = FAST, **kwargs) -> Run:
+    if kwargs.get("manual"):
+        kwargs["extended"] = True
     return Run(timeout, **kwargs)
+
+
+TIERS = ("default", "extended", "manual")
+
+
+def _tier(check: Run) -> int:
+    return 2 if check.manual else 1 if check.extended else 0
 
 
 SMOL, GEMMA = {"model": "smollm2-135m"}, {"model": "gemma3-270m"}
@@ -162,7 +176,7 @@ COMMANDS: dict[str, list[tuple[str, Check]]] = {
         ("ladder bench", Same("docs/benchmarks.md")),
         ("python -m pytest", Same("docs/testing.md")),
         ("ladder show attention", run()),
-        ("ladder bench --quick --scenario generate", run(TRAIN, extended=True)),
+        ("ladder bench --quick --scenario generate", run(TRAIN, manual=True)),  # CI: test_benchmarks_cli's tiny run
         ("ladder train seq2seq --task reverse --checkpoint runs/reverse.pt", run(TRAIN, extended=True)),
         ("ladder train seq2seq --task reverse --nproc 2", DDP),
         ("ladder preflight seq2seq", run()),
@@ -171,19 +185,19 @@ COMMANDS: dict[str, list[tuple[str, Check]]] = {
         ('ladder generate --model runs/reverse.pt --input "5 9 4 7"', run(MODEL, extended=True, expect="5 9 4 7 -> 7 4 9 5")),
     ],
     "docs/benchmarks.md": [
-        ("ladder bench", run(BENCH, extended=True)),
-        ("ladder bench --quick", run(TRAIN, extended=True)),
+        ("ladder bench", run(BENCH, manual=True)),  # CI: the --quick run below, every scenario smaller
+        ("ladder bench --quick", run(TRAIN, manual=True)),  # CI: the same run, two lines below, with its files
         ("ladder bench --levels 2,3 --scenario attention --seq-lens 256,1024,4096", run(TRAIN, extended=True)),
-        ("ladder bench --quick --json run.json --plot run.png", run(TRAIN, extended=True)),
+        ("ladder bench --quick --json run.json --plot run.png", run(TRAIN, manual=True)),  # CI: test_benchmarks_cli's tiny run
         ("ladder bench --device cuda", CUDA),
-        ("python -m benchmarks.plot run.json run.png", run(extended=True)),  # reads the run above
-        ("pytest benchmarks/ --benchmark-only", run(BENCH, extended=True, at_root=True)),
+        ("python -m benchmarks.plot run.json run.png", run(manual=True)),  # reads the run above
+        ("pytest benchmarks/ --benchmark-only", run(BENCH, manual=True, at_root=True)),  # CI: --benchmark-disable
         ("pytest benchmarks/ --benchmark-disable -q", Elsewhere(".ci/run", "python -m pytest -q benchmarks/ --benchmark-disable")),
     ],
     "docs/beyond_one_device.md": [
         ("ladder train seq2seq --task reverse --nproc 2", DDP),
         ("ladder train seq2seq --task reverse --nproc 2 --fsdp", FSDP),
-        ("torchrun --standalone --nproc_per_node 2 -m ladder train seq2seq --task reverse", run(TRAIN, extended=True)),
+        ("torchrun --standalone --nproc_per_node 2 -m ladder train seq2seq --task reverse", run(TRAIN, manual=True)),  # CI: DDP's 30 steps
     ],
     "docs/checkpoints.md": [
         ('ladder chat -p "What is the capital of France?"', Same("README.md")),
@@ -201,7 +215,7 @@ COMMANDS: dict[str, list[tuple[str, Check]]] = {
         ("ladder show attention", run()),
         ("ladder show kv_cache --levels 2,3", run()),
     ],
-    "docs/level4_part2.md": [
+    "docs/appendix.md": [
         ("ladder check", Elsewhere("tests/test_level4_compile.py::test_the_whole_matrix_compiles_for", "the whole matrix, a test per target, in CI's extended run (six core-minutes a target)")),
         ("ladder check --kernel forward --dtype float32 --target sm_80", run(TRAIN, extended=True)),
     ],
@@ -209,6 +223,7 @@ COMMANDS: dict[str, list[tuple[str, Check]]] = {
         ("python -m pytest", Collect("every level, all but the extended checks", _both(_has(*LEVELS), _lacks(*EXTENDED_TESTS)))),
         ("python -m pytest -m extended", Collect("the compile matrix, real models at every level", _both(_has(*EXTENDED_TESTS, "test_level0_chats_slowly"), _lacks("tests/test_properties.py::")))),
         ("python -m pytest -m real_model", Collect("the real models, extended or not", _both(_has("tests/test_real_gemma.py::", "tests/test_real_models.py::"), _lacks("tests/test_properties.py::")))),
+        ("python -m pytest -m manual", Collect("every command the docs show", _both(_in_file("tests/test_commands.py"), _has("test_every_command_runs_in_the_release_run")))),
         ("python -m pytest -k level3_sdpa_flash", Collect("one level", lambda ids: bool(ids) and all("level3_sdpa_flash" in i for i in ids))),
         ("python -m pytest tests/test_properties.py", Collect("one family of checks", _in_file("tests/test_properties.py"))),
         ("python -m pytest tests/test_docs.py", Collect("the docs", _in_file("tests/test_docs.py"))),
@@ -216,17 +231,20 @@ COMMANDS: dict[str, list[tuple[str, Check]]] = {
         ("python -m pytest --device cuda", Collect("float16 and bfloat16 on a GPU", _has("float16", "bfloat16"), cuda=True)),
         ('python -m pytest -m "not slow"', Collect("without the longer checks", _lacks("tests/test_parallel.py::"))),
     ],
+    "docs/text_model.md": [
+        ("python docs/tools/figures.py --train-text", Elsewhere("tests/test_docs_course.py::test_the_text_model_data_is_what_training_gives", "the same training, compared with the committed run, in CI's extended run")),
+    ],
     "docs/training.md": [
-        ("ladder train seq2seq --task reverse --level level2_torch_manual --json reverse.json --plot reverse.png", run(TRAIN, extended=True)),
-        ("ladder train seq2seq --task copy --level 2", run(TRAIN, extended=True)),
-        ("ladder train decoder-only --level 3 --checkpoint runs/cycle.pt", run(TRAIN, extended=True)),
-        ("ladder train decoder-only --level 3 --checkpoint runs/cycle.pt --resume", run(TRAIN, extended=True, expect="nothing to resume")),
-        ("ladder preflight seq2seq --task copy --level 4", run(TRAIN, extended=True)),
+        ("ladder train seq2seq --task reverse --level level2_torch_manual --json reverse.json --plot reverse.png", run(TRAIN, manual=True)),
+        ("ladder train seq2seq --task copy --level 2", run(TRAIN, manual=True)),
+        ("ladder train decoder-only --level 3 --checkpoint runs/cycle.pt", run(TRAIN, manual=True)),
+        ("ladder train decoder-only --level 3 --checkpoint runs/cycle.pt --resume", run(TRAIN, manual=True, expect="nothing to resume")),
+        ("ladder preflight seq2seq --task copy --level 4", run(TRAIN, manual=True)),
         ("ladder train seq2seq --quick --level 1", run(TRAIN, extended=True)),
         ("ladder train seq2seq --task reverse --nproc 2", DDP),
         ("ladder train seq2seq --task reverse --nproc 2 --fsdp", FSDP),
-        ("ladder train seq2seq --task reverse --checkpoint runs/reverse.pt", run(TRAIN, extended=True)),
-        ('ladder generate --checkpoint runs/reverse.pt --input "5 9 4 7" --level 3', run(MODEL, extended=True, expect="5 9 4 7 -> 7 4 9 5")),
+        ("ladder train seq2seq --task reverse --checkpoint runs/reverse.pt", run(TRAIN, manual=True)),
+        ('ladder generate --checkpoint runs/reverse.pt --input "5 9 4 7" --level 3', run(MODEL, manual=True, expect="5 9 4 7 -> 7 4 9 5")),
     ],
 }  # fmt: skip
 
@@ -308,11 +326,11 @@ def _tail(out: str, err: str) -> str:
     return f"--- stderr (the end)\n{err[-3000:]}\n--- stdout (the end)\n{out[-1500:]}"
 
 
-def _run_page(page: str, tmp_path: Path, request, *, extended: bool) -> None:
-    """The page's commands that run (its default ones, or every one), in order, in one folder."""
+def _run_page(page: str, tmp_path: Path, request, *, tier: str) -> None:
+    """The page's commands that run in ``tier`` or a shorter one, in order, in one folder."""
     ran = 0
     for command, check in COMMANDS[page]:
-        if not isinstance(check, Run) or (check.extended and not extended):
+        if not isinstance(check, Run) or _tier(check) > TIERS.index(tier):
             continue
         if check.model:
             request.getfixturevalue(FIXTURES[check.model])
@@ -377,29 +395,36 @@ def test_what_the_table_points_to_exists():
                 assert name in names, f"{page}: `{command}`: {check.where} does not exist"
 
 
-def _pages(extended: bool) -> list:
-    """The pages with commands to run: those with a default one, or (extended) any."""
+def _pages(tier: str) -> list:
+    """The pages with a command in ``tier``, marked for the run that holds it."""
     found = []
     for page, rows in COMMANDS.items():
         runs = [c for _, c in rows if isinstance(c, Run)]
-        if not extended and any(not c.extended for c in runs):
-            found.append(page)
-        elif extended and runs:
-            marks = [pytest.mark.extended]
-            if any(c.real_model_memory for c in runs):
-                marks.append(pytest.mark.real_model)
-            found.append(pytest.param(page, marks=marks))
+        if not any(_tier(c) == TIERS.index(tier) for c in runs):
+            continue
+        marks = {"default": [], "extended": [pytest.mark.extended], "manual": [pytest.mark.manual]}
+        marks = marks[tier]
+        if tier != "default" and any(
+            c.real_model_memory for c in runs if _tier(c) <= TIERS.index(tier)
+        ):
+            marks.append(pytest.mark.real_model)
+        found.append(pytest.param(page, marks=marks))
     return found
 
 
-@pytest.mark.parametrize("page", _pages(extended=False))
+@pytest.mark.parametrize("page", _pages("default"))
 def test_the_commands_run(page, tmp_path, request):
-    _run_page(page, tmp_path, request, extended=False)
+    _run_page(page, tmp_path, request, tier="default")
 
 
-@pytest.mark.parametrize("page", _pages(extended=True))
+@pytest.mark.parametrize("page", _pages("extended"))
 def test_the_commands_run_in_the_extended_run(page, tmp_path, request):
-    _run_page(page, tmp_path, request, extended=True)
+    _run_page(page, tmp_path, request, tier="extended")
+
+
+@pytest.mark.parametrize("page", _pages("manual"))
+def test_every_command_runs_in_the_release_run(page, tmp_path, request):
+    _run_page(page, tmp_path, request, tier="manual")
 
 
 COLLECTS = [

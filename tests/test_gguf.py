@@ -202,5 +202,5 @@ def test_ladder_answers_a_bad_file_with_one_line(tmp_path, capsys):
     bad.write_bytes(b"GGUF" + bytes(3))
     status = ladder(["generate", "--model", str(bad), "--prompt", "hi", "--level", "1"])
     err = capsys.readouterr().err
-    assert status == 1 and err.count("\n") == 1, err
+    assert status == 2 and err.count("\n") == 1, err
     assert "truncated" in err and "Traceback" not in err

@@ -832,7 +832,10 @@ def test_ladder_generate_hf_prints_the_prompt_and_its_greedy_continuation(
 HF_MISUSES = [
     (["--prompt", "x", "--input", "5 6"], "--input goes with a `ladder train` checkpoint"),
     ([], "generate needs --prompt"),
-    (["--prompt", "x", "--max-new-tokens", "70"], "exceed the --context of 64"),
+    (
+        ["--prompt", "x", "--max-new-tokens", "70"],
+        "leaves room for 62 tokens, not --max-new-tokens 70",
+    ),
     (["--prompt", "x", "--level", "0", "--dtype", "float32"], "computes in float64"),
     (["--prompt", "x", "--context", "65"], "exceeds the model's 64 tokens"),
 ]
