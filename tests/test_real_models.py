@@ -268,9 +268,11 @@ def test_the_compiled_decode_gives_the_eager_tokens_and_logits(
                 token = want.argmax(-1)
                 assert torch.equal(got.argmax(-1), token), f"{name}: step {step}"
                 # The same float32 products summed in another order (a dot product per row
-                # against the library's GEMM), through 30 layers: measured 1.6e-5 on logits
-                # up to 41 (4e-7 of their range); a wrong slot or mask costs O(1).
-                assert (got - want).abs().max().item() <= 1e-5 * want.abs().max().item() * 10
+                # against the library's GEMM), through 30 layers: measured at most 1.3e-4 on
+                # logits up to 38 (3.4e-6 of the largest; 2026-12-05, three prompts, 32 steps
+                # each); the bound, 1e-4 of the largest, leaves 30x for another CPU's order.
+                # A wrong slot or mask costs O(1).
+                assert (got - want).abs().max().item() <= 1e-4 * want.abs().max().item()
                 want, got = eager.decode_step(token, want_cache), fast.decode_step(token, got_cache)
 
 
