@@ -345,9 +345,10 @@ def record_flash_tiles(out: Path) -> None:
     import torch
 
     import levels
+
+    L4 = levels.load("level4_triton_kernel")  # first: without triton, LevelUnavailable says why
     from levels.level4_triton_kernel.tiles import Tiles
 
-    L4 = levels.load("level4_triton_kernel")
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 1, n, FLASH_DH, generator=g) for n in (FLASH_T, FLASH_S, FLASH_S))
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -490,11 +491,12 @@ def record_backward_loops(out: Path) -> None:
     import torch
 
     import levels
+
+    levels.load("level4_triton_kernel")  # first: without triton, LevelUnavailable says why
     from levels.level4_triton_kernel.flash_backward import flash_backward
     from levels.level4_triton_kernel.flash_forward import flash_forward
     from levels.level4_triton_kernel.tiles import Tiles
 
-    levels.load("level4_triton_kernel")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 1, n, 16, generator=g).to(device) for n in (BWD_T, BWD_S, BWD_S))
