@@ -32,7 +32,9 @@ unsupported, with the command that pulls it.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import io
 import os
 from dataclasses import dataclass
 from functools import cache
@@ -172,18 +174,22 @@ class RealModel:
         config, params, ids = _loaded("float32")
         _truth()  # the float64 reference now: the check that follows times the level alone
         note = ""
-        if subject.name == "transformers":
-            step, first = _peer_calls(ids, self.phase)
-        else:
-            step, first, note = _level_calls(subject, config, params, ids, self.fmt, self.phase)
         threads = self.threads
+        # Built, checked and timed at the case's threads: a compiled step is compiled for the
+        # threads it runs with, and its note must say how the timed one was had.
+        with cpu_threads(threads):
+            if subject.name == "transformers":
+                step, first = _peer_calls(ids, self.phase)
+            else:
+                step, first, note = _level_calls(subject, config, params, ids, self.fmt, self.phase)
 
         def run():
             with cpu_threads(threads):
                 return step()
 
         def error() -> float:
-            return scaled_error(first(), _truth())
+            with cpu_threads(threads):
+                return scaled_error(first(), _truth())
 
         bytes_read = None
         if self.phase == "decode":
@@ -295,10 +301,9 @@ def _peer_model(path: str):
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     # Its GGUF reader draws its own progress bar (tqdm, on stderr), which the switch above
-    # does not reach; TQDM_DISABLE does, for this load only.
-    saved = os.environ.get("TQDM_DISABLE")
-    os.environ["TQDM_DISABLE"] = "1"
-    try:
+    # does not reach, nor does TQDM_DISABLE (tqdm reads it when imported): the load's
+    # stderr goes nowhere. An error still raises, with its message.
+    with contextlib.redirect_stderr(io.StringIO()):
         model = transformers.AutoModelForCausalLM.from_pretrained(
             str(file.parent),
             gguf_file=file.name,
@@ -306,11 +311,6 @@ def _peer_model(path: str):
             quantization_config=transformers.GgufConfig(dequantize=True),
             attn_implementation="sdpa",
         )
-    finally:
-        if saved is None:
-            del os.environ["TQDM_DISABLE"]
-        else:
-            os.environ["TQDM_DISABLE"] = saved
     return model.eval()
 
 

@@ -9,6 +9,7 @@ Nothing here computes an expected value for a level; expected values come from
 from __future__ import annotations
 
 import contextlib
+import os
 import warnings
 from dataclasses import dataclass
 from types import ModuleType
@@ -21,6 +22,13 @@ from levels.common import boundary
 from levels.common.params import subset
 
 LOW_PRECISION = ("float16", "bfloat16")
+
+
+def pythonpath(*first: object) -> str:
+    """A child process's PYTHONPATH: ``first``, then this process's own (kept, so a run
+    that hides a package through it, as CI's suite without triton does, hides it there too)."""
+    return os.pathsep.join(str(p) for p in (*first, os.environ.get("PYTHONPATH")) if p)
+
 
 # Gemma 3's architecture at a test's size, one set of options for every file that varies a
 # config over the families: heads wider than D / H (head_dim), one KV head, QK-norm, a norm

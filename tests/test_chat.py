@@ -153,16 +153,6 @@ def test_chat_refuses_a_model_without_a_template(capsys, gemma3_gguf):
     assert status == 2 and "has no chat template; use ladder generate" in err  # a misuse
 
 
-@pytest.mark.extended
-@pytest.mark.real_model  # level 0: SmolLM2 as 4 GB of Python floats (test_real_gemma.py)
-def test_level0_chats_slowly_and_says_so(capsys):
-    argv = ["-p", "Hi", "--system", "Be brief.", "--temperature", "0", "--max-new-tokens", "3"]
-    status, out, err, speeds = _chat(capsys, *argv, "--level", "0")
-    assert status == 0 and "level 0 computes in pure Python" in err
-    _, want, _, _ = _chat(capsys, *argv, "--level", "1")
-    assert out == want and speeds[0][1] <= 2
-
-
 # ----------------------------------------------------------------------------- on a fake model
 
 EOS = 3  # the fake's end-of-turn id (a control character: never in a test's text)

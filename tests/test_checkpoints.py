@@ -19,6 +19,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from _helpers import pythonpath
 
 from lab.checkpoint import MAGIC, CheckpointError, load_checkpoint, save_checkpoint
 
@@ -185,7 +186,7 @@ def test_kill_9_during_saves_never_loses_the_previous_checkpoint(tmp_path):
             cwd=root,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONPATH": root},
+            env={**os.environ, "PYTHONPATH": pythonpath(root)},
         )
         try:
             assert proc.stdout.readline()  # one save done: the file exists from here on

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _helpers import pythonpath
 
 from lab.checkpoint import save_checkpoint
 from ladder.cli import main as ladder
@@ -247,7 +248,7 @@ def _ladder_process(*argv: str, env: dict | None = None) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        env={**os.environ, "PYTHONPATH": pythonpath(ROOT), **(env or {})},
     )
 
 
@@ -274,7 +275,12 @@ def test_level_4_without_triton_is_one_line(tmp_path):
     fake.mkdir()
     (fake / "__init__.py").write_text("raise ImportError('No module named triton (simulated)')\n")
     proc = _ladder_process(
-        "train", "seq2seq", "--level", "4", "--quick", env={"PYTHONPATH": f"{tmp_path}:{ROOT}"}
+        "train",
+        "seq2seq",
+        "--level",
+        "4",
+        "--quick",
+        env={"PYTHONPATH": pythonpath(tmp_path, ROOT)},
     )
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, err

@@ -73,6 +73,7 @@ class Run:
     manual: bool = False  # the release run only (implies extended); the comment says what CI runs
     stdin: str | None = None  # what the user types (an interactive command)
     expect: str = ""  # text its output must hold
+    expect_err: str = ""  # text its stderr must hold (a warning the page promises)
     model: str = ""  # the real model it runs, pulled first (or the test skipped, as conftest's)
     real_model_memory: bool = False  # gigabytes of a real model (level 0): CI's real-model run
     at_root: bool = False  # it names the repository's files (benchmarks/): run at the root
@@ -171,7 +172,7 @@ COMMANDS: dict[str, list[tuple[str, Check]]] = {
         ('ladder chat -p "What is the capital of France?"', run(MODEL, expect="Paris", **SMOL)),
         ('ladder chat -p "What is the capital of France?" --level 1', run(MODEL, extended=True, expect="Paris", **SMOL)),
         # Level 0 holds the model as 6.6 GB of Python floats, and takes 90 s.
-        ('ladder chat --level 0 --max-new-tokens 3 -p "Hi"', run(TRAIN, extended=True, real_model_memory=True, **SMOL)),
+        ('ladder chat --level 0 --max-new-tokens 3 -p "Hi"', run(TRAIN, extended=True, real_model_memory=True, expect_err="level 0 computes in pure Python", **SMOL)),
         ("ladder chat", run(MODEL, extended=True, stdin="What is the capital of France?\n/quit\n", expect="Paris", **SMOL)),
         ("ladder bench", Same("docs/benchmarks.md")),
         ("python -m pytest", Same("docs/testing.md")),
@@ -340,6 +341,9 @@ def _run_page(page: str, tmp_path: Path, request, *, tier: str) -> None:
         assert status == 0, f"{page}: `{command}` exited {status}\n{_tail(out, err)}"
         assert check.expect in out, (
             f"{page}: `{command}` printed no {check.expect!r}\n{_tail(out, err)}"
+        )
+        assert check.expect_err in err, (
+            f"{page}: `{command}` warned no {check.expect_err!r}\n{_tail(out, err)}"
         )
         ran += 1
     assert ran, f"{page}: nothing ran"

@@ -16,7 +16,8 @@ what sits around them and is easy to leave stale:
   ``docs/solutions.md`` exists;
 * the rendered figures (``docs/tools/figures.py``) were drawn from the committed data
   and drawing code, the induction-head data came from the lab's current defaults, and
-  the explanatory figures' data is what the library computes now.
+  the explanatory figures' data is what the library computes now;
+* docs/decoding.md's real-model tables are the committed benchmark run, cell for cell.
 """
 
 from __future__ import annotations
@@ -339,6 +340,20 @@ def test_the_explanatory_figures_show_what_the_code_computes_now(figure, tmp_pat
         f"{_rel(figure.data)} is not what the code computes now ({differ[:3]}): run "
         "`python docs/tools/figures.py --record`"
     )
+
+
+def test_the_decoding_page_quotes_the_committed_real_model_run():
+    """Every tokens/s, GB/s, share and error docs/decoding.md tabulates for the real model
+    is docs/tools/decode_tables.py's rendering of docs/data/real_model_cpu.json, the run
+    the roofline figure is drawn from."""
+    from decode_tables import DATA, tables
+
+    page = (DOCS / "decoding.md").read_text()
+    for name, table in tables(DATA).items():
+        assert table in page, (
+            f"docs/decoding.md does not hold the {name} table of {_rel(DATA)} as rendered: "
+            f"paste it from `python docs/tools/decode_tables.py`\n{table}"
+        )
 
 
 def test_the_induction_head_data_comes_from_the_lab_defaults():

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import parallel_cases
 import pytest
+from _helpers import pythonpath
 
 from lab import distributed
 
@@ -69,7 +70,7 @@ def test_uneven_shards_empty_rows_and_other_masks_are_refused_on_every_rank(tmp_
 
 
 def ladder(*args: str, timeout: float = DEADLINE_S) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": pythonpath(ROOT)}
     return subprocess.run(
         [sys.executable, "-m", "ladder", *args],
         cwd=ROOT,
@@ -116,7 +117,7 @@ def test_a_run_saved_on_two_processes_resumes_on_one(tmp_path):
 
 
 def test_a_killed_rank_ends_the_run_with_an_error_and_leaves_no_process(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": pythonpath(ROOT)}
     run = subprocess.Popen(
         [sys.executable, "-m", "ladder", "train", "seq2seq", "--task", "reverse"]
         + ["--nproc", "2"],
