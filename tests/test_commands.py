@@ -222,7 +222,7 @@ COMMANDS: dict[str, list[tuple[str, Check]]] = {
     ],
     "docs/testing.md": [
         ("python -m pytest", Collect("every level, all but the extended checks", _both(_has(*LEVELS), _lacks(*EXTENDED_TESTS)))),
-        ("python -m pytest -m extended", Collect("the compile matrix, real models at every level", _both(_has(*EXTENDED_TESTS, "test_level0_chats_slowly"), _lacks("tests/test_properties.py::")))),
+        ("python -m pytest -m extended", Collect("the compile matrix, real models at every level", _both(_has(*EXTENDED_TESTS, "test_slow_levels_on_a_short_prompt[level0_loops"), _lacks("tests/test_properties.py::")))),
         ("python -m pytest -m real_model", Collect("the real models, extended or not", _both(_has("tests/test_real_gemma.py::", "tests/test_real_models.py::"), _lacks("tests/test_properties.py::")))),
         ("python -m pytest -m manual", Collect("every command the docs show", _both(_in_file("tests/test_commands.py"), _has("test_every_command_runs_in_the_release_run")))),
         ("python -m pytest -k level3_sdpa_flash", Collect("one level", lambda ids: bool(ids) and all("level3_sdpa_flash" in i for i in ids))),
