@@ -32,15 +32,11 @@ class _Run:
 
     def __init__(self, records):
         self.by = {}
-        self.reads = {}
         for r in records:
-            threads = r.shape.get("threads")
-            if r.scenario == "read stream":
-                self.reads[threads] = r.gbs
-            elif r.scenario.startswith("real ") and r.ok:
+            if r.scenario.startswith("real ") and r.ok:
                 _, phase, fmt = r.scenario.split()
-                self.by[phase, fmt, r.level, threads] = r
-        self.threads = sorted(self.reads)
+                self.by[phase, fmt, r.level, r.shape["threads"]] = r
+        self.threads = sorted({threads for *_, threads in self.by})
 
     def get(self, phase, fmt, level, threads):
         return self.by.get((phase, fmt, level, threads))
@@ -51,9 +47,9 @@ class _Run:
         return "–" if r is None else f"{r.tokens_per_s:.{digits}f}"
 
     def share(self, fmt, level, threads) -> str:
-        """The decode's GB/s as a share of the read stream at its thread count."""
+        """The decode's share of the read stream at its thread count (the runner's "% bw")."""
         r = self.get("decode", fmt, level, threads)
-        return "–" if r is None else f"{r.gbs / self.reads[threads]:.0%}"
+        return "–" if r is None else f"{r.bandwidth_fraction:.0%}"
 
     def ratio(self, a, b) -> str:
         return "–" if a is None or b is None else f"{a.tokens_per_s / b.tokens_per_s:.2f}x"
