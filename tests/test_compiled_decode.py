@@ -140,15 +140,24 @@ def test_compiled_steps_give_the_eager_logits_to_the_last_slot(config, compiled_
     assert fast.decode_report is not None
 
 
+# int8 compiled against eager: the eager kernel rounds each product's input and output to
+# bfloat16 (2^-9 relative each), the compiled dot products keep float32 (compiled.int8_rows);
+# measured 6.3e-3 of the largest logit after 2 layers. Three times that; a wrong scale or
+# row costs the logit's own size.
+INT8_BOUND = 2e-2
+
+
 @pytest.mark.extended
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 def test_quantized_compiled_steps_give_the_quantized_eager_logits(fmt, compiled_cache, monkeypatch):
-    """The packed int8/int4 products inside the compiled step: the same kernels as eager,
-    so the logits of the same quantized weights agree as float32 ones do (the products'
-    outputs are bfloat16 in both)."""
+    """The int8/int4 products inside the compiled step. int4: the packed kernel, as eager, so
+    the logits agree as float32 ones do. int8: the same integers and scales in fused dot
+    products with float32 activations, so the logits agree to bfloat16's rounding, and the
+    greedy tokens are the same."""
     _, _, steps = _decode_both(LLAMA, compiled_cache, monkeypatch, 6, weights=fmt)
+    bound = INT8_BOUND if fmt == "int8" else F32_BOUND
     for want, got in steps:
-        assert (got - want).abs().max().item() <= F32_BOUND * want.abs().max().item()
+        assert (got - want).abs().max().item() <= bound * want.abs().max().item()
         assert torch.equal(got.argmax(-1), want.argmax(-1))
 
 

@@ -215,29 +215,34 @@ def _low_precision_model(fmt, config, params):
     return level, level.DecoderOnlyTransformer(config, params, dtype=torch.float32, weights=fmt)
 
 
-@pytest.mark.parametrize("fmt", ["bfloat16", "int8", "int4"])
-def test_fewer_bytes_a_weight_stay_close_and_agree_with_float32_greedy(
-    fmt, smollm2, prompts, truth
-):
-    """Level 3 with bfloat16, int8 or int4 weights: logits within the measured bound of the
-    float64 truth, and 16 greedy tokens equal to float32's, or the first that differs at a
-    near-tie of its format."""
-    config, params = smollm2
+def check_fewer_bytes(fmt, config, params, cases, *, bound, near_tie, tokens=LOW_TOKENS):
+    """Level 3 with ``fmt`` weights on each case (``name -> (ids, float64 logits (1,P,V))``):
+    logits within ``bound`` of the truth (scaled by its largest), and ``tokens`` greedy
+    tokens equal to the float32 model's, or the first that differs where float32's own top
+    two logits are at most ``near_tie`` apart."""
     level, model = _low_precision_model(fmt, config, params)
     _, full = level_model("level3_sdpa_flash", config, params, "float32")
-    for name, ids in prompts.items():
-        exact, _ = truth[name]
+    for name, (ids, exact) in cases.items():
         err = np.abs(level_logits(level, model, ids) - exact).max() / np.abs(exact).max()
-        assert err <= LOW_BOUNDS[fmt], f"{fmt}, {name}: scaled error {err:.3g}"
-        got, want = (list(m.stream(ids, LOW_TOKENS)) for m in (model, full))
+        assert err <= bound, f"{fmt}, {name}: scaled error {err:.3g}"
+        got, want = (list(m.stream(ids, tokens)) for m in (model, full))
         if got != want:
             k = next(i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b)
             logits = level_logits(level, full, ids + want[:k])[0, -1]
             top2 = np.sort(logits)[-2:]
-            assert top2[1] - top2[0] <= NEAR_TIE[fmt], (
+            assert top2[1] - top2[0] <= near_tie, (
                 f"{fmt}, {name}: token {k} differs ({got[k]} vs {want[k]}) where float32's "
                 f"top two are {top2[1] - top2[0]:.3f} apart"
             )
+
+
+@pytest.mark.parametrize("fmt", ["bfloat16", "int8", "int4"])
+def test_fewer_bytes_a_weight_stay_close_and_agree_with_float32_greedy(
+    fmt, smollm2, prompts, truth
+):
+    """Level 3 with bfloat16, int8 or int4 weights on SmolLM2's three prompts."""
+    cases = {name: (ids, truth[name][0]) for name, ids in prompts.items()}
+    check_fewer_bytes(fmt, *smollm2, cases, bound=LOW_BOUNDS[fmt], near_tie=NEAR_TIE[fmt])
 
 
 # ----------------------------------------------------------------------------- compiled

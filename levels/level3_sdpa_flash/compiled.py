@@ -180,10 +180,28 @@ def one_row_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None =
     return y if bias is None else y + bias
 
 
+def int8_rows(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``aten._weight_int8pack_mm`` as the compiled step computes it, on a CPU: ``x (B, in)``,
+    ``q (out, in)`` int8, ``scale (out,)`` -> ``(B, out)`` in ``x``'s dtype.
+
+    Written as ``one_row_linear``'s dot per output row, so inductor widens each int8 where
+    it reads it, inside the loop that streams ``q``: a step reads one byte a weight, at
+    about twice the library kernel's rate (docs/decoding.md). One difference from the
+    eager kernel: ``x`` arrives rounded to bfloat16 (the kernel takes 16-bit activations),
+    and inductor folds that rounding and the widening here into nothing, so compiled the
+    products see the float32 activations (closer to the float64 truth; the two differ by
+    bfloat16's rounding, tests/test_compiled_decode.py). Keeping the rounding
+    (``emulate_precision_casts``) redoes it for every weight read: measured 2x slower.
+    """
+    products = (x.float().unsqueeze(-2) * q.float()).sum(-1)  # (B,1,in) * (out,in) -> (B,out)
+    return (products * scale.float()).to(x.dtype)
+
+
 def decompositions() -> dict:
-    """``torch.export``'s default decompositions, with ``one_row_linear`` for ``aten.linear``,
-    and SDPA kept whole: its default decomposition is the unfused math (scores, softmax, two
-    batched products), where the call runs PyTorch's fused CPU kernel."""
+    """``torch.export``'s default decompositions, with ``one_row_linear`` for ``aten.linear``
+    and ``int8_rows`` for the int8 kernel, and SDPA kept whole: its default decomposition is
+    the unfused math (scores, softmax, two batched products), where the call runs PyTorch's
+    fused CPU kernel."""
     aten = torch.ops.aten
     table = torch.export.default_decompositions()
     for fused in (
@@ -192,6 +210,7 @@ def decompositions() -> dict:
     ):
         table.pop(fused, None)
     table[aten.linear.default] = one_row_linear
+    table[aten._weight_int8pack_mm.default] = int8_rows
     return table
 
 
