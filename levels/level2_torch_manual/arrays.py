@@ -3,13 +3,30 @@ numpy parameters as ``nn.Parameter``s under their canonical names."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextvars
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 import numpy as np
 import torch
 from torch import nn
 
 DEFAULT_DTYPE = torch.float32  # the torch levels compute in float32 unless told otherwise
+# How ``fetch`` lays out a matrix: as ``matvec_layout`` says (what eager one-row products
+# stream fastest), or row-major ``(out, in)`` inside ``row_major()``.
+_ROW_MAJOR = contextvars.ContextVar("row_major", default=False)
+
+
+@contextmanager
+def row_major() -> Iterator[None]:
+    """Within it, ``fetch`` keeps every matrix row-major ``(out, in)``: the layout a compiled
+    decode step streams (level 3's ``compile=True`` builds its model so, rather than laying
+    the tall matrices out column-major and back, half a second of a chat's start)."""
+    token = _ROW_MAJOR.set(True)
+    try:
+        yield
+    finally:
+        _ROW_MAJOR.reset(token)
 
 
 def asarray(np_array, *, device=None, dtype=None) -> torch.Tensor:
@@ -67,9 +84,9 @@ def fetch(
             f"bad parameters: mis-shaped: {name}: expected {tuple(shape)}, got {tuple(value.shape)}"
         )
     target = {"device": device, "dtype": dtype or DEFAULT_DTYPE}
-    if value.ndim == 2:
+    if value.ndim == 2 and not _ROW_MAJOR.get():
         return nn.Parameter(matvec_layout(value, **target))
-    return nn.Parameter(value.to(**target, copy=True))
+    return nn.Parameter(value.to(**target, memory_format=torch.contiguous_format, copy=True))
 
 
 def matvec_layout(w: torch.Tensor, *, device=None, dtype=None) -> torch.Tensor:

@@ -11,6 +11,7 @@ decode step (``compiled.py``).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 from functools import partial
 
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 
 from .. import level2_torch_manual as level2
 from ..level2_torch_manual import Kernels
+from ..level2_torch_manual.arrays import row_major
 from . import compiled, quant
 from .attention import attention, check_backend
 from .cache import StaticKVCache
@@ -119,7 +121,8 @@ class DecoderOnlyTransformer(_Quantizable, level2.DecoderOnlyTransformer):
     kernels = KERNELS
 
     def __init__(self, *args, compile: bool = False, **kwargs):
-        super().__init__(*args, **kwargs)
+        with row_major() if compile else contextlib.nullcontext():  # the compiled step's layout
+            super().__init__(*args, **kwargs)
         self.compiled_decode = compile
         # By (batch size, torch's threads): a CPU step is compiled for the threads it runs on.
         self._steps: dict[tuple[int, int], compiled.CompiledDecode | None] = {}

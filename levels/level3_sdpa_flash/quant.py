@@ -21,7 +21,10 @@ kernels, which read the small integers directly and accumulate in float32:
 Both kernels take 16-bit activations and return them: a float32 model's
 activations are rounded to bfloat16 at each product and the result widened
 back. The error that adds is measured with the weights' own
-(``ladder bench --scenario real-model``).
+(``ladder bench --scenario real-model``). The compiled decode step
+(``compiled.py``) computes the int8 product as fused dot products over ``q``
+instead, which read it at about twice the kernel's rate and keep float32
+activations.
 
 A GGUF file's quantisation is not this one, but close: a ``Q4_1`` block (32
 weights, ``w = d * q + m``) is the int4 grid above with ``scale = d`` and
