@@ -12,6 +12,7 @@ it is one line on stderr and exit status 1.
 
 from __future__ import annotations
 
+import itertools
 import struct
 
 import gguf_files
@@ -106,6 +107,28 @@ def test_the_header_reads_as_gguf_reads_it(tmp_path, arch):
         got = gguf._dequantize(ours, tensor, np.dtype(np.float32))
         np.testing.assert_array_equal(got.reshape(want.shape), want, err_msg=tensor.name)
     assert {t.name for t in gguf_files.types()} <= kinds  # every type the writer makes
+
+
+@pytest.mark.parametrize("kind", sorted(gguf._DECODERS))
+def test_own_block_decoders_match_gguf_bit_for_bit(kind):
+    """The in-place decoders of the registry's formats against gguf's on every byte pattern:
+    random blocks (scales that are NaN, infinities and subnormals among them), plus the
+    extremes set by hand: nibbles 0 and 15, int8 -128 and 127, scales of +-0 and 65504."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
+
+    qtype = GGMLQuantizationType[kind]
+    size = GGML_QUANT_SIZES[qtype][1]
+    blocks = np.random.default_rng(0).integers(0, 256, (4096, size), dtype=np.uint8)
+    halves = 4 if kind == "Q4_1" else 2  # the scale (and Q4_1's minimum) open the block
+    scales = np.array([0.0, -0.0, 65504.0, -65504.0, 6e-8, 1.0], np.float16)  # 6e-8: subnormal
+    payloads = np.array([0x00, 0xFF, 0x80, 0x7F], np.uint8)  # nibbles 0/15, int8 0/-1/-128/127
+    for i, (scale, payload) in enumerate(itertools.product(scales, payloads)):
+        blocks[i, :halves] = np.tile(np.array([scale]).view(np.uint8), halves // 2)
+        blocks[i, halves:] = payload
+    got = gguf._DECODERS[kind](blocks)
+    want = quants._type_traits[qtype].dequantize_blocks(blocks)
+    assert got.dtype == want.dtype == np.float32 and got.shape == want.shape
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
 # ----------------------------------------------------------------------------- bad files
