@@ -346,6 +346,20 @@ def test_cache_is_allocated_once_and_written_in_place():
         )
 
 
+@pytest.mark.parametrize("dtype", [F64, torch.float32, torch.float16, torch.bfloat16])
+def test_a_new_cache_is_zeros_of_its_dtype_and_writable(dtype):
+    """The cache's lazily zeroed buffers (``arrays.zeros``): every bit zero, the dtype and
+    shape asked for, the keys and values apart, and writes land where they are made."""
+    cfg = small_config(n_heads=4, d_model=16, n_kv_heads=2)
+    cache = level3.StaticKVCache(cfg, 3, dtype=dtype)
+    for buffer in (cache.k, cache.v):
+        assert buffer.dtype == dtype and buffer.is_contiguous()
+        assert buffer.shape == (cfg.n_layers, 3, 2, cfg.max_seq_len, cfg.d_head)
+        assert not buffer.view(torch.uint8).any()  # +0.0 everywhere, not -0.0 nor garbage
+    cache.k[1, 2, 1, -1, -1] = 1.5  # the last element: the whole buffer is addressable
+    assert cache.k.sum().item() == 1.5 and not cache.v.view(torch.uint8).any()
+
+
 def test_appended_views_share_the_buffer():
     cfg = small_config()
     cache = level3.StaticKVCache(cfg, 2, dtype=F64)

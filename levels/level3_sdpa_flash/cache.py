@@ -14,6 +14,7 @@ import torch
 
 from ..common.boundary import CacheBook
 from ..common.config import TransformerConfig
+from ..level2_torch_manual.arrays import zeros
 
 
 class StaticKVCache(CacheBook):
@@ -27,10 +28,11 @@ class StaticKVCache(CacheBook):
         super().__init__(config, batch)
         L, H, Dh, C = config.n_layers, config.kv_heads, config.d_head, config.max_seq_len
         # Zeros rather than empty: slots past `length` are never read, but
-        # deterministic contents make the cache comparable bit for bit.
+        # deterministic contents make the cache comparable bit for bit. Zeros that cost
+        # nothing until a slot is written (`zeros`): most of the context never is.
         kw = {"device": device, "dtype": dtype or torch.float32}
-        self.k = torch.zeros(L, batch, H, C, Dh, **kw)  # (L,B,Hkv,C,Dh)
-        self.v = torch.zeros(L, batch, H, C, Dh, **kw)  # (L,B,Hkv,C,Dh)
+        self.k = zeros((L, batch, H, C, Dh), **kw)  # (L,B,Hkv,C,Dh)
+        self.v = zeros((L, batch, H, C, Dh), **kw)  # (L,B,Hkv,C,Dh)
 
     def append(
         self, index: int, k_new: torch.Tensor, v_new: torch.Tensor
