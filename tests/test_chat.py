@@ -283,6 +283,69 @@ SPEEDS = {  # (prompt tokens, prompt s, new tokens, decode s) -> the line
 }  # fmt: skip
 
 
+@pytest.mark.parametrize("number", [2, 3])  # level 4 builds as level 3 does
+def test_a_chat_model_takes_the_weights_it_is_handed(number):
+    """``build(owned=True)`` (what ``ladder chat`` does with the weights it just read) makes
+    the torch levels' parameters of the arrays themselves where they fit (float32, and
+    row-major as the compiled step holds them): no second copy of every weight; without it
+    every parameter is a copy, and a caller's arrays never change with the model."""
+    import numpy as np
+    import torch
+
+    import levels
+    from levels.common.params import init_params
+    from levels.level2_torch_manual.arrays import row_major
+
+    level = levels.load(str(number))
+    config = levels.TransformerConfig(vocab_size=11, d_model=8, n_heads=2, n_layers=1, d_ff=16)
+    params = init_params(config, "decoder_only", seed=0, scheme="random")
+    params = {k: np.ascontiguousarray(v, np.float32) for k, v in params.items()}
+    before = {k: v.copy() for k, v in params.items()}
+
+    def shared(model):
+        addresses = {p.data_ptr() for p in model.parameters()}
+        return {k for k, v in params.items() if v.ctypes.data in addresses}
+
+    copied = ladder_chat.build(level, config, params, "float32", "cpu")
+    assert shared(copied) == set()
+    with row_major():  # every matrix in the arrays' own layout, as a compiled model holds them
+        owned = ladder_chat.build(level, config, params, "float32", "cpu", owned=True)
+    assert shared(owned) == set(params)
+    owned64 = ladder_chat.build(level, config, params, "float64", "cpu", owned=True)
+    assert shared(owned64) == set()  # another dtype: a cast, so a copy
+    with torch.no_grad():
+        copied.norm.weight.add_(1.0)
+        owned64.norm.weight.add_(1.0)
+    assert all((params[k] == before[k]).all() for k in params)  # the copies are apart
+    with torch.no_grad():
+        owned.norm.weight.add_(1.0)
+    assert (params["norm.weight"] == before["norm.weight"] + 1).all()  # the adopted are not
+
+
+def test_weights_read_early_are_the_files_in_the_dtype_chosen(tmp_path):
+    """The weights a chat starts reading before the level imports (``_EarlyWeights``): the
+    synchronous load's arrays when the file and dtype are the ones finally chosen, a load
+    then when not (level 0's float64), and a bad file's error raised where that load's is."""
+    import gguf_files
+    import numpy as np
+
+    from levels import gguf
+
+    path = gguf_files.write(tmp_path / "tiny.gguf", arch="llama")
+    want = gguf.load(path, dtype=np.float64)[1]
+    early = ladder_chat._EarlyWeights(path, np.float32)
+    for dtype in (np.float32, np.float64, np.float32):
+        config, params = early.result(path, dtype)
+        assert params.keys() == want.keys()
+        for name, value in params.items():
+            assert value.dtype == dtype and (value == want[name]).all(), name
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + bytes(4))
+    early = ladder_chat._EarlyWeights(bad, np.float32)
+    with pytest.raises(gguf.GGUFError, match="bad.gguf"):
+        early.result(bad, np.float32)
+
+
 @pytest.mark.parametrize("speed", list(SPEEDS), ids=str)
 def test_the_speeds_line(speed):
     assert ladder_chat.Speed(*speed).line("w") == SPEEDS[speed]
