@@ -16,7 +16,8 @@ A GGUF file is a header, then the tensors' bytes:
 The header is read here, in one walk that checks as it reads (below), and
 dequantisation is ``gguf``'s, llama.cpp's own Python package (every type it
 implements: blocks of 32 or 256 weights sharing a scale and maybe a minimum,
-unpacked to float32). What this module adds:
+unpacked to float32), but for the two formats of the ladder's registry models
+(Q4_1, Q8_0), decoded here in place to the same bits. What this module adds:
 
 * **An untrusted file is checked as it is read.** The header walk compares
   every length, count, shape and offset against the file's size (nothing is
@@ -513,14 +514,8 @@ def load(
     every dequantized weight exactly (they are float32 numbers).
     """
     path = Path(path)
-    file = read(path)
-    metadata = file.metadata
-    raw = hf_config(path, metadata, {t.name for t in file.tensors})
-    try:
-        config = hf.config_from_hf(raw, max_seq_len=max_seq_len)
-    except ValueError as exc:
-        raise GGUFError(f"{path}: {exc}") from None
-    arch = metadata["general.architecture"]
+    file, raw, config = _described(path, max_seq_len)
+    arch = file.metadata["general.architecture"]
     tensors = {}
     for tensor in file.tensors:
         name = hf_name(path, tensor.name, arch)
@@ -537,6 +532,21 @@ def load(
         return config, hf.params_from_hf(config, raw, tensors, where=path)
     except ValueError as exc:
         raise GGUFError(str(exc)) from None
+
+
+def config_of(path, *, max_seq_len: int | None = None) -> TransformerConfig:
+    """The config ``load`` gives for the file ``path``, from its header alone."""
+    return _described(Path(path), max_seq_len)[2]
+
+
+def _described(path: Path, max_seq_len: int | None) -> tuple[GGUFFile, dict, TransformerConfig]:
+    """``(file, raw, config)``: the checked file, its ``config.json`` keys and its config."""
+    file = read(path)
+    raw = hf_config(path, file.metadata, {t.name for t in file.tensors})
+    try:
+        return file, raw, hf.config_from_hf(raw, max_seq_len=max_seq_len)
+    except ValueError as exc:
+        raise GGUFError(f"{path}: {exc}") from None
 
 
 def load_tokenizer(path):
