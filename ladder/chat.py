@@ -29,9 +29,7 @@ import importlib.util
 import os
 import re
 import sys
-import threading
 import time
-from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -222,7 +220,7 @@ def _warn_level0(config) -> None:
 def load(args: argparse.Namespace, *, chat: bool) -> Loaded:
     """The model ``args`` names, built at ``args.level``; every check before the weights load."""
     import levels
-    from levels import gguf, hf
+    from levels import gguf, hf, unpacked
 
     check_device(args.device)
     missing = [m for m in ("gguf", "tokenizers", "jinja2") if importlib.util.find_spec(m) is None]
@@ -230,7 +228,6 @@ def load(args: argparse.Namespace, *, chat: bool) -> Loaded:
         raise UsageError(
             f"real models need {', '.join(missing)}: pip install 'attention-ladder[hf]'"
         )
-    early = _EarlyWeights.start(args)  # before the level's imports, torch's second
     level = levels.load(args.level)
     dtype = _dtype(level, args.dtype)
     kind, path = _source(args)
@@ -244,7 +241,7 @@ def load(args: argparse.Namespace, *, chat: bool) -> Loaded:
     if kind == "gguf":
         template = gguf.load_chat_template(path, chat)  # first: it may refuse the file
         tokenizer = gguf.load_tokenizer(path)  # Gemma 3's 262k pieces take a while
-        config, params = early.result(path, _numpy_dtype(dtype))
+        config, params = unpacked.load(path, dtype=_numpy_dtype(dtype))  # kept unpacked
         stops = set(gguf.end_of_turn_ids(path))
     else:
         template = hf.load_chat_template(path, chat)
@@ -267,53 +264,6 @@ def load(args: argparse.Namespace, *, chat: bool) -> Loaded:
     return Loaded(
         model, level, name, tokenizer, template, tuple(sorted(stops)), dtype, model_context=longest
     )
-
-
-class _EarlyWeights:
-    """A GGUF file's weights, dequantised on a thread while the level imports (torch alone
-    takes a second): a cached chat's first token 0.1 s sooner. numpy lets go of Python's
-    lock inside each block decode, so the two overlap on a machine with a second core.
-
-    Started only for a file already on disk (a cached registry model, or ``--model
-    FILE.gguf``), as float32 unless ``--dtype float64``; ``result`` takes the weights when
-    they are of the file and dtype finally chosen, else loads them then (level 0, whose
-    default is float64). An exception is kept and raised by ``result``, where the
-    synchronous load would have raised it; a process that exits first does not wait.
-    """
-
-    def __init__(self, path: Path | None, dtype):
-        self.path, self.dtype, self.future = path, dtype, Future()
-        if path is not None:
-            threading.Thread(target=self._load, daemon=True).start()
-
-    @classmethod
-    def start(cls, args) -> _EarlyWeights:
-        from levels import registry
-
-        path, text = None, str(args.model or registry.DEFAULT_MODEL)  # as _source reads it
-        if getattr(args, "hf", None) or getattr(args, "checkpoint", None):
-            pass
-        elif text in registry.MODELS:
-            path = registry.cached(text)
-        elif text.endswith(".gguf") and Path(text).is_file():
-            path = Path(text)
-        return cls(path, _numpy_dtype(getattr(args, "dtype", None) or "float32"))
-
-    def _load(self) -> None:
-        from levels import gguf
-
-        try:
-            self.future.set_result(gguf.load(self.path, dtype=self.dtype))
-        except BaseException as exc:  # raised by result(), in the caller's thread
-            self.future.set_exception(exc)
-
-    def result(self, path: Path, dtype):
-        """``(config, params)`` of the GGUF file ``path`` in numpy ``dtype``."""
-        if self.path is not None and Path(path) == self.path and np.dtype(dtype) == self.dtype:
-            return self.future.result()
-        from levels import gguf
-
-        return gguf.load(path, dtype=dtype)
 
 
 def _numpy_dtype(dtype: str):

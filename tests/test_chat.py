@@ -322,30 +322,6 @@ def test_a_chat_model_takes_the_weights_it_is_handed(number):
     assert (params["norm.weight"] == before["norm.weight"] + 1).all()  # the adopted are not
 
 
-def test_weights_read_early_are_the_files_in_the_dtype_chosen(tmp_path):
-    """The weights a chat starts reading before the level imports (``_EarlyWeights``): the
-    synchronous load's arrays when the file and dtype are the ones finally chosen, a load
-    then when not (level 0's float64), and a bad file's error raised where that load's is."""
-    import gguf_files
-    import numpy as np
-
-    from levels import gguf
-
-    path = gguf_files.write(tmp_path / "tiny.gguf", arch="llama")
-    want = gguf.load(path, dtype=np.float64)[1]
-    early = ladder_chat._EarlyWeights(path, np.float32)
-    for dtype in (np.float32, np.float64, np.float32):
-        config, params = early.result(path, dtype)
-        assert params.keys() == want.keys()
-        for name, value in params.items():
-            assert value.dtype == dtype and (value == want[name]).all(), name
-    bad = tmp_path / "bad.gguf"
-    bad.write_bytes(b"GGUF" + bytes(4))
-    early = ladder_chat._EarlyWeights(bad, np.float32)
-    with pytest.raises(gguf.GGUFError, match="bad.gguf"):
-        early.result(bad, np.float32)
-
-
 @pytest.mark.parametrize("speed", list(SPEEDS), ids=str)
 def test_the_speeds_line(speed):
     assert ladder_chat.Speed(*speed).line("w") == SPEEDS[speed]
