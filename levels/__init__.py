@@ -4,19 +4,20 @@
 why when it cannot (for instance triton missing for level 4). Every level
 exposes the same interface (docs/conventions.md):
 
-    asarray, to_numpy, attention, describe,
-    LayerNorm, FeedForward, MultiHeadAttention, EncoderLayer, DecoderLayer,
+    asarray, to_numpy, attention, merge_attention, describe,
+    LayerNorm, RMSNorm, FeedForward, MultiHeadAttention, EncoderLayer, DecoderLayer,
     DecoderOnlyTransformer, Seq2SeqTransformer
 
 builds from the canonical parameters made by ``init_params``, and states what
-it is in plain attributes that the harness and the tests read:
+it is once, in ``FACTS`` (``levels.common.facts.Facts``), which the harness and
+the tests read:
 
-    ARRAY        "python", "numpy" or "torch": the native array type
-    GRADIENTS    None, "hand-written" or "autograd"
-    INTERPRETED  True when the kernels run in an emulator (Triton's interpreter)
-    DTYPES       the float dtypes it computes in, most precise first
-    DEVICES      where it runs ("cpu", "cuda")
-    DESCRIPTION  one line on what computes
+    FACTS.array        "python", "numpy" or "torch": the native array type
+    FACTS.gradients    None, "hand-written" or "autograd"
+    FACTS.interpreted  True when the kernels run in an emulator (Triton's interpreter)
+    FACTS.dtypes       the float dtypes it computes in, most precise first
+    FACTS.devices      where it runs ("cpu", "cuda")
+    FACTS.description  one line on what computes (``describe()`` may say more)
 """
 
 from __future__ import annotations
