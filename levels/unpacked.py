@@ -15,10 +15,10 @@ The file is a ``.safetensors`` file (written by ``safetensors``, read here with 
 for the GGUF file and the dtype: ``unpacked/<name>-<digest>-<dtype>.safetensors`` in
 ``levels.registry.cache_dir()``, one per GGUF file and dtype, replaced when stale. Its
 metadata says what it was made from: the GGUF file's path, size and modification time,
-and the loader's code (``gguf.py``, ``hf.py``: a change there may change the weights).
-A file whose metadata or size disagree is made again; one that cannot be written (a
-full disk, a read-only cache) costs only the keeping, never the load. It is written to
-a temporary name and renamed, so a reader sees a whole file or none.
+and the loader's code (``gguf.py`` and every module of ``hf/``: a change there may change
+the weights). A file whose metadata or size disagree is made again; one that cannot be
+written (a full disk, a read-only cache) costs only the keeping, never the load. It is
+written to a temporary name and renamed, so a reader sees a whole file or none.
 
 Disk: the weights in the dtype, 538 MB for SmolLM2 in float32 (the GGUF file is 98 MB).
 The folder may be deleted at any time: the next start makes its file again.
@@ -75,8 +75,9 @@ def _facts(path: Path, dtype: np.dtype) -> dict[str, str]:
     """What the kept weights are made from; a kept file with other facts is stale."""
     stat = path.stat()
     code = hashlib.sha256()
-    for module in (gguf, gguf.hf):
-        code.update(Path(module.__file__).read_bytes())
+    hf_modules = sorted(Path(gguf.hf.__file__).parent.glob("*.py"))  # the package, whole
+    for file in (Path(gguf.__file__), *hf_modules):
+        code.update(file.read_bytes())
     return {
         "gguf": str(path.resolve()),
         "size": str(stat.st_size),

@@ -1,4 +1,4 @@
-"""Hugging Face checkpoints in and out of the ladder (levels/hf.py).
+"""Hugging Face checkpoints in and out of the ladder (the levels.hf package).
 
 Tiny random models are built with ``transformers`` itself (nothing is
 downloaded): Llama with grouped-query attention and an untied head, Llama
