@@ -4,7 +4,7 @@
     ladder show        one piece of code at each rung (levels/show.py)
     ladder train       train a model on a task        (ladder/train.py over lab/)
     ladder preflight   check a model before training  (ladder/train.py)
-    ladder check       compile level 4 for sm_80 and sm_90 (levels/level4_triton_kernel/compile_check.py)
+    ladder check       compile level 4 for sm_80 and sm_90 (levels/level4_compile/check.py)
     ladder pull        fetch a known model into the cache  (ladder/pull.py over levels.registry)
     ladder chat        chat with a real model            (ladder/chat.py)
     ladder generate    continue a text or a task's input (ladder/chat.py)
@@ -476,7 +476,10 @@ def _check(commands) -> None:
     p.add_argument(
         "--write-table",
         action="store_true",
-        help="compile the pruned candidates too and rewrite shared_memory.py from the measurements",
+        help=(
+            "compile the pruned candidates too and rewrite levels/level4_compile/shared_memory.py "
+            "from the measurements"
+        ),
     )
     p.add_argument(
         "--cold",
@@ -486,7 +489,7 @@ def _check(commands) -> None:
     p.add_argument(
         "--timeout", type=float, default=600.0, help="seconds one compile may take (default 600)"
     )
-    p.set_defaults(run="levels.level4_triton_kernel.compile_check:run")
+    p.set_defaults(run="levels.level4_compile.check:run")
 
 
 def _pull(commands) -> None:

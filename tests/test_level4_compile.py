@@ -1,16 +1,16 @@
-"""Level 4 compiled for sm_80 and sm_90 without a GPU (compile_check.py), and the prune.
+"""Level 4 compiled for sm_80 and sm_90 without a GPU (levels/level4_compile/), and the prune.
 
 The interpreter that runs level 4 on a CPU ignores what decides whether a
 kernel runs on a GPU (warps, stages, shared memory, tensor-core dtype rules);
 these tests compile the kernels for real targets with Triton's own compiler, in
-worker processes that chose the compiler (levels/level4_compile.py).
+worker processes that chose the compiler (levels/level4_compile/__init__.py).
 
 Default run: a few compiles (one per kind of kernel, a real compile error, a
 candidate the table prunes, confirmed over its limit by the compiler), every
 job's compile inputs built, the specialisation rules against Triton's, and the
 prune's decision on synthetic candidates. ``pytest -m extended``: the whole
-matrix (compile_matrix.py), which must compile with nothing over a limit that
-the prune keeps and every measurement equal to shared_memory.py.
+matrix (levels/level4_compile/matrix.py), which must compile with nothing over a
+limit that the prune keeps and every measurement equal to shared_memory.py.
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ except levels.LevelUnavailable as exc:  # no triton here: say so, do not pretend
 
 import triton  # noqa: E402
 
-from levels.level4_triton_kernel import compile_check as C  # noqa: E402
-from levels.level4_triton_kernel import compile_matrix as M  # noqa: E402
+from levels.level4_compile import check as C  # noqa: E402
+from levels.level4_compile import matrix as M  # noqa: E402
+from levels.level4_compile.shared_memory import SHARED_MEMORY  # noqa: E402
 from levels.level4_triton_kernel import tiles  # noqa: E402
-from levels.level4_triton_kernel.shared_memory import SHARED_MEMORY  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -149,7 +149,7 @@ def test_one_compile_per_kind_of_kernel():
     for r in results:
         assert r["status"] == "compiled", r
         # (The merge needs none in float32: nothing goes through shared memory.)
-        assert 0 <= r["shared"] <= C.TARGETS[r["target"]].shared_limit, r
+        assert 0 <= r["shared"] <= M.TARGETS[r["target"]].shared_limit, r
     for j, r in zip(jobs, results, strict=True):
         if j.tuned:  # the table is what the compiler measures
             assert tiles.shared_memory_need(*C.table_key(j)) >= r["shared"], r
@@ -171,7 +171,7 @@ def test_a_pruned_candidate_really_is_over_its_limit():
     """The cheapest candidate the table prunes, compiled: the compiler stops it after the
     LLVM-IR stage (no ptxas), over the target's limit, with the bytes the table says."""
     over = [
-        (need, key) for key, need in SHARED_MEMORY.items() if need > C.TARGETS[key[1]].shared_limit
+        (need, key) for key, need in SHARED_MEMORY.items() if need > M.TARGETS[key[1]].shared_limit
     ]
     assert over, "shared_memory.py prunes nothing: the table or the limits changed"
     need, (function, target, dtype, head, shape) = min(over)
@@ -325,12 +325,33 @@ def test_the_check_judges_synthetic_results():
 
 
 def test_the_table_was_measured_with_this_triton():
-    from levels.level4_triton_kernel import shared_memory
+    from levels.level4_compile import shared_memory
 
     assert shared_memory.TRITON_VERSION == triton.__version__, (
         "shared_memory.py was measured with another triton: regenerate it with "
         "ladder check --write-table"
     )
+
+
+def test_the_table_imports_neither_triton_nor_level_4():
+    """tiles.py imports the table from levels.level4_compile, so the table and that
+    package's ``__init__`` must import nothing of triton or level 4 (no cycle, and a
+    compile worker can load it); the tooling in this process uses level 4's own modules."""
+    script = """
+import sys
+import levels.level4_compile.shared_memory as table
+assert table.SHARED_MEMORY
+loaded = [m for m in sys.modules if m.split(".")[0] in ("triton", "torch", "level4_kernels")
+          or m.startswith("levels.level4_triton_kernel")]
+assert not loaded, loaded
+print("ok")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+    assert C.tiles is tiles  # kernels(): level 4 itself here, one copy of each module
+    assert "level4_kernels" not in sys.modules
 
 
 def test_the_command_prints_the_kept_configurations(tmp_path):
@@ -385,7 +406,7 @@ def test_gpu_check_dry_run(tmp_path):
 
 
 @pytest.mark.extended
-@pytest.mark.parametrize("target", list(C.TARGETS))  # one test a target: CI runs them apart
+@pytest.mark.parametrize("target", list(M.TARGETS))  # one test a target: CI runs them apart
 def test_the_whole_matrix_compiles_for(target):
     jobs = M.plan(targets=(target,))
     result = C.check(jobs)
@@ -402,6 +423,6 @@ def test_the_commands_choices_are_the_checks():
     parser = build_parser()
     sub = next(a for a in parser._subparsers._group_actions).choices["check"]
     choices = {a.dest: set(a.choices) for a in sub._actions if a.choices}
-    assert choices["targets"] == set(C.TARGETS)
+    assert choices["targets"] == set(M.TARGETS)
     assert choices["dtypes"] == set(M.MATRIX_DTYPES)
     assert choices["kernels"] == set(M.KERNELS)

@@ -319,8 +319,8 @@ def forward_arguments(
     """The forward kernel's runtime arguments, in order, and its compile-time constants
     (all but the tiles) for these tensors.
 
-    The launch below and the ahead-of-time compile check (compile_check.py, which
-    passes ``device="meta"`` tensors) both build them here, so both compile the
+    The launch below and the ahead-of-time compile check (levels/level4_compile/matrix.py,
+    which passes ``device="meta"`` tensors) both build them here, so both compile the
     signature a real launch specialises. Shapes as in ``flash_forward``.
     """
     H, T, Dh = q.shape[1], q.shape[2], q.shape[3]

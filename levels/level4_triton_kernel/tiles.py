@@ -14,7 +14,9 @@ S=29) span several key tiles, the last of them partial.
 The candidates come per dtype class (16-bit, float32), and before timing
 anything the autotuner keeps only those of the call's class that fit the GPU's
 shared memory (``CandidatePrune``), as measured by compiling each one for
-sm_80 and sm_90 without a GPU (compile_check.py, shared_memory.py).
+sm_80 and sm_90 without a GPU (levels/level4_compile/: check.py, and the
+table shared_memory.py, which this module imports: plain data, importing
+neither triton nor level 4, so there is no cycle).
 
 A caller may also pin the tiles explicitly (``Tiles``), which bypasses the
 autotuner: decoding does that (a query tile of 16 for T = 1), and so do the tests
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 
 import triton
 
-from .shared_memory import SHARED_MEMORY
+from levels.level4_compile.shared_memory import SHARED_MEMORY
 
 
 def interpreting() -> bool:
@@ -74,7 +76,8 @@ INTERPRETER_TILES = Tiles(block_m=16, block_n=16)
 DECODE_TILES = Tiles(block_m=16, block_n=64, num_warps=4, num_stages=3)
 # float32 keys and values take twice the bytes per pipeline stage: with 3 stages a
 # 256-wide head needs 276 KiB of shared memory, over every GPU's limit; with 2, 148 KiB
-# (compile_check.py measured both), which fits an A100's 163 KiB and an H100's 227 KiB.
+# (levels/level4_compile/check.py measured both), which fits an A100's 163 KiB and an
+# H100's 227 KiB.
 DECODE_TILES_FP32 = Tiles(block_m=16, block_n=64, num_warps=4, num_stages=2)
 DECODE_MAX_T = 16  # at or below this many queries, the forward uses decode_tiles()
 
@@ -120,7 +123,7 @@ def length_key(n: int) -> int:
 # stages to overlap the next K/V load with the current matmuls. The dK/dV kernel
 # holds a key tile (its K, V, dK, dV: four BLOCK_N x Dh tiles in registers) and
 # streams queries: large BLOCK_N, small BLOCK_M. The last forward and dQ shapes
-# (64 x 32) are there for 256-wide heads: compile_check.py found that every
+# (64 x 32) are there for 256-wide heads: the compile check found that every
 # other one needs more shared memory than an A100 or an H100 gives a program
 # there (the forward's 64 x 64: 168 KiB on sm_80, 240 KiB on sm_90); 64 x 32
 # needs 100 / 136 KiB.
@@ -182,7 +185,8 @@ def shared_memory_need(
     kernel: str, target: str, dtype: str, head: int, shape, table: dict = SHARED_MEMORY
 ) -> int | None:
     """Bytes of shared memory ``kernel`` needs with tiles ``shape`` (BLOCK_M, BLOCK_N,
-    num_warps, num_stages), as measured by compiling it (shared_memory.py); None if unmeasured."""
+    num_warps, num_stages), as measured by compiling it (levels/level4_compile/shared_memory.py);
+    None if unmeasured."""
     return table.get((kernel, target, dtype, head, tuple(shape)))
 
 
@@ -201,7 +205,7 @@ def fitting_shapes(
     An unmeasured shape (or an unmeasured target) is kept: the autotuner then
     times it as it always did, infinite if it does not fit. This is the whole
     decision; the autotuner's prune (``CandidatePrune``) and the offline
-    compile check (compile_check.py) both call it.
+    compile check (levels/level4_compile/check.py) both call it.
     """
     if target is None:
         return list(shapes)

@@ -5,6 +5,10 @@ autotuner's candidates, or the one fixed launch); a column per dtype, listing
 per head width (row width for the norms) the shared memory one program needs, in
 KiB, the largest over the compile-time variants. A candidate the prune drops on
 that target is marked, as is anything that failed.
+
+It needs nothing of check.py: the results and the failures come as arguments,
+the targets' limits (``TARGETS``) from matrix.py, so check.py imports this module
+and this module never imports check.py (no cycle).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .compile_matrix import KERNELS, MATRIX_DTYPES
+from .matrix import KERNELS, MATRIX_DTYPES, TARGETS
 
 # Worse statuses win when the variants of one cell disagree.
 RANK = {"compiled": 0, "pruned": 1, "over": 2, "error": 3}
@@ -96,9 +100,8 @@ def kernel_table(kernel: str, results: list[dict], limits: dict[str, int]) -> Ta
 
 
 def print_check(console: Console, check, failures: list[str]) -> None:
-    """Every kernel's table, a legend, the totals and the failures."""
-    from .compile_check import TARGETS
-
+    """Every kernel's table, a legend, the totals and the failures (``check``: a
+    ``check.Check``, its ``results`` and ``seconds``)."""
     limits = {name: target.shared_limit for name, target in TARGETS.items()}
     by_kernel: dict[str, list[dict]] = defaultdict(list)
     for r in check.results:

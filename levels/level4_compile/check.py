@@ -17,28 +17,29 @@ Triton compiles ahead of time for a CUDA target on a machine with no GPU::
 runs its whole pipeline on the CPU (Triton IR, TritonGPU IR, LLVM IR, PTX, and
 ``ptxas``, which ships with triton, to a cubin) and the compiled kernel's
 ``metadata.shared`` is the shared memory one program needs. This module does
-that for every job of compile_matrix.py (every kernel, in every launch the
-autotuner or a launcher can give it, in every dtype, at the head widths and
-flags a user can reach) for sm_80 (A100) and sm_90 (H100, H200).
+that for every job of matrix.py (every kernel, in every launch the autotuner
+or a launcher can give it, in every dtype, at the head widths and flags a user
+can reach) for sm_80 (A100) and sm_90 (H100, H200).
 
 Shared memory
 -------------
 A launch fails when a program needs more shared memory than the GPU gives one
-(``TARGETS``; Triton checks the kernel's need against the device's opt-in limit
-before launching). The need is known after the LLVM-IR stage, where Triton
-allocates it; a kernel over its target's limit is stopped there
-(``StopOverLimit``) instead of being handed to ``ptxas``, which can take minutes
-on the largest fp32 tiles, only to produce a kernel that cannot launch.
+(``TARGETS``, in matrix.py; Triton checks the kernel's need against the
+device's opt-in limit before launching). The need is known after the LLVM-IR
+stage, where Triton allocates it; a kernel over its target's limit is stopped
+there (``StopOverLimit``) instead of being handed to ``ptxas``, which can take
+minutes on the largest fp32 tiles, only to produce a kernel that cannot launch.
 
-The autotuner's candidates are one list per dtype class (tiles.py) for every
-head width, and some of them do not fit everywhere (the widest tiles at head
-256). They are pruned before the autotuner compiles anything:
+The autotuner's candidates are one list per dtype class (level 4's tiles.py)
+for every head width, and some of them do not fit everywhere (the widest tiles
+at head 256). They are pruned before the autotuner compiles anything:
 ``tiles.CandidatePrune`` keeps the candidates whose measured need
-(shared_memory.py, written by this check with ``--write-table``) is within the
-GPU's own limit. This check uses the same decision (``tiles.fitting_shapes``)
-with the limits above, so what it reports as pruned for a target is what the
-autotuner skips there; a pruned candidate is not compiled here either (its
-measurement is the table's), unless ``--write-table`` measures everything again.
+(shared_memory.py, beside this module, written by this check with
+``--write-table``) is within the GPU's own limit. This check uses the same
+decision (``tiles.fitting_shapes``) with the limits above, so what it reports as
+pruned for a target is what the autotuner skips there; a pruned candidate is not
+compiled here either (its measurement is the table's), unless ``--write-table``
+measures everything again.
 
 What is a failure
 -----------------
@@ -55,7 +56,8 @@ Compiling needs a process where Triton chose its compiler when it was imported,
 and this one (which imported ``levels``) may have chosen the interpreter. The
 compiles run in worker processes started with ``TRITON_INTERPRET=0``
 (``python -m levels.level4_compile``), which load the kernel modules on their
-own (levels/level4_compile.py explains how); a job goes to a worker as one line
+own (the package docstring, levels/level4_compile/__init__.py, explains how,
+and which kernel modules each process uses); a job goes to a worker as one line
 of JSON and its result comes back as one. ``run`` (the ``ladder check``
 command), the tests and ``compile_jobs`` use them; ``compile_one`` is what a
 worker calls.
@@ -92,39 +94,10 @@ from pathlib import Path
 
 import triton
 
-from . import tiles
-from .compile_matrix import KERNELS, MATRIX_DTYPES, Job, compile_inputs, plan
+from . import kernels
+from .matrix import FAMILY, KERNELS, MATRIX_DTYPES, TARGETS, Job, compile_inputs, plan
 
-
-@dataclasses.dataclass(frozen=True)
-class Target:
-    """A GPU architecture to compile for."""
-
-    arch: int  # compute capability * 10, Triton's GPUTarget arch
-    shared_limit: int  # bytes of shared memory one program may use (the opt-in maximum)
-    gpus: str  # the GPUs it stands for, for the report
-
-
-# The opt-in maximum of shared memory per thread block, which Triton's launcher checks
-# a kernel against (CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, triton's
-# backends/nvidia/driver.c). CUDA C++ Programming Guide, table "Technical Specifications
-# per Compute Capability", row "Maximum amount of shared memory per thread block": 163 KB
-# for 8.0, 99 KB for 8.6 and 8.9, 227 KB for 9.0
-# (https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#features-and-technical-specifications);
-# the NVIDIA Ampere and Hopper tuning guides (section "Shared Memory") give the same 163
-# and 227 KB for the A100 and the H100. 163 KiB = 166912 and 227 KiB = 232448 bytes, the
-# values torch reports as ``shared_memory_per_block_optin`` on those GPUs.
-# Offline only: on a GPU the prune reads the device's own limit (tiles.cuda_facts).
-TARGETS = {
-    "sm_80": Target(arch=80, shared_limit=166912, gpus="A100"),
-    "sm_90": Target(arch=90, shared_limit=232448, gpus="H100, H200"),
-}
-# Other GPUs whose measurements are sm_80's (tiles.shared_memory_target): compiled only by
-# the test that checks they need the same bytes (99 KB per thread block, as above).
-FAMILY = {
-    "sm_86": Target(arch=86, shared_limit=101376, gpus="A10, RTX 30xx"),
-    "sm_89": Target(arch=89, shared_limit=101376, gpus="L4, L40, RTX 40xx"),
-}
+tiles = kernels().tiles  # level 4's tiles.py, as this process has it (the package docstring)
 WORKER_TIMEOUT_S = 600.0  # one compile at most (the slowest fp32 tiles take about a minute)
 
 
@@ -331,7 +304,7 @@ def compile_jobs(
 
 
 def table_key(job: Job) -> tuple:
-    """A tuned job's key in shared_memory.py."""
+    """A tuned job's key in shared_memory.py (``tiles.shared_memory_need``'s arguments)."""
     return (KERNELS[job.kernel].function, job.target, job.dtype, job.block, job.tiles)
 
 
@@ -411,7 +384,7 @@ class Check:
                 kept[key] |= r["status"] == "compiled"
         return [
             f"{kernel} on {target} in {dtype} at head block {block}: every autotuning "
-            f"candidate is pruned; add one that fits (tiles.py)"
+            f"candidate is pruned; add one that fits (levels/level4_triton_kernel/tiles.py)"
             for (kernel, target, dtype, block), any_kept in kept.items()
             if not any_kept
         ]
@@ -448,7 +421,7 @@ def check(
     return Check(results, round(time.perf_counter() - start, 1), measured=measure)
 
 
-TABLE = Path(__file__).with_name("shared_memory.py")
+TABLE = Path(__file__).with_name("shared_memory.py")  # levels/level4_compile/shared_memory.py
 
 
 def write_table(result: Check, path: Path = TABLE) -> int:
@@ -463,8 +436,9 @@ def write_table(result: Check, path: Path = TABLE) -> int:
         '"""Shared memory each autotuning candidate needs, in bytes, measured by compiling it.',
         "",
         "Generated by ``ladder check --write-table``",
-        "(compile_check.py); do not edit. The largest need over the compile-time variants (a",
-        "mask adds a pipelined tile); the prune in tiles.py compares it with the GPU's limit.",
+        "(levels/level4_compile/check.py); do not edit. The largest need over the compile-time",
+        "variants (a mask adds a pipelined tile); the prune in level 4's tiles.py compares it",
+        "with the GPU's limit. Plain data: level 4 imports it, so it imports nothing.",
         '"""',
         "",
         f'TRITON_VERSION = "{triton.__version__}"',
@@ -490,7 +464,7 @@ def run(args: argparse.Namespace) -> int:
     (int or None), ``format`` ("table" or "json"), ``json`` (a Path or None),
     ``plan_only``, ``write_table``, ``cold`` (bools), ``timeout`` (seconds).
     """
-    from .compile_report import make_console, print_check, progress
+    from .report import make_console, print_check, progress  # (the workers need no rich)
 
     jobs = plan(
         targets=args.targets or tuple(TARGETS),

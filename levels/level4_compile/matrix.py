@@ -15,24 +15,28 @@ rules (``argument_type``).
 
 The matrix
 ----------
-Per kernel, the launches it can get: the autotuner's candidates (tiles.py) or
-its one fixed launch (decode tiles, the delta pre-pass, the merge, the norms),
-each in float16, bfloat16 and float32 (``ieee`` dot precision), for sm_80 and
-sm_90. Every launch compiles at head widths 64, 128 and 256 with every flag on
-at once (causal + window + mask + grouped-query heads: the most code and, the
-mask being a pipelined tile, the most shared memory). The first launch of each
-kernel and dtype also compiles an odd head width, 111 (padded to 128, its
-strides no multiple of 16: unvectorised loads), and every flag off (``plain``);
-in float16 it compiles the flags one by one as well, a pairwise covering set
-(with the all-on case, every pair of flags in all four on/off combinations:
-``FLAG_VARIANTS``); the flags change the kernels' masks and loop bounds, not
-their dtype rules. The norms take widths 64, 768, 4096 and the widest row they
+Per kernel, the launches it can get: the autotuner's candidates (level 4's
+tiles.py) or its one fixed launch (decode tiles, the delta pre-pass, the merge,
+the norms), each in float16, bfloat16 and float32 (``ieee`` dot precision), for
+sm_80 and sm_90 (``TARGETS``). Every launch compiles at head widths 64, 128 and
+256 with every flag on at once (causal + window + mask + grouped-query heads:
+the most code and, the mask being a pipelined tile, the most shared memory). The
+first launch of each kernel and dtype also compiles an odd head width, 111
+(padded to 128, its strides no multiple of 16: unvectorised loads), and every
+flag off (``plain``); in float16 it compiles the flags one by one as well, a
+pairwise covering set (with the all-on case, every pair of flags in all four
+on/off combinations: ``FLAG_VARIANTS``); the flags change the kernels' masks
+and loop bounds, not their dtype rules. The norms take widths 64, 768, 4096 and the widest row they
 fuse with bias; at 768 also without bias, and RMSNorm.
 
 The full product would be some 4000 compiles, hours on two cores; these
 398 are the part of it in which every configuration meets every dtype, head
-width and target, and every flag meets every other (compile_check.py gives
-their cost).
+width and target, and every flag meets every other (check.py gives their
+cost).
+
+The kernel modules are this process's (``kernels()``, the package docstring):
+level 4's own in the ``ladder check`` process, which only plans, and the ones
+loaded on their own in a compile worker, which builds the compile inputs.
 """
 
 from __future__ import annotations
@@ -44,8 +48,52 @@ from dataclasses import asdict, dataclass
 import torch
 import triton
 
-from . import flash_backward, flash_decode, flash_forward, fused_layer_norm
-from .tiles import DKDV_SHAPES, DQ_SHAPES, FORWARD_SHAPES, decode_tiles, dtype_class, head_block
+from . import kernels
+
+_kernels = kernels()  # level 4's kernel modules, as this process has them (the package docstring)
+flash_backward, flash_decode = _kernels.flash_backward, _kernels.flash_decode
+flash_forward, fused_layer_norm = _kernels.flash_forward, _kernels.fused_layer_norm
+DKDV_SHAPES, DQ_SHAPES, FORWARD_SHAPES = (
+    _kernels.tiles.DKDV_SHAPES,
+    _kernels.tiles.DQ_SHAPES,
+    _kernels.tiles.FORWARD_SHAPES,
+)
+decode_tiles, dtype_class, head_block = (
+    _kernels.tiles.decode_tiles,
+    _kernels.tiles.dtype_class,
+    _kernels.tiles.head_block,
+)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A GPU architecture to compile for."""
+
+    arch: int  # compute capability * 10, Triton's GPUTarget arch
+    shared_limit: int  # bytes of shared memory one program may use (the opt-in maximum)
+    gpus: str  # the GPUs it stands for, for the report
+
+
+# The opt-in maximum of shared memory per thread block, which Triton's launcher checks
+# a kernel against (CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, triton's
+# backends/nvidia/driver.c). CUDA C++ Programming Guide, table "Technical Specifications
+# per Compute Capability", row "Maximum amount of shared memory per thread block": 163 KB
+# for 8.0, 99 KB for 8.6 and 8.9, 227 KB for 9.0
+# (https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#features-and-technical-specifications);
+# the NVIDIA Ampere and Hopper tuning guides (section "Shared Memory") give the same 163
+# and 227 KB for the A100 and the H100. 163 KiB = 166912 and 227 KiB = 232448 bytes, the
+# values torch reports as ``shared_memory_per_block_optin`` on those GPUs.
+# Offline only: on a GPU the prune reads the device's own limit (tiles.cuda_facts).
+TARGETS = {
+    "sm_80": Target(arch=80, shared_limit=166912, gpus="A100"),
+    "sm_90": Target(arch=90, shared_limit=232448, gpus="H100, H200"),
+}
+# Other GPUs whose measurements are sm_80's (tiles.shared_memory_target): compiled only by
+# the test that checks they need the same bytes (99 KB per thread block, as above).
+FAMILY = {
+    "sm_86": Target(arch=86, shared_limit=101376, gpus="A10, RTX 30xx"),
+    "sm_89": Target(arch=89, shared_limit=101376, gpus="L4, L40, RTX 40xx"),
+}
 
 MATRIX_DTYPES = ("float16", "bfloat16", "float32")
 HEADS = (64, 128, 256)
@@ -234,7 +282,7 @@ class KernelSpec:
     title: str  # what the report calls it
     function: str  # the @triton.jit function's name (the key of its measurements)
     build: Callable  # Job -> (JITFunction, runtime args, constexprs other than the tiles)
-    tuned: dict | None = None  # dtype class -> the autotuner's candidates (tiles.py)
+    tuned: dict | None = None  # dtype class -> the autotuner's candidates (level 4's tiles.py)
     fixed: Callable | None = None  # dtype -> the pinned (BLOCK_M, BLOCK_N, num_warps, num_stages)
     options: Callable | None = None  # dtype -> the num_warps / num_stages its launcher passes
     flags: str = (
@@ -331,7 +379,7 @@ def _widths(dtype: str) -> list[int]:
 
 
 def plan(
-    targets=("sm_80", "sm_90"), dtypes=MATRIX_DTYPES, kernels: list[str] | None = None
+    targets=tuple(TARGETS), dtypes=MATRIX_DTYPES, kernels: list[str] | None = None
 ) -> list[Job]:
     """Every job of the matrix (module docstring) for these targets, dtypes and kernels."""
     jobs = []
