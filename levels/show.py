@@ -61,7 +61,7 @@ PIECES: dict[str, dict[str, tuple[Source, ...] | Reuse]] = {
     "layer_norm": {
         "level0_loops": (Source("level0_loops/ops.py", "layer_norm"),),
         "level1_numpy": (Source("level1_numpy/ops.py", "layer_norm"),),
-        "level2_torch_manual": (Source("level2_torch_manual/kernels.py", "LayerNorm.forward"),),
+        "level2_torch_manual": (Source("level2_torch_manual/norms.py", "LayerNorm.forward"),),
         "level3_sdpa_flash": Reuse("level2_torch_manual", "level 3 changes only attention"),
         "level4_triton_kernel": (
             Source("level4_triton_kernel/fused_layer_norm.py", "_layer_norm_fwd_kernel"),
@@ -77,8 +77,8 @@ PIECES: dict[str, dict[str, tuple[Source, ...] | Reuse]] = {
     "kv_cache": {
         "level0_loops": (Source("level0_loops/models.py", "KVCache"),),
         "level1_numpy": Reuse("level0_loops", "level 1's classes are level 0's with numpy ops"),
-        "level2_torch_manual": (Source("level2_torch_manual/kernels.py", "KVCache"),),
-        "level3_sdpa_flash": (Source("level3_sdpa_flash/cache.py", "StaticKVCache"),),
+        "level2_torch_manual": (Source("level2_torch_manual/cache.py", "KVCache"),),
+        "level3_sdpa_flash": (Source("level2_torch_manual/cache.py", "StaticKVCache"),),
         "level4_triton_kernel": Reuse("level3_sdpa_flash", "its KERNELS use level 3's cache"),
     },
 }

@@ -6,8 +6,8 @@ in training mode, and ``state_dict()`` keys that are the canonical names, so
 weights load straight into PyTorch's ``nn.TransformerEncoderLayer`` /
 ``nn.TransformerDecoderLayer`` (``norm_first=True``) and back. Attention is
 still spelled out (``attention.py``: scores, mask, softmax, weighted sum),
-materialising the ``(B, H, T, S)`` score matrix; the KV cache grows by
-concatenation (``kernels.py``).
+materialising the ``(B, H, T, S)`` score matrix; the norms are written out
+(``norms.py``) and the KV cache grows by concatenation (``cache.py``).
 
 Hooks for the levels above
 --------------------------
@@ -20,7 +20,8 @@ dataclass, ``Kernels`` (``kernels.py``), with five fields:
 - ``layer_norm`` and ``rms_norm``: the norm classes, built as ``cls(config, params, *,
   prefix, device, dtype)``, whose state dict is ``weight`` (and ``bias``);
 - ``kv_cache``: the cache class, built as ``cls(config, batch, *, device, dtype)``: a
-  ``levels.common.boundary.CacheBook`` with an ``append`` (``kernels.py``);
+  ``levels.common.boundary.CacheBook`` with an ``append`` (``cache.py``, which also
+  holds levels 3 and 4's ``StaticKVCache``);
 - ``linear``: ``x @ w.T + bias`` for the matrices a module holds itself (the fused
   q/k/v rows, the tied head): ``F.linear``, or level 3's product of int8 and int4 ones.
 
@@ -48,9 +49,11 @@ import torch
 from ..common.facts import Facts
 from .arrays import asarray, to_numpy
 from .attention import allowed_keys, attention, causal_mask, merge_attention
-from .kernels import LEVEL2_KERNELS, Kernels, KVCache, LayerNorm, RMSNorm
+from .cache import KVCache
+from .kernels import LEVEL2_KERNELS, Kernels
 from .layers import DecoderLayer, EncoderLayer, FeedForward, MultiHeadAttention, rope
 from .models import DecoderOnlyTransformer, Seq2SeqTransformer
+from .norms import LayerNorm, RMSNorm
 
 # What the harness and the tests read about this level (docs/conventions.md, "Levels").
 FACTS = Facts(

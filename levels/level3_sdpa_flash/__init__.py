@@ -14,8 +14,9 @@ re-parameterised through its ``Kernels`` hook; no code is copied):
   "cudnn" | "math"``) on ``attention`` and on every module and model, and
   ``which_backend(q, k, v, ...)`` reports the one that actually runs;
   ``backend="auto"`` also obeys an enclosing ``torch.nn.attention.sdpa_kernel``;
-- the KV cache (``cache.py``) is allocated once to ``max_seq_len`` and
-  written in place, instead of growing by concatenation;
+- the KV cache (``StaticKVCache``, in level 2's ``cache.py``) is allocated
+  once to ``max_seq_len`` and written in place, instead of growing by
+  concatenation;
 - the norms are PyTorch's fused ``F.layer_norm`` and ``F.rms_norm`` (one call
   each instead of level 2's six operations, which a decode step pays 61 times);
 - ``weights="int8"`` holds a model's matrices in int8 with a scale per row
@@ -37,8 +38,8 @@ import torch
 
 from .. import level2_torch_manual as level2
 from ..level2_torch_manual import asarray, merge_attention, to_numpy
+from ..level2_torch_manual.cache import StaticKVCache
 from .attention import BACKEND_CHOICES, BACKENDS, attention, which_backend
-from .cache import StaticKVCache
 from .models import (
     KERNELS,
     DecoderLayer,

@@ -2,7 +2,8 @@
 
 Each class is level 2's, re-parameterised through its ``Kernels`` hook (no
 model code is copied): ``KERNELS`` names level 3's attention core
-(``attention.py``), PyTorch's fused norms, and the cache (``cache.py``);
+(``attention.py``), PyTorch's fused norms, and the static cache (level 2's
+``cache.py``);
 ``backend=`` on any module or model narrows SDPA to one of its backends;
 ``weights="int8"`` or ``"int4"`` on a model holds its matrices in fewer bytes
 (``quant.py``), and ``compile=True`` on the decoder-only model compiles its
@@ -21,9 +22,9 @@ import torch.nn.functional as F
 from .. import level2_torch_manual as level2
 from ..level2_torch_manual import Kernels
 from ..level2_torch_manual.arrays import row_major
+from ..level2_torch_manual.cache import StaticKVCache
 from . import compiled, quant
 from .attention import attention, check_backend
-from .cache import StaticKVCache
 
 
 class LayerNorm(level2.LayerNorm):

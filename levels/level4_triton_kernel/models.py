@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from .. import level2_torch_manual as level2
-from ..level3_sdpa_flash import StaticKVCache
+from ..level2_torch_manual.cache import StaticKVCache
 from .flash_attention import attention
 from .fused_layer_norm import layer_norm, rms_norm
 
