@@ -23,6 +23,7 @@ what sits around them and is easy to leave stale:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import re
 from pathlib import Path
@@ -425,3 +426,32 @@ def test_the_induction_head_data_is_what_training_gives(tmp_path):
                     )
                     < 1e-2
                 )
+
+
+# ----------------------------------------------------------------------------- reading.py --trace
+
+
+def test_the_reading_trace_sorts_functions_by_what_they_do():
+    """docs/tools/reading.py --trace: the rules on functions whose kind is not in doubt, and
+    a traced rung whose parts add up, with every kind present and the core counted once."""
+    import reading
+
+    assert reading.kind_of("common/checks.py", "check_token_ids") == "checks"
+    assert reading.kind_of("common/checks.py", "key_range") == "transformer"  # the causal rule
+    assert reading.kind_of("common/boundary.py", "plan") == "bookkeeping"
+    assert reading.kind_of("common/boundary.py", "rows") == "checks"
+    assert reading.kind_of("level2_torch_manual/arrays.py", "fetch") == "loading"
+    assert reading.kind_of("level2_torch_manual/attention.py", "attention") == "transformer"
+    assert reading.kind_of("level2_torch_manual/models.py", "_last") == "bookkeeping"
+    counted = reading.trace("level1_numpy")
+    assert set(counted.values()) == set(reading.KINDS)
+    names = {(file, name) for file, name, *_ in counted}
+    assert ("level1_numpy/ops.py", "attention") in names
+    assert ("common/boundary.py", "decode_step") in names  # the decode step was traced
+    assert all(first <= last for _, _, first, last in counted)
+    spans = sorted((f, a, b) for f, _, a, b in counted)
+    assert all(not (f == g and c <= b) for (f, a, b), (g, c, d) in itertools.pairwise(spans))
+    table = reading.trace_table(["level1_numpy"])
+    _, files, _, total, *kinds = re.findall(r"\| (\d+)", table[2])
+    assert int(files) == len({f for f, *_ in spans})
+    assert int(total) == sum(int(k) for k in kinds) == sum(b - a + 1 for _, a, b in spans)

@@ -15,12 +15,33 @@ rung (``levels/common/generation.py``, ``sampling.py``: read once, not per rung)
 the earlier rungs it builds on (level 0's classes under level 1, level 2's under
 levels 3 and 4: read already by a reader who climbs in order), and the shared
 modules of ``levels/common`` (read once for the whole ladder).
+
+``--trace`` measures what a reader follows rather than what the imports reach:
+one small decoder-only model (``TRACE_CONFIG``) is built from its parameters,
+then runs one ``forward`` and one ``decode_step`` (the prefill between them is
+not traced), under ``sys.settrace``. Every function of ``levels`` that runs is
+counted once, by its lines (``def`` to its last line, docstring and comments
+included: a reader reads them; a function nested in a counted one is part of
+it), and sorted by what it does (``RULES``, first match; ``--trace --functions``
+lists every function with its kind, so the sorting can be checked):
+
+* **loading**: the parameters into modules (``fetch``, ``linear``, the shapes of
+  ``levels/common/params.py``), the config's derived values;
+* **checks**: input validation (``check_*``, the ids and ``valid`` readers);
+* **bookkeeping**: the public edge (``levels/common/boundary.py``: plans, the
+  cache's book, masks of padding), the generation loop, the array converters
+  and the hooks a model fills in for the edge;
+* **transformer**: everything else: embedding, attention and its rules
+  (causal, window), RoPE, norms, the feed-forward, the KV cache's keys and
+  values, the head.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,8 +106,132 @@ def reach(start: Path) -> set[Path]:
     return seen
 
 
+# ----------------------------------------------------------------------------- --trace
+
+# The model traced: small, with none of the real families' options.
+TRACE_CONFIG = dict(vocab_size=32, d_model=16, n_heads=2, n_layers=2, d_ff=32, max_seq_len=16)
+TRACE_LEVELS = ("level0_loops", "level1_numpy", "level2_torch_manual", "level3_sdpa_flash",
+                "level4_triton_kernel")  # fmt: skip
+KINDS = ("transformer", "checks", "bookkeeping", "loading")
+
+# (file, function name): a regular expression each, matched against the file's path under
+# levels/ and the function's name; the first rule that matches says the kind (default:
+# transformer, which includes the modules' constructors: they declare the architecture).
+RULES = (
+    (r".", r"^_?check|^checked_ids$|^bounds$", "checks"),
+    (r"common/checks\.py$", r"^(attention_dims|group_size|rows_without_keys)$", "checks"),
+    (r"common/checks\.py$", r".", "transformer"),  # the rules of attention: causal, window
+    (r"common/boundary\.py$", r"^(rows|_ids|_rows|_one_position)$", "checks"),
+    (r"common/(boundary|generation|sampling)\.py$", r".", "bookkeeping"),
+    (r"/(convert|arrays)\.py$", r"^(asarray|to_numpy|dtype_kind)$", "bookkeeping"),
+    (r".", r"^(_ids|_rows|_mask|_offset|_column|_last|_zero_padded|_sees|_plan|_converters"
+     r"|_inference|new_cache|device|commit|_forget|position_offset|__call__)$", "bookkeeping"),
+    (r"common/(params|config)\.py$|/(convert|arrays)\.py$", r".", "loading"),
+    (r".", r"^(_layers|feed_forward_linears|_linears?|_params?|_tensor|_array|fetch"
+     r"|linear|norm|_norm)$", "loading"),
+)  # fmt: skip
+
+
+def _functions(path: Path) -> dict[int, tuple[int, int]]:
+    """Every function of ``path``: its code's first line (the first decorator's, or the
+    ``def``'s) -> ``(first line, last line)``."""
+    spans = {}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            span = (first, node.end_lineno)
+            spans[first] = spans[node.lineno] = span
+    return spans
+
+
+def kind_of(file: str, name: str) -> str:
+    for file_rule, name_rule, kind in RULES:
+        if re.search(file_rule, file) and re.search(name_rule, name):
+            return kind
+    return "transformer"
+
+
+def trace(level_name: str) -> dict[tuple[str, str, int, int], str]:
+    """The functions of ``levels`` that one build, one ``forward`` and one ``decode_step`` of
+    ``TRACE_CONFIG`` run at ``level_name``: ``(file, name, first, last) -> kind``."""
+    import numpy as np
+
+    import levels
+    from levels import TransformerConfig, init_params
+
+    level = levels.load(level_name)
+    config = TransformerConfig(**TRACE_CONFIG)
+    params = init_params(config, "decoder_only", seed=0, scheme="random")
+    tokens = level.asarray(np.array([[3, 1, 4, 1, 5]]))
+    runs: set = set()  # the code objects run
+
+    def tracer(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(str(LEVELS)):
+            runs.add(frame.f_code)
+        return None  # calls only: no line events
+
+    sys.settrace(tracer)
+    try:
+        model = level.DecoderOnlyTransformer(config, params)
+        model(tokens)
+        sys.settrace(None)
+        _, cache = model.prefill(tokens)
+        sys.settrace(tracer)
+        model.decode_step(level.asarray(np.array([2])), cache)
+    finally:
+        sys.settrace(None)
+    counted: dict[tuple[str, str, int, int], str] = {}
+    spans_of: dict[str, dict] = {}
+    for code in runs:
+        if code.co_name.startswith("<"):
+            continue  # a comprehension, lambda or module body: part of what contains it
+        path = Path(code.co_filename)
+        file = str(path.relative_to(LEVELS))
+        spans = spans_of.setdefault(file, _functions(path))
+        first, last = spans.get(code.co_firstlineno, (code.co_firstlineno, code.co_firstlineno))
+        counted[(file, code.co_name, first, last)] = kind_of(file, code.co_name)
+    # A function nested in another counted one is read as part of it.
+    return {
+        key: kind
+        for key, kind in counted.items()
+        if not any(
+            other[0] == key[0] and other[2] <= key[2] and key[3] <= other[3] and other != key
+            for other in counted
+        )
+    }
+
+
+def trace_table(names=TRACE_LEVELS, functions: bool = False) -> list[str]:
+    """The ``--trace`` table, in Markdown, and with ``functions`` every function's line."""
+    head = ["| rung | files entered | their lines | lines of the functions run | "
+            + " | ".join(KINDS) + " |", "| --- |" + " ---: |" * (3 + len(KINDS))]  # fmt: skip
+    rows, listing = [], []
+    for name in names:
+        counted = trace(name)
+        files = sorted({file for file, *_ in counted})
+        lines = sum(len((LEVELS / f).read_text().splitlines()) for f in files)
+        by_kind = defaultdict(int)
+        for (file, fn, first, last), kind in sorted(counted.items()):
+            by_kind[kind] += last - first + 1
+            listing.append(f"{name} {kind:11s} {last - first + 1:4d} {file}:{first} {fn}")
+        total = sum(by_kind.values())
+        shares = " | ".join(
+            f"{by_kind[k]} ({100 * by_kind[k] / total:.0f}%)"
+            if k == "transformer"
+            else str(by_kind[k])
+            for k in KINDS
+        )
+        rows.append(
+            f"| {name.split('_')[0].removeprefix('level')} | {len(files)} | {lines} | {total} | {shares} |"
+        )
+    return head + rows + (["", *listing] if functions else [])
+
+
 def main(argv: list[str]) -> None:
-    for package in sorted(p for p in LEVELS.iterdir() if p.name.startswith("level") and p.is_dir()):
+    if "--trace" in argv:
+        print("\n".join(trace_table(functions="--functions" in argv)))
+        return
+    for package in (LEVELS / name for name in TRACE_LEVELS):  # the rungs, not level4_compile
         files = reach(package / "__init__.py")
         model = {f for f in files if not (f.parent.name == "common" and f.name in GENERATION)}
         count = lambda fs: sum(len(f.read_text().splitlines()) for f in fs)  # noqa: E731
