@@ -125,8 +125,9 @@ def test_own_block_decoders_match_gguf_bit_for_bit(kind):
     for i, (scale, payload) in enumerate(itertools.product(scales, payloads)):
         blocks[i, :halves] = np.tile(np.array([scale]).view(np.uint8), halves // 2)
         blocks[i, halves:] = payload
-    got = gguf._DECODERS[kind](blocks)
-    want = quants._type_traits[qtype].dequantize_blocks(blocks)
+    with np.errstate(invalid="ignore", over="ignore"):  # the NaN and infinite scales, on purpose
+        got = gguf._DECODERS[kind](blocks)
+        want = quants._type_traits[qtype].dequantize_blocks(blocks)
     assert got.dtype == want.dtype == np.float32 and got.shape == want.shape
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
