@@ -176,7 +176,7 @@ def test_a_failing_block_fails_and_a_skipped_one_does_not_run():
 
 
 def test_excerpts_must_match_their_file():
-    good = '```python excerpt="levels/common/checks.py"\ndef causal_offset(T: int, S: int) -> int:\n```\n'
+    good = '```python excerpt="levels/common/semantics.py"\ndef causal_offset(T: int, S: int) -> int:\n```\n'
     bad = good.replace("S: int", "S: float")
     _, [block] = plan(SAMPLE, good)
     assert excerpt_problems(block) == []

@@ -437,7 +437,8 @@ def test_the_reading_trace_sorts_functions_by_what_they_do():
     import reading
 
     assert reading.kind_of("common/checks.py", "check_token_ids") == "checks"
-    assert reading.kind_of("common/checks.py", "key_range") == "transformer"  # the causal rule
+    assert reading.kind_of("common/semantics.py", "key_range") == "transformer"  # the rule
+    assert reading.kind_of("common/checks.py", "attention_dims") == "checks"
     assert reading.kind_of("common/boundary.py", "plan") == "bookkeeping"
     assert reading.kind_of("common/boundary.py", "rows") == "checks"
     assert reading.kind_of("level2_torch_manual/arrays.py", "fetch") == "loading"

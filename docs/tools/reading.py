@@ -119,8 +119,9 @@ KINDS = ("transformer", "checks", "bookkeeping", "loading")
 # transformer, which includes the modules' constructors: they declare the architecture).
 RULES = (
     (r".", r"^_?check|^checked_ids$|^bounds$", "checks"),
-    (r"common/checks\.py$", r"^(attention_dims|group_size|rows_without_keys)$", "checks"),
-    (r"common/checks\.py$", r".", "transformer"),  # the rules of attention: causal, window
+    (r"common/semantics\.py$", r"^rows_without_keys$", "checks"),  # refusing empty rows
+    (r"common/semantics\.py$", r".", "transformer"),  # the rules of attention: causal, window
+    (r"common/checks\.py$", r".", "checks"),
     (r"common/boundary\.py$", r"^(rows|_ids|_rows|_one_position)$", "checks"),
     (r"common/(boundary|generation|sampling)\.py$", r".", "bookkeeping"),
     (r"/(convert|arrays)\.py$", r"^(asarray|to_numpy|dtype_kind)$", "bookkeeping"),

@@ -20,7 +20,7 @@ import operator
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..common import checks
+from ..common import checks, semantics
 from .convert import Nested, asarray, to_numpy  # noqa: F401  (the pieces load parameters with these)
 
 
@@ -360,7 +360,7 @@ def attention(
             kh = h // group  # the key/value head this query head reads
             rows, rows_lse = [], []
             for i in range(T):
-                lo, hi = checks.key_range(i, T, S, causal=causal, window=window)
+                lo, hi = semantics.key_range(i, T, S, causal=causal, window=window)
                 keys = [j for j in range(lo, hi) if read_mask is None or read_mask(b, h, i, j)]
                 if not keys:
                     raise ValueError(checks.EMPTY_ROW_MESSAGE)

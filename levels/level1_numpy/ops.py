@@ -14,7 +14,7 @@ import math
 import numpy as np
 from scipy.special import erf
 
-from ..common import checks
+from ..common import checks, semantics
 from .convert import asarray, to_numpy  # noqa: F401  (the pieces load parameters with these)
 
 # ------------------------------------------------------ reshaping and joining
@@ -197,12 +197,12 @@ def rope(x: np.ndarray, position_offset: int, base: float) -> np.ndarray:
 
 
 def position_mask(T: int, S: int, *, causal: bool, window: int | None) -> np.ndarray:
-    """``(T, S)`` bool: the keys each query may see by position (``checks.key_range``, vectorised).
+    """``(T, S)`` bool: the keys each query may see by position (``semantics.key_range``, vectorised).
 
     With ``d = i + (S - T)`` (bottom-right): causal keeps ``j <= d``; a window
     keeps ``j > d - W`` (causal) or ``|j - d| < W``.
     """
-    d = np.arange(T)[:, None] + checks.causal_offset(T, S)  # (T, 1)
+    d = np.arange(T)[:, None] + semantics.causal_offset(T, S)  # (T, 1)
     j = np.arange(S)[None, :]  # (1, S)
     allowed = np.ones((T, S), dtype=bool)
     if causal:

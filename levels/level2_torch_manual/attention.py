@@ -15,16 +15,13 @@ import torch.nn.functional as F
 from ..common.checks import (
     EMPTY_ROW_MESSAGE,
     attention_dims,
-    causal_binds,
-    causal_offset,
     check_float_inputs,
     check_mask,
     check_scale,
     check_window,
     group_size,
-    rows_without_keys,
-    window_binds,
 )
+from ..common.semantics import causal_binds, causal_offset, rows_without_keys, window_binds
 from .arrays import dtype_kind
 
 
@@ -44,7 +41,7 @@ def position_rule(
     """``(len(d), len(j))`` bool: may a query placed at ``d`` see key ``j``, by position alone.
 
     Causal keeps ``j <= d``; a window keeps ``j > d - W`` (causal) or the band
-    ``|j - d| < W`` (``checks.key_range`` is the same rule for one row).
+    ``|j - d| < W`` (``semantics.key_range`` is the same rule for one row).
     """
     d, j = d[:, None], j[None, :]  # (T, 1), (1, S)
     allowed = (

@@ -37,7 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from ..common.checks import EMPTY_ROW_MESSAGE, key_range, rows_without_keys, window_binds
+from ..common.checks import EMPTY_ROW_MESSAGE
+from ..common.semantics import key_range, rows_without_keys, window_binds
 from ..level2_torch_manual import attention as written_out
 from ..level2_torch_manual.attention import allowed_keys, as_4d, check_inputs, position_rule
 from .lse import attention_with_lse

@@ -15,7 +15,8 @@ import math
 
 import torch
 
-from ..common.checks import EMPTY_ROW_MESSAGE, causal_offset, rows_without_keys, window_binds
+from ..common.checks import EMPTY_ROW_MESSAGE
+from ..common.semantics import causal_offset, rows_without_keys, window_binds
 from ..level2_torch_manual.attention import as_4d, check_inputs
 from .flash_backward import flash_backward
 from .flash_decode import choose_splits, flash_decode
@@ -48,7 +49,7 @@ def check_rows_nonempty(
         return
     m = as_4d(mask)  # (b, h, t, S), each leading size 1 or full
     d = torch.arange(T, device=m.device) + causal_offset(T, S)  # (T,) each query's place
-    # Row i's keys [lo_i, hi_i), as checks.key_range gives them, clamped to [0, S].
+    # Row i's keys [lo_i, hi_i), as semantics.key_range gives them, clamped to [0, S].
     if causal:
         hi = d + 1
     else:
