@@ -185,7 +185,8 @@ def _level3_options(level, args) -> tuple[str, bool]:
             raise UsageError("--compile is level 3's (--level 3)")
         return "float", False
     if asked is None:  # chat's default, unless LADDER_COMPILE=0 says otherwise
-        return weights, args.command == "chat" and os.environ.get("LADDER_COMPILE") != "0"
+        chatty = args.command in ("chat", "serve")  # many answers repay one compile
+        return weights, chatty and os.environ.get("LADDER_COMPILE") != "0"
     return weights, asked
 
 
@@ -308,7 +309,7 @@ def _rate(n: int, seconds: float) -> str:
     return f"{n / seconds:.1f} tok/s" if seconds > 0 else "-"
 
 
-class _Holdback:
+class Holdback:
     """Text to print, minus what could still become a stop string (and what follows one)."""
 
     def __init__(self, stops: list[str]):
@@ -385,7 +386,7 @@ def answer(loaded: Loaded, ids: list[int], args, out=None) -> tuple[str, Speed]:
     from levels.tokenizer import StreamDecoder
 
     new = new_tokens(loaded, len(ids), args)
-    decoder, holdback = StreamDecoder(loaded.tokenizer), _Holdback(args.stop)
+    decoder, holdback = StreamDecoder(loaded.tokenizer), Holdback(args.stop)
     tokens = loaded.model.stream(
         ids,
         new,

@@ -8,6 +8,7 @@
     ladder pull        fetch a known model into the cache  (ladder/pull.py over levels.registry)
     ladder chat        chat with a real model            (ladder/chat.py)
     ladder generate    continue a text or a task's input (ladder/chat.py)
+    ladder serve       a real model behind OpenAI's HTTP API (ladder/serve.py over serving/)
 
 Every argument is declared here, so ``--help`` and parse errors need none of
 the implementations; a command's implementation is imported only when it runs.
@@ -152,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     _pull(commands)
     _chat(commands)
     _generate(commands)
+    _serve(commands)
     return parser
 
 
@@ -351,21 +353,7 @@ def _model_source(p: argparse.ArgumentParser, *, with_aliases: bool) -> None:
 
 def _run_arguments(p: argparse.ArgumentParser, *, temperature: float, top_p: float | None) -> None:
     """What ``chat`` and ``generate`` share: where the model runs and how it picks tokens."""
-    p.add_argument("--level", type=_level, default="level3_sdpa_flash", help="level (default 3)")
-    p.add_argument(
-        "--dtype",
-        choices=DTYPES,
-        default=None,
-        help="what the level computes in (default float32; level 0 always float64)",
-    )
-    p.add_argument("--device", type=_device, default="cpu", help="cpu (default), cuda or cuda:N")
-    p.add_argument(
-        "--threads",
-        type=_count(1),
-        default=None,
-        help="CPU threads for torch and BLAS (default: the cores the load average leaves "
-        "free, at most 8; the speeds line says how many and why)",
-    )
+    _placement(p)
     p.add_argument(
         "--max-new-tokens",
         type=_count(1),
@@ -397,6 +385,29 @@ def _run_arguments(p: argparse.ArgumentParser, *, temperature: float, top_p: flo
         help="end the answer where this text appears (repeatable); the model's own "
         "end-of-turn token always ends it",
     )
+    _context_and_level3(p)
+
+
+def _placement(p: argparse.ArgumentParser) -> None:
+    """Where a real model runs: its level, dtype, device and CPU threads."""
+    p.add_argument("--level", type=_level, default="level3_sdpa_flash", help="level (default 3)")
+    p.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default=None,
+        help="what the level computes in (default float32; level 0 always float64)",
+    )
+    p.add_argument("--device", type=_device, default="cpu", help="cpu (default), cuda or cuda:N")
+    p.add_argument(
+        "--threads",
+        type=_count(1),
+        default=None,
+        help="CPU threads for torch and BLAS (default: the cores the load average leaves "
+        "free, at most 8; the speeds line says how many and why)",
+    )
+
+
+def _context_and_level3(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--context",
         type=_count(2),
@@ -546,6 +557,36 @@ def _generate(commands) -> None:
     p.add_argument("--input", help='with a checkpoint: content symbols, e.g. "5 9 4 7" (ids >= 3)')
     _run_arguments(p, temperature=0.0, top_p=None)
     p.set_defaults(run="ladder.chat:generate")
+
+
+def _serve(commands) -> None:
+    p = commands.add_parser(
+        "serve",
+        help="serve a real model at any level over OpenAI's HTTP API",
+        description=(
+            "Load a model as ladder chat does and answer OpenAI's API on --host and --port "
+            "(POST /v1/chat/completions, /v1/completions, GET /v1/models, /health), with "
+            "each request's own sampling settings; requests are decoded one at a time, in "
+            "the order they come (at most --max-queue waiting, then 429). Ctrl-C stops it."
+        ),
+    )
+    _model_source(p, with_aliases=False)
+    _placement(p)
+    _context_and_level3(p)
+    p.add_argument(
+        "--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1: "
+        "this machine only; 0.0.0.0 exposes the model to the network)",
+    )  # fmt: skip
+    p.add_argument("--port", type=_count(1), default=8000, help="the port (default 8000)")
+    p.add_argument(
+        "--max-queue", type=_count(1), default=16,
+        help="requests that may wait for the model before a new one is refused (default 16)",
+    )  # fmt: skip
+    p.add_argument(
+        "--max-body", type=_count(1), default=1 << 20,
+        help="the largest request body, in bytes (default 1 MiB; larger: 413)",
+    )  # fmt: skip
+    p.set_defaults(run="ladder.serve:serve")
 
 
 # ----------------------------------------------------------------------------- running

@@ -1,0 +1,8 @@
+"""Serving: a model at any level behind OpenAI's HTTP API (``ladder serve``).
+
+``engine.py`` decodes requests (each with its own sampling settings and limits) on
+a worker thread, one at a time, through the model's public ``stream``; ``api.py``
+is the HTTP side on starlette (``POST /v1/chat/completions``, ``/v1/completions``,
+``GET /v1/models``, ``/health``), served by uvicorn, bound to 127.0.0.1 unless told
+otherwise. ``ladder/serve.py`` is the command. The chapter is docs/serving.md.
+"""

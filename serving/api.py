@@ -1,0 +1,326 @@
+"""OpenAI's HTTP API over the engine: what ``ladder serve`` answers.
+
+Routes (the subset of https://platform.openai.com/docs/api-reference a local model
+can honour):
+
+* ``POST /v1/chat/completions``: ``messages`` through the model's chat template;
+  ``stream`` as server-sent events (a chunk per piece of text, ended by
+  ``data: [DONE]``), ``stream_options.include_usage`` (a last chunk with the usage);
+* ``POST /v1/completions``: a ``prompt`` string continued as it is, no template;
+* ``GET /v1/models``: the one model served; ``GET /health``.
+
+Sampling as OpenAI's defaults: ``temperature`` 1 (0 is greedy, the tokens of
+``ladder chat``), ``top_p`` 1; ``top_k`` as an extra field; ``seed`` makes a
+sampled answer repeat; ``stop``, a string or up to four; ``max_tokens`` (or
+``max_completion_tokens``) defaults to what the context leaves after the prompt.
+``n`` other than 1, ``logprobs`` and tools are refused by name rather than
+ignored. The usage counts ``prompt_tokens_details.cached_tokens`` (0: this engine
+caches no prefix) and each response carries ``timings`` (the wait in the queue,
+the time to the first token, the time per output token), as llama.cpp's server does.
+
+Every bad request is a 4xx with OpenAI's error body, ``{"error": {"message", "type",
+"param", "code"}}``: malformed JSON or a wrong field (400), an unknown model (404), a
+body over the size limit (413), a prompt that leaves no room for one token (400,
+``context_length_exceeded``), a full queue (429). A client that leaves mid-stream
+cancels its request; the engine goes on with the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from .engine import Engine, Finished, QueueFull, Request
+
+MAX_BODY = 1 << 20  # bytes: a request body larger than this is refused (413)
+MAX_STOPS = 4  # as OpenAI
+
+
+class APIError(Exception):
+    """A request refused: its HTTP status and OpenAI's error fields."""
+
+    def __init__(self, status: int, message: str, *, param=None, code=None, kind=None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.kind = kind or ("invalid_request_error" if status < 500 else "server_error")
+
+    def response(self) -> JSONResponse:
+        error = {"message": self.message, "type": self.kind, "param": self.param}
+        return JSONResponse({"error": error | {"code": self.code}}, status_code=self.status)
+
+
+# ----------------------------------------------------------------------------- the fields
+
+
+def _field(body: dict, name: str, types, default=None, *, check=None, what: str = ""):
+    """``body[name]`` if it is one of ``types`` (and passes ``check``), else ``default``
+    when absent or null; a wrong type or value is a 400 naming the field."""
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+        value = object()  # JSON true is not a number here
+    if not isinstance(value, types) or (check is not None and not check(value)):
+        raise APIError(400, f"'{name}' must be {what}, got {json.dumps(body[name])}", param=name)
+    return value
+
+
+def _sampling(body: dict) -> dict[str, Any]:
+    """The request's sampling settings and limits, checked."""
+    number = (int, float)
+    _field(body, "n", int, 1, check=lambda v: v == 1, what="1 (one choice per request)")
+    for unsupported in ("logprobs", "tools", "functions", "logit_bias"):
+        if body.get(unsupported) not in (None, False, [], {}):
+            raise APIError(400, f"'{unsupported}' is not supported here", param=unsupported)
+    stop = body.get("stop")
+    stops = [stop] if isinstance(stop, str) else stop
+    if stops is not None and not (
+        isinstance(stops, list)
+        and len(stops) <= MAX_STOPS
+        and all(isinstance(s, str) for s in stops)
+    ):
+        raise APIError(400, f"'stop' must be a string or up to {MAX_STOPS} strings", param="stop")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    max_tokens = _field(
+        {name: max_tokens}, name, int, None, check=lambda v: v >= 1, what="an integer >= 1"
+    )
+    return {
+        "temperature": float(
+            _field(body, "temperature", number, 1.0, check=lambda v: 0 <= v <= 2, what="in [0, 2]")
+        ),
+        "top_p": _top_p(
+            _field(body, "top_p", number, 1.0, check=lambda v: 0 < v <= 1, what="in (0, 1]")
+        ),
+        "top_k": _field(body, "top_k", int, None, check=lambda v: v >= 1, what="an integer >= 1"),
+        "seed": _field(body, "seed", int, None, check=lambda v: v >= 0, what="an integer >= 0"),
+        "stop": tuple(stops or ()),
+        "max_tokens": max_tokens,
+    }
+
+
+def _top_p(p: float) -> float | None:
+    return None if p >= 1 else float(p)  # 1 keeps every token: no nucleus at all
+
+
+def _messages(body: dict) -> list[dict[str, str]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise APIError(400, "'messages' must be a non-empty list", param="messages")
+    out = []
+    for i, m in enumerate(messages):
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+            parts = [p.get("text") for p in content if isinstance(p, dict)]
+            content = "".join(parts) if all(isinstance(p, str) for p in parts) else None
+        role = m.get("role") if isinstance(m, dict) else None
+        if role not in ("system", "user", "assistant", "developer") or not isinstance(content, str):
+            raise APIError(
+                400,
+                f"messages[{i}] must have a role (system, user, assistant) and text content",
+                param=f"messages[{i}]",
+            )
+        out.append({"role": "system" if role == "developer" else role, "content": content})
+    return out
+
+
+# ----------------------------------------------------------------------------- the server
+
+
+class Server:
+    """The routes over one ``Engine`` serving the model named ``model_name``."""
+
+    def __init__(self, engine: Engine, model_name: str, *, max_body: int = MAX_BODY):
+        self.engine, self.model_name, self.max_body = engine, model_name, max_body
+        self.created = int(time.time())
+
+    def app(self) -> Starlette:
+        return Starlette(
+            routes=[
+                Route("/health", self.health, methods=["GET"]),
+                Route("/v1/models", self.models, methods=["GET"]),
+                Route("/v1/chat/completions", self.chat, methods=["POST"]),
+                Route("/v1/completions", self.completions, methods=["POST"]),
+            ]
+        )
+
+    async def health(self, request: HTTPRequest) -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    async def models(self, request: HTTPRequest) -> JSONResponse:
+        card = {"id": self.model_name, "object": "model", "created": self.created}
+        return JSONResponse({"object": "list", "data": [card | {"owned_by": "attention-ladder"}]})
+
+    async def chat(self, request: HTTPRequest):
+        return await self._complete(request, chat=True)
+
+    async def completions(self, request: HTTPRequest):
+        return await self._complete(request, chat=False)
+
+    async def _complete(self, http: HTTPRequest, *, chat: bool):
+        try:
+            body = await self._body(http)
+            model = body.get("model")
+            if model is not None and model != self.model_name:
+                raise APIError(
+                    404, f"the model '{model}' does not exist here (this server has "
+                    f"'{self.model_name}')", param="model", code="model_not_found",
+                )  # fmt: skip
+            ids = self._prompt(body, chat)
+            settings = _sampling(body)
+            stream = _field(body, "stream", bool, False, what="true or false")
+            options = body.get("stream_options") or {}
+            if not isinstance(options, dict):
+                raise APIError(400, "'stream_options' must be an object", param="stream_options")
+            usage_chunk = bool(options.get("include_usage")) and stream
+            request = self._request(ids, settings)
+            events = self._submit(request)
+        except APIError as exc:
+            return exc.response()
+        kind = "chat.completion" if chat else "text_completion"
+        head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
+                "created": int(time.time()), "model": self.model_name}  # fmt: skip
+        if stream:
+            return StreamingResponse(
+                self._chunks(request, events, head, kind, chat, usage_chunk),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
+        return await self._whole(request, events, head, kind, chat)
+
+    async def _body(self, http: HTTPRequest) -> dict:
+        declared = http.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body:
+            raise APIError(413, f"the request body is over {self.max_body} bytes")
+        raw = b""
+        async for chunk in http.stream():
+            raw += chunk
+            if len(raw) > self.max_body:
+                raise APIError(413, f"the request body is over {self.max_body} bytes")
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise APIError(400, f"the body is not JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise APIError(400, "the body must be a JSON object")
+        return body
+
+    def _prompt(self, body: dict, chat: bool) -> list[int]:
+        loaded = self.engine.loaded
+        if chat:
+            if loaded.template is None:
+                raise APIError(400, "this model has no chat template: use /v1/completions")
+            try:
+                text = loaded.template.render(_messages(body), add_generation_prompt=True)
+            except ValueError as exc:
+                raise APIError(400, str(exc), param="messages") from None
+        else:
+            text = body.get("prompt")
+            if isinstance(text, list) and len(text) == 1:
+                text = text[0]
+            if not isinstance(text, str):
+                raise APIError(400, "'prompt' must be a string", param="prompt")
+        # The template writes the special tokens itself; a plain prompt has none.
+        ids = loaded.tokenizer.encode(text, add_special_tokens=not chat).ids
+        if not ids:
+            raise APIError(400, "the prompt is empty", param="messages" if chat else "prompt")
+        return ids
+
+    def _request(self, ids: list[int], settings: dict) -> Request:
+        room = self.engine.context - len(ids)
+        asked = settings.pop("max_tokens")
+        if room < (asked or 1):
+            raise APIError(
+                400,
+                f"the prompt's {len(ids)} tokens and {asked or 1} new ones exceed the context "
+                f"of {self.engine.context} tokens",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        return Request(ids, asked or room, **settings)
+
+    def _submit(self, request: Request) -> asyncio.Queue:
+        loop, events = asyncio.get_running_loop(), asyncio.Queue()
+        try:
+            self.engine.submit(request, lambda e: loop.call_soon_threadsafe(events.put_nowait, e))
+        except QueueFull as exc:
+            raise APIError(429, str(exc), kind="rate_limit_error", code="queue_full") from None
+        return events
+
+    @staticmethod
+    def _usage(done: Finished) -> dict:
+        return {
+            "prompt_tokens": done.prompt_tokens,
+            "completion_tokens": done.completion_tokens,
+            "total_tokens": done.prompt_tokens + done.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": 0},
+        }
+
+    @staticmethod
+    def _timings(done: Finished) -> dict:
+        return {
+            "queued_s": round(done.queued_s, 6),
+            "time_to_first_token_s": round(done.first_token_s, 6),
+            "time_per_output_token_s": round(done.per_token_s, 6),
+        }
+
+    async def _whole(self, request, events, head, kind, chat) -> JSONResponse:
+        pieces = []
+        try:
+            while True:
+                event = await events.get()
+                if isinstance(event, Exception):
+                    return APIError(500, f"the model failed: {event}").response()
+                if isinstance(event, Finished):
+                    break
+                pieces.append(event)
+        finally:
+            request.cancel()  # a no-op once finished; stops the work if the client left
+        text = "".join(pieces)
+        choice = {"index": 0, "finish_reason": event.finish_reason}
+        choice |= {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
+        body = head | {"object": kind, "choices": [choice | {"logprobs": None}]}
+        return JSONResponse(body | {"usage": self._usage(event), "timings": self._timings(event)})
+
+    async def _chunks(self, request, events, head, kind, chat, usage_chunk):
+        kind = "chat.completion.chunk" if chat else kind
+
+        def chunk(delta=None, finish=None, **extra) -> str:
+            if chat:
+                choice = {"index": 0, "delta": delta or {}, "finish_reason": finish}
+            else:
+                choice = {
+                    "index": 0,
+                    "text": (delta or {}).get("content", ""),
+                    "finish_reason": finish,
+                }
+            body = head | {"object": kind, "choices": [choice | {"logprobs": None}]} | extra
+            return f"data: {json.dumps(body)}\n\n"
+
+        try:
+            if chat:
+                yield chunk({"role": "assistant", "content": ""})
+            while True:
+                event = await events.get()
+                if isinstance(event, Exception):
+                    error = {"message": f"the model failed: {event}", "type": "server_error"}
+                    yield f"data: {json.dumps({'error': error})}\n\n"
+                    break
+                if isinstance(event, Finished):
+                    yield chunk(finish=event.finish_reason, timings=self._timings(event))
+                    if usage_chunk:
+                        last = head | {"object": kind, "choices": [], "usage": self._usage(event)}
+                        yield f"data: {json.dumps(last)}\n\n"
+                    break
+                yield chunk({"content": event})
+            yield "data: [DONE]\n\n"
+        finally:
+            request.cancel()  # the client left, or the answer is done: either way, stop

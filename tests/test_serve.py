@@ -1,0 +1,308 @@
+"""``ladder serve`` (serving/) on the real model, through OpenAI's own client.
+
+A module fixture starts ``python -m ladder serve`` on 127.0.0.1 and a free port (level 3,
+eager: the compile is ``ladder chat``'s business, tested there), waits for ``/health``,
+and stops it at the end, leaving no process behind. The answers are held to ``ladder
+chat --temperature 0`` and ``ladder generate``; the bad requests to OpenAI's error body
+and status; after each of them, and after a client that leaves mid-stream, the server
+still answers. The queue's limit is the engine's own test, on a model that waits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from ladder.cli import main as ladder
+
+QUESTION = "What is the capital of France?"
+START_S = 120  # the model's load, and torch's import, on a busy machine
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_gguf):
+    port = _free_port()
+    command = [sys.executable, "-m", "ladder", "serve", "--port", str(port), "--no-compile",
+               "--threads", "1", "--max-body", "200000"]  # fmt: skip
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=os.environ | {"NO_COLOR": "1"},
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_S
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/health", timeout=2) as r:
+                    assert json.load(r) == {"status": "ok"}
+                    break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    out = process.stdout.read().decode() if process.poll() is not None else ""
+                    pytest.fail(f"ladder serve did not start: {out}")
+                time.sleep(0.2)
+        yield base
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    openai = pytest.importorskip("openai")  # a dev dependency: present wherever tests run
+    return openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def _ladder(capsys, *argv) -> str:
+    assert ladder([*argv, "--level", "3", "--no-compile", "--threads", "1"]) == 0
+    return capsys.readouterr().out
+
+
+def _post(server: str, path: str, body, *, raw: bytes | None = None) -> tuple[int, dict]:
+    data = raw if raw is not None else json.dumps(body).encode()
+    request = urllib.request.Request(
+        f"{server}{path}", data=data, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.load(exc)
+
+
+# ----------------------------------------------------------------------------- answers
+
+
+def test_chat_answers_as_ladder_chat_does(client, capsys):
+    want = _ladder(capsys, "chat", "-p", QUESTION, "--temperature", "0").strip()
+    reply = client.chat.completions.create(
+        model="smollm2-135m", messages=[{"role": "user", "content": QUESTION}], temperature=0
+    )
+    (choice,) = reply.choices
+    assert choice.message.content == want and "Paris" in want
+    assert choice.finish_reason == "stop"  # the model's end-of-turn token
+    usage = reply.usage
+    assert usage.prompt_tokens == 37 and usage.total_tokens == 37 + usage.completion_tokens
+    assert usage.prompt_tokens_details.cached_tokens == 0
+
+
+def test_streaming_gives_the_same_text_and_the_usage_last(client):
+    messages = [{"role": "user", "content": QUESTION}]
+    whole = client.chat.completions.create(model="smollm2-135m", messages=messages, temperature=0)
+    chunks = list(
+        client.chat.completions.create(
+            model="smollm2-135m",
+            messages=messages,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) > 3  # pieces
+    finish = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
+    assert finish == ["stop"]
+    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+
+
+def test_completions_continue_the_text_as_ladder_generate(client, capsys):
+    prompt = "The capital of France is"
+    want = _ladder(capsys, "generate", "-p", prompt, "--max-new-tokens", "8")
+    reply = client.completions.create(
+        model="smollm2-135m", prompt=prompt, max_tokens=8, temperature=0
+    )
+    assert prompt + reply.choices[0].text == want.rstrip("\n")  # generate prints the prompt too
+    assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 8
+
+
+def test_models_lists_the_one_served(client):
+    assert [m.id for m in client.models.list().data] == ["smollm2-135m"]
+
+
+def test_limits_stops_and_seeds(client):
+    messages = [{"role": "user", "content": QUESTION}]
+    one = client.chat.completions.create(
+        model="smollm2-135m", messages=messages, temperature=0, max_tokens=1
+    )
+    assert one.choices[0].finish_reason == "length" and one.usage.completion_tokens == 1
+    assert one.choices[0].message.content == "The"
+    cut = client.chat.completions.create(
+        model="smollm2-135m", messages=messages, temperature=0, stop=[" Paris"]
+    )
+    assert cut.choices[0].message.content == "The capital of France is"
+    assert cut.choices[0].finish_reason == "stop"
+    drawn = [
+        client.chat.completions.create(
+            model="smollm2-135m", messages=messages, temperature=1.0, seed=seed, max_tokens=12
+        )
+        .choices[0]
+        .message.content
+        for seed in (7, 7, 8)
+    ]
+    assert drawn[0] == drawn[1]  # a seed repeats a sampled answer
+
+
+# ----------------------------------------------------------------------------- bad requests
+
+
+def _error(status: int, body: dict, code: int, param=None, error_code=None) -> None:
+    assert status == code, body
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    assert error["param"] == param and error["code"] == error_code
+
+
+@pytest.mark.parametrize(
+    "body, code, param, error_code",
+    [
+        ({"messages": "hello"}, 400, "messages", None),
+        ({"messages": []}, 400, "messages", None),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0]", None),
+        ({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, 400, "temperature", None),
+        ({"messages": [{"role": "user", "content": "x"}], "temperature": 2.5}, 400, "temperature", None),
+        ({"messages": [{"role": "user", "content": "x"}], "top_p": 0}, 400, "top_p", None),
+        ({"messages": [{"role": "user", "content": "x"}], "max_tokens": -1}, 400, "max_tokens", None),
+        ({"messages": [{"role": "user", "content": "x"}], "max_tokens": True}, 400, "max_tokens", None),
+        ({"messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n", None),
+        ({"messages": [{"role": "user", "content": "x"}], "stop": ["a"] * 5}, 400, "stop", None),
+        ({"messages": [{"role": "user", "content": "x"}], "model": "gpt-9"}, 404, "model", "model_not_found"),
+        ({"messages": [{"role": "user", "content": "word " * 2100}]}, 400, "messages", "context_length_exceeded"),
+        ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 4000}, 400, "messages", "context_length_exceeded"),
+    ],
+)  # fmt: skip
+def test_a_bad_request_is_refused_with_the_field_named(server, body, code, param, error_code):
+    status, answer = _post(server, "/v1/chat/completions", body)
+    _error(status, answer, code, param, error_code)
+    with urllib.request.urlopen(f"{server}/health", timeout=10) as r:  # still up
+        assert r.status == 200
+
+
+def test_malformed_json_and_a_body_too_large(server):
+    status, body = _post(server, "/v1/chat/completions", None, raw=b'{"messages": [')
+    _error(status, body, 400)
+    status, body = _post(server, "/v1/completions", None, raw=b"[1, 2]")
+    _error(status, body, 400)
+    big = json.dumps({"prompt": "x" * 300_000}).encode()  # the fixture's --max-body is 200000
+    status, body = _post(server, "/v1/completions", None, raw=big)
+    _error(status, body, 413)
+    status, body = _post(server, "/v1/completions", {"prompt": 5})
+    _error(status, body, 400, "prompt")
+
+
+def test_a_client_that_leaves_mid_stream_stops_its_request(server, client):
+    """A stream of up to 400 tokens read for two chunks, then closed: the server stops that
+    request (the next one waits for no more than a few of its tokens) and answers again."""
+    body = {"messages": [{"role": "user", "content": "Count from 1 to 500."}], "temperature": 0,
+            "max_tokens": 400, "stream": True}  # fmt: skip
+    request = urllib.request.Request(
+        f"{server}/v1/chat/completions", data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    response = urllib.request.urlopen(request, timeout=60)
+    lines = [response.readline() for _ in range(4)]  # two events and their blank lines
+    assert lines[0].startswith(b"data: ")
+    response.close()  # the client goes away
+    start = time.monotonic()
+    reply = client.chat.completions.create(
+        model="smollm2-135m", messages=[{"role": "user", "content": QUESTION}], temperature=0
+    )
+    assert "Paris" in reply.choices[0].message.content
+    # 400 tokens eager take ten seconds or more here; a stopped request leaves the next
+    # one waiting a token or two (plus the time for the server to see the close).
+    assert reply.model_extra["timings"]["queued_s"] < 5.0
+    assert time.monotonic() - start < 10.0
+
+
+# ----------------------------------------------------------------------------- the engine
+
+
+def test_the_engine_queues_at_most_max_queue_and_decodes_in_order():
+    """On a model that waits until released: one request decoding, ``max_queue`` waiting,
+    the next refused (``QueueFull``, the server's 429); then all of them finish, in order."""
+    from types import SimpleNamespace
+
+    from serving.engine import Engine, Finished, QueueFull, Request
+
+    release = threading.Event()
+
+    class Model:
+        config = SimpleNamespace(max_seq_len=64)
+
+        def stream(self, ids, n, **options):
+            release.wait(10)
+            yield from range(65, 65 + n)
+
+    class Tokenizer:  # ids 65.. as letters
+        def decode(self, ids, skip_special_tokens=False):
+            return "".join(chr(i) for i in ids)
+
+        def get_added_tokens_decoder(self):
+            return {}
+
+        def token_to_id(self, token):
+            return None
+
+    loaded = SimpleNamespace(model=Model(), tokenizer=Tokenizer(), stop_ids=(0,))
+    engine = Engine(loaded, max_queue=2)
+    done, texts = [], {}
+
+    def deliver(name):
+        def take(event):
+            if isinstance(event, Finished):
+                done.append((name, event.finish_reason, event.completion_tokens))
+            else:
+                texts[name] = texts.get(name, "") + event
+
+        return take
+
+    engine.submit(Request([1, 2], 3), deliver("a"))
+    deadline = time.monotonic() + 5
+    while engine._queued and time.monotonic() < deadline:  # "a" leaves the queue to decode
+        time.sleep(0.01)
+    engine.submit(Request([1], 2), deliver("b"))
+    engine.submit(Request([1], 1), deliver("c"))
+    with pytest.raises(QueueFull):
+        engine.submit(Request([1], 1), deliver("d"))
+    release.set()
+    deadline = time.monotonic() + 10
+    while len(done) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert done == [("a", "length", 3), ("b", "length", 2), ("c", "length", 1)]
+    assert texts == {"a": "ABC", "b": "AB", "c": "A"}
+
+
+def test_an_address_that_cannot_be_listened_on_is_one_line_before_the_model_loads(capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        start = time.monotonic()
+        assert ladder(["serve", "--port", str(port)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"--port {port}: cannot listen there" in err
+    assert time.monotonic() - start < 5  # refused before any model loads
