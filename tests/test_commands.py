@@ -163,6 +163,16 @@ def _both(*checks: Callable[[list[str]], bool]) -> Callable[[list[str]], bool]:
     return lambda ids: all(check(ids) for check in checks)
 
 
+# A server runs until stopped: the tests start it on a free port and talk to it.
+SERVE = Elsewhere(
+    "tests/test_serve.py::test_chat_answers_as_ladder_chat_does",
+    "ladder serve on a free port, asked with the openai client",
+)
+SERVE_CURL = Elsewhere(
+    "tests/test_serve.py::test_streaming_gives_the_same_text_and_the_usage_last",
+    "the same stream, read by the openai client",
+)
+
 EXTENDED_TESTS = ("tests/test_real_gemma.py::", "test_the_whole_matrix_compiles_for")
 
 COMMANDS: dict[str, list[tuple[str, Check]]] = {
@@ -184,6 +194,11 @@ COMMANDS: dict[str, list[tuple[str, Check]]] = {
         ("ladder pull gemma3-270m", run(MODEL, extended=True, **GEMMA)),  # 253 MB, once
         ('ladder generate -p "The capital of France is" --level 2', run(MODEL, extended=True, expect="Paris", **SMOL)),
         ('ladder generate --model runs/reverse.pt --input "5 9 4 7"', run(MODEL, extended=True, expect="5 9 4 7 -> 7 4 9 5")),
+        ("ladder serve", SERVE),
+    ],
+    "docs/serving.md": [
+        ("ladder serve", SERVE),
+        ('curl -N http://127.0.0.1:8000/v1/chat/completions -H "Content-Type: application/json" -d \'{"model": "smollm2-135m", "messages": [{"role": "user", "content": "What is the capital of France?"}], "temperature": 0, "stream": true, "stream_options": {"include_usage": true}}\'', SERVE_CURL),
     ],
     "docs/benchmarks.md": [
         ("ladder bench", run(BENCH, manual=True)),  # CI: the --quick run below, every scenario smaller
