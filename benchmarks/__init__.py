@@ -11,6 +11,7 @@ case meets them:
 * ``reference``            what is right: the float64 reference, the error, each dtype's bound;
 * ``real_model``           the real model's prompt and decode, per weight format;
 * ``startup``              a cached ``ladder chat``'s seconds to its first token, a process each;
+* ``serve``                ``ladder serve`` under load: clients at once, random arrivals, a shared prefix;
 * ``plan``                 what a run measures: sizes, the size budget, computed figures;
 * ``runner``               the sweep: screen, check, then time every case;
 * ``measure``              how a call becomes numbers: timing, peak memory, the machine's ceilings;
@@ -40,6 +41,7 @@ SCENARIOS = (
     "ring",
     "real-model",
     "startup",
+    "serve",
 )
 """Scenario groups selectable with ``--scenario``, in the order they run (here, so that the
 ``ladder`` parser lists them without importing the harness)."""

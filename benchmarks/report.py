@@ -299,6 +299,22 @@ RATIOS: tuple[Ratio, ...] = (
         keep="T",
         detail=("T={num.T}: {num.time} / {den.time}",),
     ),
+    # What decoding several requests together buys a server (1x when it decodes one at a time).
+    Ratio(
+        "{num.level}: 8 clients at once / one after another",
+        {"scenario": "serve", "clients": 8},
+        {"scenario": "serve", "clients": 1},
+        of="tokens_per_s",
+        same=("level",),
+        detail=(TOKENS,),
+    ),
+    Ratio(
+        "8 clients at once, batched / one after another, compiled",
+        {"scenario": "serve", "clients": 8},
+        {"scenario": "serve", "clients": 1, "level": "ladder serve --max-batch 1 --compile"},
+        of="tokens_per_s",
+        detail=(TOKENS,),
+    ),
     # Over the matmul peak's own fraction, 1: each level's best "% peak", and where.
     Ratio(
         "best fraction of peak: {num.level}",

@@ -122,10 +122,11 @@ def _run(args: argparse.Namespace) -> int:
                 progress=progress,
             )
     elapsed = time.perf_counter() - start
+    if args.json:  # first: a run of minutes is kept even if its report cannot be printed
+        write_json(records, args.json)
     print_report(records, machine, console)
     console.print(f"wall time {elapsed:.1f} s", markup=False)
     if args.json:
-        write_json(records, args.json)
         console.print(f"records written to {args.json}", markup=False)
     if args.plot:
         from benchmarks.plot import plot

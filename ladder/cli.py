@@ -566,8 +566,9 @@ def _serve(commands) -> None:
         description=(
             "Load a model as ladder chat does and answer OpenAI's API on --host and --port "
             "(POST /v1/chat/completions, /v1/completions, GET /v1/models, /health), with "
-            "each request's own sampling settings; requests are decoded one at a time, in "
-            "the order they come (at most --max-queue waiting, then 429). Ctrl-C stops it."
+            "each request's own sampling settings; up to --max-batch requests are decoded "
+            "together, joining and leaving between steps, the others wait in the order they "
+            "came (at most --max-queue, then 429). Ctrl-C stops it."
         ),
     )
     _model_source(p, with_aliases=False)
@@ -578,6 +579,11 @@ def _serve(commands) -> None:
         "this machine only; 0.0.0.0 exposes the model to the network)",
     )  # fmt: skip
     p.add_argument("--port", type=_count(1), default=8000, help="the port (default 8000)")
+    p.add_argument(
+        "--max-batch", type=_count(1), default=8,
+        help="requests decoded together, a row each in every step (default 8; levels 0 and "
+        "1 decode one at a time); 1 decodes one at a time, with level 3's compiled step",
+    )  # fmt: skip
     p.add_argument(
         "--max-queue", type=_count(1), default=16,
         help="requests that may wait for the model before a new one is refused (default 16)",

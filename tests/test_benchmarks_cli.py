@@ -641,3 +641,24 @@ def test_user_text_is_not_read_as_markup():
         status="unavailable: pip install 'attention-ladder[triton]'",
     )
     assert "attention-ladder[triton]" in _rendered([record], 150)
+
+
+def test_a_serve_record_is_right_only_when_every_answer_is_the_one_alone():
+    """benchmarks/serve.py's record of a load run: tokens/s of the whole run, the waits from
+    the server's timings, and ``wrong`` when any answer differs from the request asked alone
+    or is missing (a request lost)."""
+    from benchmarks.serve import _record
+
+    def answer(text, tokens, queued, first):
+        return {"choices": [{"message": {"content": text}}],
+                "usage": {"completion_tokens": tokens},
+                "timings": {"queued_s": queued, "time_to_first_token_s": first,
+                            "time_per_output_token_s": 0.1}}  # fmt: skip
+
+    answers = [answer("a", 4, 0.0, 0.5), answer("b", 6, 1.0, 0.5)]
+    record = _record("s", 8, 2.0, answers, ["a", "b"], new=6)
+    assert record.status == "ok" and record.tokens_per_s == 5.0  # 10 tokens in 2 s
+    assert record.shape == {"clients": 8, "requests": 2, "new": 6}
+    assert "p50 1.00 s" in record.note  # the waits 0.5 and 1.5, median 1.0
+    assert _record("s", 8, 2.0, answers, ["a", "c"]).status == "wrong"
+    assert _record("s", 8, 2.0, [answers[0], None], ["a", "b"]).status == "wrong"

@@ -11,61 +11,28 @@ still answers. The queue's limit is the engine's own test, on a model that waits
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 
+import numpy as np
 import pytest
 
 from ladder.cli import main as ladder
 
 QUESTION = "What is the capital of France?"
-START_S = 120  # the model's load, and torch's import, on a busy machine
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def server(smollm2_gguf):
-    port = _free_port()
-    command = [sys.executable, "-m", "ladder", "serve", "--port", str(port), "--no-compile",
-               "--threads", "1", "--max-body", "200000"]  # fmt: skip
-    process = subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=os.environ | {"NO_COLOR": "1"},
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + START_S
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/health", timeout=2) as r:
-                    assert json.load(r) == {"status": "ok"}
-                    break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    out = process.stdout.read().decode() if process.poll() is not None else ""
-                    pytest.fail(f"ladder serve did not start: {out}")
-                time.sleep(0.2)
+    """The server on a free port of 127.0.0.1, eager (the compile is ``ladder chat``'s to
+    test), with a small body limit to reach."""
+    from serving.launch import serving
+
+    with serving("--no-compile", "--threads", "1", "--max-body", "200000", start_s=120) as base:
         yield base
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 @pytest.fixture(scope="module")
@@ -306,3 +273,151 @@ def test_an_address_that_cannot_be_listened_on_is_one_line_before_the_model_load
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and f"--port {port}: cannot listen there" in err
     assert time.monotonic() - start < 5  # refused before any model loads
+
+
+# ----------------------------------------------------------------------------- batching
+
+
+class _Letters:
+    """A tokenizer for a small random model: id ``i`` is the character ``chr(0x100 + i)``."""
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(chr(0x100 + i) for i in ids)
+
+    def get_added_tokens_decoder(self):
+        return {}
+
+    def token_to_id(self, token):
+        return None
+
+
+def _engine_run(level_name: str, requests: list, arrivals: list[int], max_batch: int):
+    """``requests`` submitted to an engine over a small float64 model of ``level_name``,
+    request ``i`` once the engine has run ``arrivals[i]`` decode steps; -> (texts, reasons,
+    the engine, the model)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    import levels
+    from levels import TransformerConfig, init_params
+    from serving.engine import Engine, Finished
+
+    level = levels.load(level_name)
+    config = TransformerConfig(vocab_size=40, d_model=16, n_heads=4, n_kv_heads=2, n_layers=2,
+                               d_ff=32, max_seq_len=48)  # fmt: skip
+    params = init_params(config, "decoder_only", seed=1, scheme="random")
+    model = level.DecoderOnlyTransformer(config, params, dtype=torch.float64)
+    loaded = SimpleNamespace(model=model, level=level, tokenizer=_Letters(), stop_ids=(7,))
+    engine = Engine(loaded, max_queue=64, max_batch=max_batch)
+    texts, reasons, done = [""] * len(requests), [None] * len(requests), threading.Event()
+
+    def deliver(i):
+        def take(event):
+            if isinstance(event, Finished):
+                reasons[i] = (event.finish_reason, event.completion_tokens)
+                if all(reasons):
+                    done.set()
+            elif isinstance(event, Exception):
+                reasons[i] = ("error", str(event))
+                done.set()
+            else:
+                texts[i] += event
+
+        return take
+
+    for i in sorted(range(len(requests)), key=lambda i: arrivals[i]):
+        deadline = time.monotonic() + 60
+        while engine.steps < arrivals[i] and time.monotonic() < deadline and not done.is_set():
+            time.sleep(0.001)
+        engine.submit(requests[i], deliver(i))
+    assert done.wait(120), reasons
+    return texts, reasons, engine, model
+
+
+def _alone(model, request) -> str:
+    tokens = list(
+        model.stream(request.ids, request.max_tokens, temperature=request.temperature,
+                     top_k=request.top_k, top_p=request.top_p, seed=request.seed, stop_ids=(7,))
+    )  # fmt: skip
+    return _Letters().decode([t for t in tokens if t != 7])
+
+
+@pytest.mark.parametrize("level_name", ["level2_torch_manual", "level3_sdpa_flash"])
+def test_continuous_batching_answers_each_request_as_it_is_answered_alone(level_name):
+    """Ten requests of different lengths, limits and sampling (greedy, and seeded draws at
+    temperature 0.9 with top-k and top-p) arriving while others decode, at most four at
+    once: each request's text is the text of ``stream`` on it alone (its seed its own
+    generator, as alone), and the steps decoded several rows at a time."""
+    from serving.engine import Request
+
+    rng = np.random.default_rng(0)
+    requests, arrivals = [], []
+    for i in range(10):
+        ids = [int(t) for t in rng.integers(8, 40, size=int(rng.integers(1, 12)))]
+        sampled = i % 3 == 2
+        requests.append(Request(ids, int(rng.integers(1, 14)), temperature=0.9 if sampled else 0.0,
+                                top_k=12 if sampled else None, top_p=0.95 if sampled else None,
+                                seed=100 + i if sampled else None))  # fmt: skip
+        arrivals.append([0, 0, 0, 1, 2, 2, 4, 5, 9, 12][i])
+    texts, reasons, engine, model = _engine_run(level_name, requests, arrivals, max_batch=4)
+    for i, request in enumerate(requests):
+        assert texts[i] == _alone(model, request), f"request {i}: {reasons[i]}"
+        assert reasons[i][0] in ("stop", "length") and 1 <= reasons[i][1] <= request.max_tokens
+    assert engine.rows > engine.steps  # some steps decoded several requests
+    assert engine.rows / engine.steps <= 4  # never more than max_batch
+
+
+@pytest.mark.parametrize("level_name", ["level2_torch_manual", "level3_sdpa_flash"])
+@pytest.mark.parametrize("window", [None, 3])
+def test_regrouped_rows_decode_as_they_would_alone(level_name, window):
+    """``regroup`` (levels/level2_torch_manual/cache.py) on rows of different lengths and
+    histories, prefilled apart and together (right-padded), joined, decoded and dropped:
+    every step's logits those of the row alone (float64: to rounding), with a sliding
+    window too (whose mask then counts positions, not slots)."""
+    import torch
+
+    import levels
+    from levels import TransformerConfig, init_params
+    from levels.level2_torch_manual.cache import KVCache, regroup
+
+    level = levels.load(level_name)
+    config = TransformerConfig(vocab_size=30, d_model=16, n_heads=4, n_kv_heads=2, n_layers=2,
+                               d_ff=32, max_seq_len=32, window=window)  # fmt: skip
+    model = level.DecoderOnlyTransformer(
+        config, init_params(config, "decoder_only", seed=2, scheme="random"), dtype=torch.float64
+    )
+    new = lambda b: KVCache(config, b, dtype=torch.float64)  # noqa: E731
+    prompts = [[3, 4, 5, 6, 7, 8], [9, 10], [11, 12, 13, 14]]
+    feed = [[15, 16, 17, 18, 19, 20], [21, 22, 23, 24, 25, 26], [27, 28, 29, 3, 4, 5]]
+    with torch.no_grad():
+        want = []  # each row alone: the logits of each of its decode steps
+        for prompt, tokens in zip(prompts, feed, strict=True):
+            _, cache = model.prefill(torch.tensor([prompt]))
+            want.append([model.decode_step(torch.tensor([t]), cache)[0] for t in tokens])
+        _, first = model.prefill(torch.tensor([prompts[0]]))  # alone
+        both = torch.tensor([prompts[1] + [0, 0], prompts[2]])  # together, right-padded
+        valid = torch.tensor([[True, True, False, False], [True] * 4])
+        _, second = model.prefill(both, valid=valid)
+        got, step = [[], [], []], [0, 0, 0]
+        cache, rows = regroup([(first, 0), (second, 0)], new), [0, 1]  # rows 0 and 1 run
+        for _ in range(2):
+            logits = model.decode_step(torch.tensor([feed[r][step[r]] for r in rows]), cache)
+            for b, r in enumerate(rows):
+                got[r].append(logits[b])
+                step[r] += 1
+        cache, rows = regroup([(cache, 0), (cache, 1), (second, 1)], new), [0, 1, 2]  # 2 joins
+        for _ in range(3):
+            logits = model.decode_step(torch.tensor([feed[r][step[r]] for r in rows]), cache)
+            for b, r in enumerate(rows):
+                got[r].append(logits[b])
+                step[r] += 1
+        cache, rows = regroup([(cache, 2), (cache, 0)], new), [2, 0]  # row 1 leaves, reordered
+        logits = model.decode_step(torch.tensor([feed[r][step[r]] for r in rows]), cache)
+        for b, r in enumerate(rows):
+            got[r].append(logits[b])
+    for r in range(3):
+        assert len(got[r]) >= 3
+        for step_got, step_want in zip(got[r], want[r], strict=False):
+            # float64 through two layers: the batch changes only the order of the sums.
+            torch.testing.assert_close(step_got, step_want, atol=1e-12, rtol=0)

@@ -237,6 +237,14 @@ class CacheBook:
     def _forget(self, length: int) -> None:
         """The level's part of ``rewind``: nothing where ``length`` already bounds every read."""
 
+    def _left_aligned(self, counts: Sequence[int]) -> None:
+        """The book of rows whose ``counts[b]`` real slots come first, then padding up to the
+        longest: what ``regroup`` (levels/level2_torch_manual/cache.py) builds."""
+        self.length = max(counts)
+        self.valid = [[True] * n + [False] * (self.length - n) for n in counts]
+        self.padded = self.ragged = any(n < self.length for n in counts)
+        self._real = list(counts) if self.ragged else None
+
 
 # ----------------------------------------------------------------------------- the public methods
 

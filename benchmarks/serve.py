@@ -1,0 +1,186 @@
+"""The ``serve`` scenario: ``ladder serve`` under load, timed from outside, as its clients see it.
+
+Two servers (level 3, SmolLM2, float32, one thread) on 127.0.0.1 and a free port,
+started and stopped here, one after the other: ``--max-batch 1 --compile`` (one
+request at a time, the compiled decode step) and ``--max-batch 8`` (continuous
+batching, a batch decoded eagerly). Every request of the timed runs is greedy, and its
+answer is checked against the same request asked alone first, on the same server:
+
+* ``clients=1`` (both servers) and ``clients=8`` (the batching one): eight requests of
+  ``NEW`` tokens, one after the other, then all at once: the tokens per second of the
+  whole, and each request's wait and time to its first token (the server's own
+  ``timings``). Their ratios are what batching requests together buys;
+* ``arrivals``: ``ARRIVALS`` requests (20 with ``--quick``) arriving at random (a
+  Poisson process at ``RATE`` a second), each to be answered: none lost;
+* ``shared prefix``: four requests behind one system prompt of about 200 tokens, the
+  prompt tokens each one's prefill computed (``prompt_tokens - cached_tokens``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import threading
+import time
+import urllib.request
+
+import numpy as np
+
+from serving.launch import serving
+
+from .records import FIGURE, OK, WRONG, Record
+
+NEW = 32  # tokens per request of the throughput runs
+ARRIVALS, ARRIVALS_QUICK, ARRIVAL_NEW = 200, 20, 8
+RATE = 4.0  # arrivals per second, on average
+SYSTEM = (
+    "You are a careful assistant for a museum of natural history. Answer in one short "
+    "sentence, name the gallery where the visitor can see what they ask about, and never "
+    "invent an exhibit: the galleries are Dinosaurs, Minerals, Oceans, Birds, Insects, "
+    "Human Origins and Meteorites. "
+) * 3  # about 200 tokens with the template's
+COMMON = ("--threads", "1", "--level", "3", "--max-queue", "1000")  # both servers'
+BATCHED = "ladder serve --max-batch 8"
+COMPILED = "ladder serve --max-batch 1 --compile"
+
+
+def _ask(base: str, messages: list[dict], new: int) -> dict:
+    body = {"messages": messages, "temperature": 0, "max_tokens": new}
+    request = urllib.request.Request(
+        f"{base}/v1/chat/completions", data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    with urllib.request.urlopen(request, timeout=600) as r:
+        return json.load(r)
+
+
+def _question(i: int) -> list[dict]:
+    return [{"role": "user", "content": f"Tell me one fact about the number {i}."}]
+
+
+def _together(base: str, jobs: list, start_at: list[float] | None = None) -> tuple[float, list]:
+    """Every job ``(messages, new)`` on its own thread (at ``start_at`` seconds, if given);
+    -> the seconds until the last answer, and the answers (None where one failed)."""
+    answers: list = [None] * len(jobs)
+
+    def one(i: int) -> None:
+        if start_at is not None:
+            time.sleep(max(0.0, start_at[i] - (time.perf_counter() - begin)))
+        with contextlib.suppress(OSError, ValueError):
+            answers[i] = _ask(base, *jobs[i])
+
+    begin = time.perf_counter()
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - begin, answers
+
+
+def _waits(answers: list) -> np.ndarray:
+    """Each answer's wait in the queue plus its time to the first token, seconds."""
+    return np.array(
+        [a["timings"]["queued_s"] + a["timings"]["time_to_first_token_s"] for a in answers if a]
+    )
+
+
+def _once(seconds: float) -> dict:
+    """The statistics of one sample: a load run is timed once, as a whole."""
+    return {"median_s": seconds, "q1_s": seconds, "q3_s": seconds, "min_s": seconds,
+            "max_s": seconds, "repeats": 1}  # fmt: skip
+
+
+def _record(
+    level: str, clients: int, seconds: float, answers: list, alone: list, **shape
+) -> Record:
+    tokens = sum(a["usage"]["completion_tokens"] for a in answers if a)
+    right = all(
+        a and a["choices"][0]["message"]["content"] == b
+        for a, b in zip(answers, alone, strict=True)
+    )
+    waits = _waits(answers)
+    per_request = [
+        a["usage"]["completion_tokens"] / max(1e-9, a["timings"]["time_per_output_token_s"]
+                                                * max(1, a["usage"]["completion_tokens"] - 1))
+        for a in answers if a and a["usage"]["completion_tokens"] > 1
+    ]  # fmt: skip
+    return Record(
+        level=level,
+        scenario="serve",
+        device="cpu",
+        dtype="float32",
+        shape={"clients": clients, "requests": len(answers), **shape},
+        status=OK if right else WRONG,
+        **_once(seconds),
+        tokens_per_s=tokens / seconds,
+        max_error=0.0 if right else 1.0,
+        error_of="answers != alone",
+        error_bound=0.0,
+        description="level 3, SmolLM2, float32, 1 thread"
+        + (", its decode step compiled" if level == COMPILED else ", a batch decoded eagerly"),
+        note=(
+            f"wait + first token p50 {np.percentile(waits, 50):.2f} s, p99 "
+            f"{np.percentile(waits, 99):.2f} s; decode {np.median(per_request):.1f} tok/s a request"
+        ),
+    )
+
+
+def serve_records(quick: bool) -> list[Record]:
+    """The measurements above, from the two servers."""
+    from .real_model import MODEL, _file
+
+    if _file() is None:
+        return [Record(level="ladder serve", scenario="serve", device="cpu", dtype="float32",
+                       status=f"skipped: {MODEL} is not cached: ladder pull {MODEL}")]  # fmt: skip
+    n_arrivals = ARRIVALS_QUICK if quick else ARRIVALS
+    rng = random.Random(0)
+    jobs = [(_question(i), NEW) for i in range(8)]
+    with serving(*COMMON, "--max-batch", "1", "--compile") as base:
+        alone = [_ask(base, *job)["choices"][0]["message"]["content"] for job in jobs]
+        begin = time.perf_counter()
+        one_by_one = [_ask(base, *job) for job in jobs]
+        records = [_record(COMPILED, 1, time.perf_counter() - begin, one_by_one, alone, new=NEW)]
+    with serving(*COMMON, "--max-batch", "8") as base:
+        alone = [_ask(base, *job)["choices"][0]["message"]["content"] for job in jobs]
+        begin = time.perf_counter()
+        one_by_one = [_ask(base, *job) for job in jobs]
+        records.append(_record(BATCHED, 1, time.perf_counter() - begin, one_by_one, alone, new=NEW))
+        seconds, answers = _together(base, jobs)
+        records.append(_record(BATCHED, 8, seconds, answers, alone, new=NEW))
+        arrivals = [(_question(100 + i), ARRIVAL_NEW) for i in range(n_arrivals)]
+        times = np.cumsum([rng.expovariate(RATE) for _ in arrivals]).tolist()
+        seconds, answers = _together(base, arrivals, start_at=times)
+        answered = sum(
+            a is not None and a["choices"][0]["finish_reason"] in ("stop", "length")
+            for a in answers
+        )
+        waits = _waits(answers)
+        records.append(
+            Record(
+                level=BATCHED, scenario="serve arrivals", device="cpu", dtype="float32",
+                shape={"requests": n_arrivals, "new": ARRIVAL_NEW},
+                status=OK if answered == n_arrivals else WRONG,
+                **_once(seconds),
+                tokens_per_s=sum(a["usage"]["completion_tokens"] for a in answers if a) / seconds,
+                max_error=float(n_arrivals - answered), error_of="requests not answered",
+                error_bound=0.0,
+                note=(f"{answered} of {n_arrivals} answered, arriving at {RATE:g}/s; wait + first "
+                      f"token p50 {np.percentile(waits, 50):.2f} s, p99 {np.percentile(waits, 99):.2f} s"),
+            )
+        )  # fmt: skip
+        shared = [[{"role": "system", "content": SYSTEM}, *_question(i)] for i in range(4)]
+        usages = [_ask(base, m, 1)["usage"] for m in shared]
+    computed = [u["prompt_tokens"] - u["prompt_tokens_details"]["cached_tokens"] for u in usages]
+    prompt = float(np.mean([u["prompt_tokens"] for u in usages]))
+    records.append(
+        Record(
+            level=BATCHED, scenario="serve prefix", device="cpu", dtype="float32",
+            shape={"requests": len(usages), "prompt": round(prompt)}, status=FIGURE,
+            tokens_per_s=None, max_error=None,
+            note=(f"prompt tokens {prompt:.0f} a request, prefilled {np.mean(computed):.0f}: "
+                  f"the prefix cache cut the prefill {prompt / np.mean(computed):.2f}x"),
+        )
+    )  # fmt: skip
+    return records

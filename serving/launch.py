@@ -1,0 +1,60 @@
+"""``ladder serve`` as a process: started on 127.0.0.1 and a free port, waited for until it
+answers ``/health``, and stopped (terminated, then killed) when the block ends, leaving no
+process behind. The tests and the ``serve`` benchmark talk to the server this way."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+
+START_S = 300  # seconds: a first start may compile level 3's decode step (a minute here)
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serving(*flags: str, start_s: float = START_S) -> Iterator[str]:
+    """``python -m ladder serve --port PORT *flags`` running for the block: -> its base URL,
+    ``http://127.0.0.1:PORT``. ``RuntimeError`` with its output if it does not come up."""
+    port = free_port()
+    command = [sys.executable, "-m", "ladder", "serve", "--port", str(port), *flags]
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=os.environ | {"NO_COLOR": "1"},
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + start_s
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/health", timeout=2).close()
+                break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    process.kill()
+                    output = process.communicate()[0].decode(errors="replace")
+                    raise RuntimeError(f"ladder serve did not start: {output}") from None
+                time.sleep(0.2)
+        yield base
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
