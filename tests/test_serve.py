@@ -327,9 +327,12 @@ def _engine_run(level_name: str, requests: list, arrivals: list[int], max_batch:
         return take
 
     for i in sorted(range(len(requests)), key=lambda i: arrivals[i]):
-        deadline = time.monotonic() + 60
-        while engine.steps < arrivals[i] and time.monotonic() < deadline and not done.is_set():
+        # Until the engine has run arrivals[i] steps, or stands idle (all it had is done).
+        seen, changed = engine.steps, time.monotonic()
+        while engine.steps < arrivals[i] and time.monotonic() - changed < 0.5:
             time.sleep(0.001)
+            if engine.steps != seen:
+                seen, changed = engine.steps, time.monotonic()
         engine.submit(requests[i], deliver(i))
     assert done.wait(120), reasons
     return texts, reasons, engine, model
