@@ -11,9 +11,9 @@ the model's end-of-turn ids or a stop string (``finish_reason`` ``"stop"``), or 
 One worker thread runs the model, so its arithmetic never blocks the server's event
 loop. Up to ``max_batch`` requests run together (continuous batching): between two
 decode steps, waiting requests are prefilled (together, in one right-padded pass) and
-join the running batch, and finished ones leave it; each step then decodes one token for every running
-request, reading the weights once for all of them, which is most of a step's cost at
-these sizes (docs/decoding.md). The KV cache is regrouped whenever its rows change
+join the running batch, and finished ones leave it; each step then decodes one token for
+every running request, reading the weights once for all of them, which is most of a
+step's cost at these sizes (docs/decoding.md). The KV cache is regrouped whenever its rows change
 (``levels.level2_torch_manual.cache.regroup``): each row keeps its own real slots and
 positions, so it decodes as it would alone, and padding between them is masked. Where
 a model's cache cannot be regrouped (levels 0 and 1), or with ``max_batch`` 1, the
@@ -36,6 +36,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from levels.common.sampling import Sampling, pick
 
 
 class QueueFull(RuntimeError):
@@ -91,7 +93,7 @@ class Engine:
     def __init__(self, loaded: Any, *, max_queue: int = 16, max_batch: int = 1, limit=None):
         self.loaded, self.max_queue = loaded, max_queue
         kv_cache = getattr(getattr(loaded.model, "kernels", None), "kv_cache", None)
-        self.max_batch = max_batch if hasattr(kv_cache, "real_kv") else 1
+        self.max_batch = max_batch if hasattr(kv_cache, "per_layer") else 1
         self._waiting: queue.Queue = queue.Queue()
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -165,18 +167,10 @@ class Engine:
         keeps its own positions and decodes as it would alone."""
         import torch
 
-        from levels.level2_torch_manual.cache import KVCache, regroup
+        from levels.level2_torch_manual.cache import regroup
 
         model, to_numpy = self.loaded.model, self.loaded.level.to_numpy
         device = model.device
-
-        # The running batch's cache is level 2's, sized to the slots its rows hold: a
-        # regroup then writes only those. (A static cache holds the whole context for
-        # every row, and writing a few slots of each row's stretch of it faulted in
-        # 1.8 s of zeroed pages for eight rows of SmolLM2.) Any cache serves any level.
-        def new_cache(batch: int) -> KVCache:
-            return KVCache(model.config, batch, device=device, dtype=model.dtype)
-
         running: list[_Answer] = []
         cache = None
         while True:
@@ -193,7 +187,7 @@ class Engine:
             joined = self._prefill(arriving) if arriving else []
             if joined:
                 parts = [(cache, i) for i in kept] + [(prefilled, j) for _, prefilled, j in joined]
-                cache = regroup(parts, new_cache)
+                cache = regroup(parts, model.config)
                 running += [answer for answer, _, _ in joined]
             if not running:
                 continue
@@ -209,7 +203,7 @@ class Engine:
             self.steps, self.rows = self.steps + 1, self.rows + len(running)
             kept = [i for i, a in enumerate(running) if not a.take(a.pick(logits[i : i + 1]))]
             if len(kept) < len(running):
-                cache = regroup([(cache, i) for i in kept], new_cache) if kept else None
+                cache = regroup([(cache, i) for i in kept], model.config) if kept else None
                 running = [running[i] for i in kept]
 
     def _prefill(self, arriving: list[_Answer]) -> list[tuple[_Answer, Any, int]]:
@@ -245,7 +239,6 @@ class _Answer:
 
     def __init__(self, loaded: Any, request: Request, deliver: Deliver, queued_s: float):
         from ladder.chat import Holdback
-        from levels.common.sampling import Sampling
         from levels.tokenizer import StreamDecoder
 
         self.request, self.deliver, self.queued_s = request, deliver, queued_s
@@ -258,8 +251,6 @@ class _Answer:
 
     def pick(self, logits) -> int:
         """The next token from its logits ``(1, V)``, as the request alone would pick it."""
-        from levels.common.sampling import pick
-
         return int(pick(logits, self.sampling, self.generators)[0])
 
     def take(self, token: int) -> bool:
