@@ -54,7 +54,7 @@ def zeros(shape: tuple[int, ...], *, device=None, dtype=None) -> torch.Tensor:
     dtype = dtype or DEFAULT_DTYPE
     if torch.device(device or "cpu").type != "cpu":
         return torch.zeros(shape, device=device, dtype=dtype)
-    size = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
+    size = int(np.prod(shape)) * dtype.itemsize
     return torch.from_numpy(np.zeros(size, np.uint8)).view(dtype).reshape(shape)
 
 
