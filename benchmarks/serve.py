@@ -101,11 +101,11 @@ def _record(
         for a, b in zip(answers, alone, strict=True)
     )
     waits = _waits(answers)
-    per_request = [
-        a["usage"]["completion_tokens"] / max(1e-9, a["timings"]["time_per_output_token_s"]
-                                                * max(1, a["usage"]["completion_tokens"] - 1))
-        for a in answers if a and a["usage"]["completion_tokens"] > 1
-    ]  # fmt: skip
+    per_request = [  # tokens/s of a request's decode: 1 / its mean time per token after the first
+        1 / a["timings"]["time_per_output_token_s"]
+        for a in answers
+        if a and a["usage"]["completion_tokens"] > 1
+    ]
     return Record(
         level=level,
         scenario="serve",
@@ -127,6 +127,15 @@ def _record(
     )
 
 
+def _one_after_another(base: str, level: str, jobs: list) -> tuple[list[str], Record]:
+    """Each job asked once untimed (the answers every later one is held to), then all of them
+    one after the other, timed -> ``(answers alone, the record)``."""
+    alone = [_ask(base, *job)["choices"][0]["message"]["content"] for job in jobs]
+    begin = time.perf_counter()
+    answers = [_ask(base, *job) for job in jobs]
+    return alone, _record(level, 1, time.perf_counter() - begin, answers, alone, new=NEW)
+
+
 def serve_records(quick: bool) -> list[Record]:
     """The measurements above, from the two servers."""
     from .real_model import MODEL, _file
@@ -138,15 +147,10 @@ def serve_records(quick: bool) -> list[Record]:
     rng = random.Random(0)
     jobs = [(_question(i), NEW) for i in range(8)]
     with serving(*COMMON, "--max-batch", "1", "--compile") as base:
-        alone = [_ask(base, *job)["choices"][0]["message"]["content"] for job in jobs]
-        begin = time.perf_counter()
-        one_by_one = [_ask(base, *job) for job in jobs]
-        records = [_record(COMPILED, 1, time.perf_counter() - begin, one_by_one, alone, new=NEW)]
+        records = [_one_after_another(base, COMPILED, jobs)[1]]
     with serving(*COMMON, "--max-batch", "8") as base:
-        alone = [_ask(base, *job)["choices"][0]["message"]["content"] for job in jobs]
-        begin = time.perf_counter()
-        one_by_one = [_ask(base, *job) for job in jobs]
-        records.append(_record(BATCHED, 1, time.perf_counter() - begin, one_by_one, alone, new=NEW))
+        alone, record = _one_after_another(base, BATCHED, jobs)
+        records.append(record)
         seconds, answers = _together(base, jobs)
         records.append(_record(BATCHED, 8, seconds, answers, alone, new=NEW))
         arrivals = [(_question(100 + i), ARRIVAL_NEW) for i in range(n_arrivals)]
