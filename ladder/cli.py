@@ -585,6 +585,17 @@ def _serve(commands) -> None:
         "1 decode one at a time); 1 decodes one at a time, with level 3's compiled step",
     )  # fmt: skip
     p.add_argument(
+        "--blocks", type=_count(1), default=None,
+        help="the KV cache's blocks of 16 positions, shared by the requests decoded together "
+        "(default: the whole context for each of --max-batch; fewer preempts the newest "
+        "request when they run out, which computes its tokens again later)",
+    )  # fmt: skip
+    p.add_argument(
+        "--no-prefix-cache", dest="prefix_cache", action="store_false",
+        help="compute every prompt whole (by default a prompt's first whole blocks that an "
+        "earlier request computed are taken from the cache: a shared system prompt once)",
+    )  # fmt: skip
+    p.add_argument(
         "--max-queue", type=_count(1), default=16,
         help="requests that may wait for the model before a new one is refused (default 16)",
     )  # fmt: skip

@@ -2,7 +2,8 @@
 
 The model loads as ``ladder chat`` loads it (``--model``, ``--level``, ``--dtype``,
 ``--context``, level 3's ``--weights``). Up to ``--max-batch`` requests (8) are decoded
-together, a row each in every step, eagerly; ``--max-batch 1`` decodes one request at a
+together, a row each in every step, eagerly, over a paged KV cache of ``--blocks``
+blocks with prefix caching (``serving.engine``); ``--max-batch 1`` decodes one request at a
 time, and at level 3 with the compiled step (compiled, or loaded from the cache, before
 the first request). Then uvicorn serves ``serving.api`` on ``--host`` (127.0.0.1 by
 default: this machine only) and ``--port`` until Ctrl-C. Sampling is each request's
@@ -38,17 +39,30 @@ def serve(args: argparse.Namespace) -> int:
             "--compile decodes one request at a time: give --max-batch 1 with it (a batch "
             "decodes eagerly, its rows changing at every step)"
         )
+    if args.blocks is not None and args.max_batch == 1:
+        raise UsageError("--blocks is the cache a batch shares: give --max-batch 2 or more")
     if args.max_batch > 1:
         args.compile = False  # the compiled step is for one row; a batch decodes eagerly
     loaded = load(args, chat=True)
     threads = _threads(args)
     with threads.limit():  # the step is compiled for the threads the engine will decode with
         _prepare_decode(loaded.model)
-    engine = Engine(loaded, max_queue=args.max_queue, max_batch=args.max_batch, limit=threads.limit)
-    server = Server(engine, loaded.name, max_body=args.max_body)
-    batch = (
-        f"up to {engine.max_batch} requests at once" if engine.max_batch > 1 else "one at a time"
+    engine = Engine(
+        loaded,
+        max_queue=args.max_queue,
+        max_batch=args.max_batch,
+        blocks=args.blocks,
+        prefix_cache=args.prefix_cache,
+        limit=threads.limit,
     )
+    server = Server(engine, loaded.name, max_body=args.max_body)
+    batch = "one at a time"
+    if engine.pool is not None:
+        pool = engine.pool
+        batch = (
+            f"up to {engine.max_batch} requests at once over {pool.blocks} KV blocks of "
+            f"{pool.block_size} positions ({pool.nbytes / 2**20:.0f} MiB)"
+        )
     print(
         f"serving {loaded.name} at {loaded.level.__name__.rsplit('.', 1)[-1]}, {batch} "
         f"({threads}), on http://{args.host}:{args.port}/v1 (Ctrl-C stops)",

@@ -14,8 +14,8 @@ Sampling as OpenAI's defaults: ``temperature`` 1 (0 is greedy, the tokens of
 sampled answer repeat; ``stop``, a string or up to four; ``max_tokens`` (or
 ``max_completion_tokens``) defaults to what the context leaves after the prompt.
 ``n`` other than 1, ``logprobs`` and tools are refused by name rather than
-ignored. The usage counts ``prompt_tokens_details.cached_tokens`` (0: this engine
-caches no prefix) and each response carries ``timings`` (the wait in the queue,
+ignored. The usage counts ``prompt_tokens_details.cached_tokens`` (the prompt's
+tokens found in the engine's prefix cache) and each response carries ``timings`` (the wait in the queue,
 the time to the first token, the time per output token), as llama.cpp's server does.
 
 Every bad request is a 4xx with OpenAI's error body, ``{"error": {"message", "type",
@@ -253,6 +253,10 @@ class Server:
             self.engine.submit(request, lambda e: loop.call_soon_threadsafe(events.put_nowait, e))
         except QueueFull as exc:
             raise APIError(429, str(exc), kind="rate_limit_error", code="queue_full") from None
+        except ValueError as exc:  # longer than the engine's context (checked above, too)
+            raise APIError(
+                400, str(exc), param="max_tokens", code="context_length_exceeded"
+            ) from None
         return events
 
     @staticmethod
@@ -261,7 +265,7 @@ class Server:
             "prompt_tokens": done.prompt_tokens,
             "completion_tokens": done.completion_tokens,
             "total_tokens": done.prompt_tokens + done.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": 0},
+            "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
         }
 
     @staticmethod

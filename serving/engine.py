@@ -9,25 +9,44 @@ the model's end-of-turn ids or a stop string (``finish_reason`` ``"stop"``), or 
 ``max_tokens`` (``"length"``).
 
 One worker thread runs the model, so its arithmetic never blocks the server's event
-loop. Up to ``max_batch`` requests run together (continuous batching): between two
-decode steps, waiting requests are prefilled (together, in one right-padded pass) and
-join the running batch, and finished ones leave it; each step then decodes one token for
-every running request, reading the weights once for all of them, which is most of a
-step's cost at these sizes (docs/decoding.md). The KV cache is regrouped whenever its rows change
-(``levels.level2_torch_manual.cache.regroup``): each row keeps its own real slots and
-positions, so it decodes as it would alone, and padding between them is masked. Where
-a model's cache cannot be regrouped (levels 0 and 1), or with ``max_batch`` 1, the
+loop. At levels 2 to 4, up to ``max_batch`` requests run together over one paged KV
+cache (``levels.level2_torch_manual.paged``: a pool of blocks, a block table per
+request). Each turn of the worker's loop:
+
+1. **admits** waiting requests while fewer than ``max_batch`` run and the pool has
+   blocks for the new one's prompt (continuous batching: requests join between steps,
+   not when a batch ends). A prompt's first whole blocks that some earlier request
+   computed are taken from the pool by reference (**prefix caching**; its usage counts
+   them as ``cached_tokens``);
+2. **prefills** what the admitted requests still have to compute, at most
+   ``prefill_tokens`` positions a turn, oldest request first (**chunked prefill**: a
+   long prompt is computed over several turns, and the running requests decode a token
+   between its pieces instead of waiting for all of it). A request whose last prompt
+   position is computed picks its first token from those logits;
+3. **decodes** one token for every request that has one to take, in one step, reading
+   the weights once for all of them (most of a step's cost at these sizes:
+   docs/decoding.md). Each row keeps its own positions, so it decodes as it would alone.
+
+When the pool has no block for a step, the newest requests are **preempted**: their
+blocks are freed and they wait first in line; admitted again, they compute their
+prompt and the tokens they had taken (a prefix-cache hit, mostly) and go on where they
+stopped, with the same generator, so their text is the text they would have had.
+A finished request's blocks go back to the pool; its full blocks stay findable by their
+tokens until the pool needs them.
+
+Where a model has no torch cache (levels 0 and 1), or with ``max_batch`` 1, the
 requests are decoded one at a time, each through the model's ``stream``.
 
 Requests wait in a queue of at most ``max_queue`` (a full queue refuses a new one:
 ``QueueFull``, the server's 429). A request whose client went away is cancelled: it
 stops before its next token (or is skipped if it has not started). Each request reports
-its usage (prompt and completion tokens) and its timings: the wait in the queue, the
-time to its first token, and the time per output token after it.
+its usage (prompt, cached and completion tokens) and its timings: the wait in the
+queue, the time to its first token, and the time per output token after it.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import queue
@@ -35,6 +54,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from levels.common.sampling import Sampling, pick
@@ -66,11 +86,13 @@ class Request:
 @dataclass(frozen=True)
 class Finished:
     """How a request ended: ``finish_reason`` (``"stop"``, ``"length"`` or
-    ``"cancelled"``), its tokens, and its timings in seconds."""
+    ``"cancelled"``), its tokens (the prompt's, those of them cached, the completion's),
+    and its timings in seconds."""
 
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int  # prompt tokens whose keys and values came from the prefix cache
     queued_s: float
     first_token_s: float  # from the start of its turn to its first token (the prefill)
     per_token_s: float  # the mean time per token after the first (0 with one token)
@@ -82,36 +104,75 @@ Event = str | Finished | Exception
 Deliver = Callable[[Event], None]
 
 
+PREFILL_TOKENS = 256  # prompt positions computed per turn, at most: a long prompt's piece
+
+
 class Engine:
     """Decodes the requests given to ``submit`` on a worker thread: up to ``max_batch`` at
-    once where the model's KV cache can be regrouped (levels 2 to 4), else one at a time.
+    once over a paged KV cache where the model's arrays are torch's (levels 2 to 4), else
+    one at a time.
 
     ``loaded`` is ``ladder.chat.Loaded`` (the model, its level, its tokenizer and end-of-turn
     ids); ``limit`` is entered on the worker thread (the CPU threads torch and BLAS use).
+    The pool holds ``blocks`` blocks of ``block_size`` positions (default: the whole
+    context for each of ``max_batch`` requests, so that only a smaller pool preempts);
+    ``prefix_cache`` False computes every prompt whole.
     """
 
-    def __init__(self, loaded: Any, *, max_queue: int = 16, max_batch: int = 1, limit=None):
-        self.loaded, self.max_queue = loaded, max_queue
-        kv_cache = getattr(getattr(loaded.model, "kernels", None), "kv_cache", None)
-        self.max_batch = max_batch if hasattr(kv_cache, "per_layer") else 1
+    def __init__(
+        self,
+        loaded: Any,
+        *,
+        max_queue: int = 16,
+        max_batch: int = 1,
+        blocks: int | None = None,
+        block_size: int | None = None,
+        prefill_tokens: int = PREFILL_TOKENS,
+        prefix_cache: bool = True,
+        limit=None,
+    ):
+        self.loaded, self.max_queue, self.prefix_cache = loaded, max_queue, prefix_cache
+        self.max_batch = max_batch if hasattr(loaded.model, "kernels") else 1
+        self.prefill_tokens = prefill_tokens
+        self.pool = self._pool(blocks, block_size) if self.max_batch > 1 else None
         self._waiting: queue.Queue = queue.Queue()
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._queued = 0
         self._limit = limit
-        self.steps = 0  # decode steps run, and the rows they decoded: the batching, measured
-        self.rows = 0
+        # What the batching did, counted: decode steps and the rows they decoded, prefill
+        # passes and the positions they computed, requests preempted.
+        self.steps = self.rows = self.prefills = self.computed = self.preempted = 0
         self._worker = threading.Thread(target=self._run, name="ladder-engine", daemon=True)
         self._worker.start()
 
+    def _pool(self, blocks: int | None, block_size: int | None):
+        from levels.level2_torch_manual.paged import BLOCK_SIZE, BlockPool
+
+        model, size = self.loaded.model, block_size or BLOCK_SIZE
+        blocks = blocks or self.max_batch * -(-model.config.max_seq_len // size)
+        return BlockPool(
+            model.config, blocks, block_size=size, device=model.device, dtype=model.dtype
+        )
+
     @property
     def context(self) -> int:
-        """The tokens a request's prompt and completion may fill together."""
-        return int(self.loaded.model.config.max_seq_len)
+        """The tokens a request's prompt and completion may fill together: the model's
+        context, or the pool's positions where that is less."""
+        context = int(self.loaded.model.config.max_seq_len)
+        if self.pool is not None:
+            context = min(context, self.pool.blocks * self.pool.block_size)
+        return context
 
     def submit(self, request: Request, deliver: Deliver) -> Request:
         """Queue ``request``; ``deliver`` receives its events on the worker thread.
-        ``QueueFull`` when ``max_queue`` requests wait already."""
+        ``ValueError`` when it would not fit in ``context``, ``QueueFull`` when ``max_queue``
+        requests wait already."""
+        if len(request.ids) + request.max_tokens > self.context:
+            raise ValueError(
+                f"the prompt's {len(request.ids)} tokens and {request.max_tokens} new ones "
+                f"exceed the context of {self.context} tokens"
+            )
         with self._lock:
             if self._queued >= self.max_queue:
                 raise QueueFull(f"{self._queued} requests are waiting; try again later")
@@ -133,7 +194,7 @@ class Engine:
     def _run(self) -> None:
         with self._limit() if self._limit is not None else contextlib.nullcontext():
             if self.max_batch > 1:
-                self._run_batched()
+                _Batch(self).run()
             while True:
                 answer = self._next(block=True)
                 try:
@@ -160,77 +221,158 @@ class Engine:
                 return None
         return answer.finish("length")  # the stream ended without a reason (not reached)
 
-    def _run_batched(self) -> None:
-        """Continuous batching: between decode steps, waiting requests are prefilled (in one
-        pass) and join the running batch, finished ones leave it; the KV cache is regrouped
-        (``levels.level2_torch_manual.cache.regroup``) whenever its rows change, so each row
-        keeps its own positions and decodes as it would alone."""
+
+class _Batch:
+    """The batching loop of an ``Engine`` (the module's docstring: admit, prefill, decode).
+
+    ``active`` holds the admitted requests in the order they came; each has a ``Sequence``
+    in the pool and ``todo``, the tokens it has taken that the cache has not: more than one
+    while its prompt is being computed, then one, the token it took last.
+    """
+
+    def __init__(self, engine: Engine):
+        from levels.level2_torch_manual.paged import PagedKVCache
+
+        self.engine, self.pool, self.model = engine, engine.pool, engine.loaded.model
+        self.cache = partial(PagedKVCache, self.pool, config=self.model.config)
+        self.active: list[_Answer] = []
+        self.resumed: collections.deque[_Answer] = collections.deque()  # preempted ones, first
+
+    def run(self) -> None:
         import torch
 
-        from levels.level2_torch_manual.cache import regroup
-
-        model, to_numpy = self.loaded.model, self.loaded.level.to_numpy
-        device = model.device
-        running: list[_Answer] = []
-        cache = None
         while True:
-            kept = list(range(len(running)))
-            arriving: list[_Answer] = []
-            while len(running) + len(arriving) < self.max_batch:
-                answer = self._next(block=not running and not arriving)
-                if answer is None:
-                    break
-                if answer.request.cancelled.is_set():
-                    answer.finish("cancelled")
-                else:
-                    arriving.append(answer)
-            joined = self._prefill(arriving) if arriving else []
-            if joined:
-                parts = [(cache, i) for i in kept] + [(prefilled, j) for _, prefilled, j in joined]
-                cache = regroup(parts, model.config)
-                running += [answer for answer, _, _ in joined]
-            if not running:
-                continue
-            tokens = torch.tensor([answer.last for answer in running], device=device)
-            try:
-                with torch.no_grad():
-                    logits = to_numpy(model.decode_step(tokens, cache))  # (B,V)
-            except Exception as exc:  # the batch failed: each of its requests is told
-                for answer in running:
-                    answer.deliver(exc)
-                running, cache = [], None
-                continue
-            self.steps, self.rows = self.steps + 1, self.rows + len(running)
-            kept = [i for i, a in enumerate(running) if not a.take(a.pick(logits[i : i + 1]))]
-            if len(kept) < len(running):
-                cache = regroup([(cache, i) for i in kept], model.config) if kept else None
-                running = [running[i] for i in kept]
+            self._admit()
+            with torch.no_grad():
+                self._prefill([a for a in self.active if len(a.todo) > 1])
+                self._decode([a for a in self.active if len(a.todo) == 1])
 
-    def _prefill(self, arriving: list[_Answer]) -> list[tuple[_Answer, Any, int]]:
-        """The prompts of ``arriving`` in one pass, right-padded into one batch (``valid``),
-        and each one's first token, picked as alone; -> ``(answer, cache, row)`` of those
-        that go on decoding. A failure is told to each of them."""
+    def _admit(self) -> None:
+        """Waiting requests join while there is room in the batch and in the pool."""
+        engine = self.engine
+        while len(self.active) < engine.max_batch:
+            answer = self.resumed.popleft() if self.resumed else engine._next(block=False)
+            if answer is None and not self.active:
+                answer = engine._next(block=True)  # nothing to do until a request comes
+            if answer is None:
+                return
+            if answer.request.cancelled.is_set():
+                answer.finish("cancelled")
+                continue
+            history = answer.history
+            # Whole blocks of the prompt found in the pool; the last token always computed,
+            # since its logits pick the next one.
+            matched = self.pool.match(history[:-1] if engine.prefix_cache else [])
+            if self.pool.blocks_for(len(history)) - len(matched.table) > self.pool.available:
+                self.pool.free(matched)  # no room yet: it waits first in line
+                self.resumed.appendleft(answer)
+                return
+            answer.admit(matched)
+            self.active.append(answer)
+
+    def _prefill(self, prefilling: list[_Answer]) -> None:
+        """At most ``prefill_tokens`` positions of the prompts still to compute, oldest first,
+        one request a pass (no padding); a request whose prompt is done takes a token."""
+        budget = self.engine.prefill_tokens
+        for answer in prefilling:
+            if budget <= 0 or answer not in self.active:
+                return
+            if answer.request.cancelled.is_set():
+                self._finish(answer, "cancelled")
+                continue
+            n = min(len(answer.todo), budget)
+            if not self._room([answer], n):
+                continue
+            chunk = answer.todo[:n]
+            logits = self._pass([answer], lambda cache, chunk=chunk: self.model.extend(
+                self._tensor([chunk]), cache, last_only=True))  # fmt: skip  # (1,V)
+            if logits is None:
+                continue
+            budget -= n
+            self.engine.prefills, self.engine.computed = (
+                self.engine.prefills + 1,
+                self.engine.computed + n,
+            )
+            if not answer.todo:  # the prompt's last position: its logits pick a token
+                self._take(answer, logits[0:1])
+
+    def _decode(self, decoding: list[_Answer]) -> None:
+        """One token for each request that has one to take, in one step."""
+        decoding = [a for a in decoding if not self._cancelled(a)]
+        if not decoding or not self._room(decoding, 1):
+            return
+        decoding = [a for a in decoding if a in self.active]  # some may have been preempted
+        tokens = self._tensor([a.todo[0] for a in decoding])  # (B,)
+        logits = self._pass(decoding, lambda cache: self.model.decode_step(tokens, cache))  # (B,V)
+        if logits is None:
+            return
+        self.engine.steps, self.engine.rows = (
+            self.engine.steps + 1,
+            self.engine.rows + len(decoding),
+        )
+        for i, answer in enumerate(decoding):
+            self._take(answer, logits[i : i + 1])
+
+    def _pass(self, answers: list[_Answer], step: Callable) -> Any:
+        """``step(cache)`` over the answers' sequences -> its logits as numpy, or None (failed:
+        each of them told and finished). The full blocks it filled are published."""
+        try:
+            logits = self.engine.loaded.level.to_numpy(step(self.cache([a.seq for a in answers])))
+        except Exception as exc:  # these requests' failure, not the engine's
+            for answer in answers:
+                answer.deliver(exc)
+                self._drop(answer)
+            return None
+        for answer in answers:
+            if self.engine.prefix_cache:
+                self.pool.publish(answer.seq, answer.history)
+        return logits
+
+    def _room(self, answers: list[_Answer], adding: int) -> bool:
+        """Blocks for ``adding`` more positions of each of ``answers``, preempting the newest
+        active requests while the pool has too few; -> whether any of them is left."""
+        while True:
+            staying = [a for a in answers if a in self.active]
+            if not staying:
+                return False
+            need = sum(
+                max(self.pool.blocks_for(a.seq.count + adding) - len(a.seq.table), 0)
+                for a in staying
+            )
+            if need <= self.pool.available:
+                return True
+            self._preempt(self.active[-1])
+
+    def _preempt(self, answer: _Answer) -> None:
+        """Free the blocks of ``answer``; it waits first in line, to compute again what it had."""
+        self.pool.free(answer.seq)
+        self.active.remove(answer)
+        self.resumed.appendleft(answer)
+        self.engine.preempted += 1
+
+    def _take(self, answer: _Answer, logits) -> None:
+        if answer.take(answer.pick(logits)):
+            self._drop(answer)
+
+    def _cancelled(self, answer: _Answer) -> bool:
+        if answer.request.cancelled.is_set():
+            self._finish(answer, "cancelled")
+            return True
+        return False
+
+    def _finish(self, answer: _Answer, reason: str) -> None:
+        answer.finish(reason)
+        self._drop(answer)
+
+    def _drop(self, answer: _Answer) -> None:
+        """``answer`` leaves the batch; its blocks go back to the pool."""
+        self.pool.free(answer.seq)
+        self.active.remove(answer)
+
+    def _tensor(self, ids: list) -> Any:
         import torch
 
-        model, device = self.loaded.model, self.loaded.model.device
-        longest = max(len(a.request.ids) for a in arriving)
-        ids = [a.request.ids + [0] * (longest - len(a.request.ids)) for a in arriving]  # (J,P)
-        valid = [[j < len(a.request.ids) for j in range(longest)] for a in arriving]  # (J,P)
-        try:
-            with torch.no_grad():
-                logits, cache = model.prefill(
-                    torch.tensor(ids, device=device),
-                    valid=torch.tensor(valid, device=device),
-                    last_only=True,
-                )  # (J,V): each row at its last real token
-            logits = self.loaded.level.to_numpy(logits)
-        except Exception as exc:  # these requests' failure, not the running batch's
-            for answer in arriving:
-                answer.deliver(exc)
-            return []
-        return [
-            (a, cache, j) for j, a in enumerate(arriving) if not a.take(a.pick(logits[j : j + 1]))
-        ]
+        return torch.tensor(ids, device=self.model.device)
 
 
 class _Answer:
@@ -248,6 +390,25 @@ class _Answer:
         self.sampling = Sampling(request.temperature, request.top_k, request.top_p, request.seed)
         self.generators = self.sampling.generators(1)
         self.count, self.start, self.first, self.last = 0, time.perf_counter(), None, None
+        self.generated: list[int] = []
+        self.seq = None  # its place in the engine's pool while admitted (``Sequence``)
+        self.cached: int | None = None  # prompt tokens found in the pool when first admitted
+
+    @property
+    def history(self) -> list[int]:
+        """Its prompt and the tokens it has taken."""
+        return self.request.ids + self.generated
+
+    @property
+    def todo(self) -> list[int]:
+        """What its cache has not computed yet: the prompt's rest, then the token taken last."""
+        return self.history[self.seq.count :]
+
+    def admit(self, seq) -> None:
+        """It runs, in ``seq`` (its prefix already there, found in the pool)."""
+        self.seq = seq
+        if self.cached is None:
+            self.cached = seq.count
 
     def pick(self, logits) -> int:
         """The next token from its logits ``(1, V)``, as the request alone would pick it."""
@@ -256,6 +417,7 @@ class _Answer:
     def take(self, token: int) -> bool:
         """Take the next token; -> whether the request is done (and then finished)."""
         self.count, self.last = self.count + 1, token
+        self.generated.append(token)
         self.first = self.first or time.perf_counter()
         if token in self.stop_ids:
             return self.finish("stop")
@@ -281,7 +443,7 @@ class _Answer:
         first = self.first or end
         per_token = (end - first) / (self.count - 1) if self.count > 1 else 0.0
         self.deliver(
-            Finished(reason, len(self.request.ids), self.count, self.queued_s,
+            Finished(reason, len(self.request.ids), self.count, self.cached or 0, self.queued_s,
                      first - self.start, per_token)
         )  # fmt: skip
         return True

@@ -139,6 +139,48 @@ def test_kv_cache_decoder_only(case, variant):
 
 
 @CACHE
+def test_extend_takes_a_prompt_in_pieces_as_prefill_takes_it_whole(case, variant):
+    """``extend``: a right-padded prefill, then two more pieces, each row's new tokens after
+    its own last real one (a short row's after its padding): every piece's logits are
+    those of the whole forward of the row alone at its positions, and decoding goes on
+    from there. The rows cross the window (3) of the windowed variants."""
+    config = small_config(case.tiny, **CACHE_VARIANTS[variant])
+    _, model = _decoder(case, config, 9)
+    rng = np.random.default_rng(9)
+    first, second, third = [2, 1], [3, 1], [1, 2]  # real tokens of rows 0 and 1 in each piece
+    rows = [random_tokens(rng, config, 1, sum(p[b] for p in (first, second, third)) + 2)[0]
+            for b in range(2)]  # fmt: skip
+    wants = [case.np(model.forward(case.arr(row[None])))[0] for row in rows]  # (T,V) each
+    done = [0, 0]
+
+    def piece(lengths):
+        T = max(lengths)
+        valid = right_padded(lengths, T)
+        tokens = np.full((2, T), config.pad_id)
+        for b, n in enumerate(lengths):
+            tokens[b, :n] = rows[b][done[b] : done[b] + n]
+        return case.arr(tokens), case.arr(valid)
+
+    tokens, valid = piece(first)
+    _, cache = model.prefill(tokens, valid=valid)
+    done = list(first)
+    for lengths in (second, third):
+        tokens, valid = piece(lengths)
+        got = case.np(model.extend(tokens, cache, valid=valid))  # (B,T,V)
+        for b, n in enumerate(lengths):
+            case.assert_close(got[b, :n], wants[b][done[b] : done[b] + n], what=f"row {b}")
+            assert not got[b, n:].any()  # padded positions are zero
+        done = [d + n for d, n in zip(done, lengths, strict=True)]
+    for _ in range(2):  # decoding goes on; between the steps, an extend too long is refused
+        step = model.decode_step(case.arr(np.array([rows[b][done[b]] for b in range(2)])), cache)
+        for b in range(2):
+            case.assert_close(case.np(step)[b], wants[b][done[b]], what=f"row {b} decoding after")
+        done = [d + 1 for d in done]
+        with pytest.raises(ValueError, match="cache"):  # refused whole: the cache is unchanged
+            model.extend(case.arr(np.ones((2, config.max_seq_len), np.int64)), cache)
+
+
+@CACHE
 def test_a_prefill_for_the_last_token_only_gives_its_logits_and_the_same_cache(case, variant):
     """``prefill(..., last_only=True)``, what generation calls: ``(B,V)``, each row's logits at
     its last real token, and a cache that decodes exactly as the full prefill's does."""

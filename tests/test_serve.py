@@ -282,10 +282,11 @@ def test_an_address_that_cannot_be_listened_on_is_one_line_before_the_model_load
 # ----------------------------------------------------------------------------- batching
 
 
-def _engine_run(level_name: str, requests: list, arrivals: list[int], max_batch: int):
-    """``requests`` submitted to an engine over a small float64 model of ``level_name``,
-    request ``i`` once the engine has run ``arrivals[i]`` decode steps; -> (texts, reasons,
-    the engine, the model)."""
+def _engine_run(level_name: str, requests: list, arrivals: list[int], **options):
+    """``requests`` submitted to an engine over a small float64 model of ``level_name``
+    (``options`` the engine's), request ``i`` once the engine has run ``arrivals[i]`` decode
+    steps; -> (texts, reasons: (finish reason, completion tokens, cached tokens) each, the
+    engine, the model)."""
     from types import SimpleNamespace
 
     import torch
@@ -300,13 +301,13 @@ def _engine_run(level_name: str, requests: list, arrivals: list[int], max_batch:
     params = init_params(config, "decoder_only", seed=1, scheme="random")
     model = level.DecoderOnlyTransformer(config, params, dtype=torch.float64)
     loaded = SimpleNamespace(model=model, level=level, tokenizer=_Letters(), stop_ids=(7,))
-    engine = Engine(loaded, max_queue=64, max_batch=max_batch)
+    engine = Engine(loaded, max_queue=64, **options)
     texts, reasons, done = [""] * len(requests), [None] * len(requests), threading.Event()
 
     def deliver(i):
         def take(event):
             if isinstance(event, Finished):
-                reasons[i] = (event.finish_reason, event.completion_tokens)
+                reasons[i] = (event.finish_reason, event.completion_tokens, event.cached_tokens)
                 if all(reasons):
                     done.set()
             elif isinstance(event, Exception):
@@ -355,62 +356,94 @@ def test_continuous_batching_answers_each_request_as_it_is_answered_alone(level_
                                 seed=100 + i if sampled else None))  # fmt: skip
         arrivals.append([0, 0, 0, 1, 2, 2, 4, 5, 9, 12][i])
     texts, reasons, engine, model = _engine_run(level_name, requests, arrivals, max_batch=4)
-    for i, request in enumerate(requests):
-        assert texts[i] == _alone(model, request), f"request {i}: {reasons[i]}"
-        assert reasons[i][0] in ("stop", "length") and 1 <= reasons[i][1] <= request.max_tokens
+    _assert_alone(requests, texts, reasons, engine, model)
     assert engine.rows > engine.steps  # some steps decoded several requests
     assert engine.rows / engine.steps <= 4  # never more than max_batch
 
 
+def _assert_alone(requests, texts, reasons, engine, model) -> None:
+    """Each request's text is its text alone; each ended as it should; and every block went
+    back to the pool."""
+    for i, request in enumerate(requests):
+        assert texts[i] == _alone(model, request), f"request {i}: {reasons[i]}"
+        assert reasons[i][0] in ("stop", "length") and 1 <= reasons[i][1] <= request.max_tokens
+    deadline = time.monotonic() + 5  # the last request's blocks are freed after its Finished
+    while engine.pool.available < engine.pool.blocks and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.pool.available == engine.pool.blocks and not any(engine.pool.refs)
+
+
+def _requests(n: int, seed: int, prefix=(), longest=12, most_tokens=14):
+    """``n`` requests with prompts of 1 to ``longest`` tokens after ``prefix``, greedy, and
+    every third one sampled (seeded, temperature 0.9, top-k and top-p)."""
+    from serving.engine import Request
+
+    rng = np.random.default_rng(seed)
+    requests = []
+    for i in range(n):
+        ids = list(prefix) + [
+            int(t) for t in rng.integers(8, 40, size=int(rng.integers(1, longest)))
+        ]
+        sampled = i % 3 == 2
+        requests.append(Request(ids, int(rng.integers(1, most_tokens)),
+                                temperature=0.9 if sampled else 0.0, top_k=12 if sampled else None,
+                                top_p=0.95 if sampled else None, seed=100 + i if sampled else None))  # fmt: skip
+    return requests
+
+
+def test_a_pool_too_small_for_all_preempts_the_newest_and_each_answer_is_unchanged():
+    """Eight requests, four at once, in a pool of 12 blocks of 4 positions (48 for four
+    requests of up to 29): the newest running requests are preempted, compute again what
+    they had and go on, and each text is still its text alone."""
+    requests = _requests(8, seed=4, longest=16, most_tokens=14)
+    texts, reasons, engine, model = _engine_run(
+        "level2_torch_manual", requests, [0, 0, 0, 0, 1, 2, 3, 4], max_batch=4, blocks=12,
+        block_size=4,
+    )  # fmt: skip
+    _assert_alone(requests, texts, reasons, engine, model)
+    assert engine.preempted > 0
+
+
 @pytest.mark.parametrize("level_name", ["level2_torch_manual", "level3_sdpa_flash"])
-@pytest.mark.parametrize("window", [None, 3])
-def test_regrouped_rows_decode_as_they_would_alone(level_name, window):
-    """``regroup`` (levels/level2_torch_manual/cache.py) on rows of different lengths and
-    histories, prefilled apart and together (right-padded), joined, decoded and dropped:
-    every step's logits those of the row alone (float64: to rounding), with a sliding
-    window too (whose mask then counts positions, not slots)."""
-    import torch
+def test_a_shared_prefix_is_computed_once_and_answers_are_unchanged(level_name):
+    """Six requests behind one 13-token prefix (three blocks of 4 and one token more): the
+    first computes it, the later ones find its three whole blocks in the pool (12 cached
+    tokens, counted in their usage) and compute only the rest; each text is its text alone.
+    A prompt of exactly three blocks finds two: its last token is always computed."""
+    prefix = list(range(10, 23))
+    requests = _requests(6, seed=5, prefix=prefix, longest=6)
+    requests[5].ids = prefix[:12]  # three whole blocks exactly
+    arrivals = [0, 3, 3, 4, 6, 8]
+    texts, reasons, engine, model = _engine_run(level_name, requests, arrivals, max_batch=3,
+                                                block_size=4)  # fmt: skip
+    _assert_alone(requests, texts, reasons, engine, model)
+    cached = [r[2] for r in reasons]
+    assert cached[0] == 0 and cached[1:5] == [12] * 4 and cached[5] == 8
+    assert engine.computed == sum(len(r.ids) for r in requests) - sum(cached)
 
-    import levels
-    from levels import TransformerConfig, init_params
-    from levels.level2_torch_manual.cache import regroup
 
-    level = levels.load(level_name)
-    config = TransformerConfig(vocab_size=30, d_model=16, n_heads=4, n_kv_heads=2, n_layers=2,
-                               d_ff=32, max_seq_len=32, window=window)  # fmt: skip
-    model = level.DecoderOnlyTransformer(
-        config, init_params(config, "decoder_only", seed=2, scheme="random"), dtype=torch.float64
+def test_without_the_prefix_cache_every_prompt_is_computed_whole():
+    prefix = list(range(10, 23))
+    requests = _requests(3, seed=5, prefix=prefix, longest=6)
+    texts, reasons, engine, model = _engine_run("level2_torch_manual", requests, [0, 3, 3],
+                                                max_batch=3, block_size=4, prefix_cache=False)  # fmt: skip
+    _assert_alone(requests, texts, reasons, engine, model)
+    assert [r[2] for r in reasons] == [0, 0, 0]
+    assert engine.computed == sum(len(r.ids) for r in requests)
+
+
+def test_a_long_prompt_is_prefilled_in_pieces_while_the_others_decode():
+    """A budget of 5 prompt positions a turn: a 30-token prompt arriving while two requests
+    decode takes six turns to compute, and the two decode between its pieces; every
+    text is its text alone."""
+    from serving.engine import Request
+
+    requests = _requests(2, seed=6, longest=4, most_tokens=2) + [
+        Request(list(range(8, 38)), 4, temperature=0.0)
+    ]
+    requests[0].max_tokens = requests[1].max_tokens = 16
+    texts, reasons, engine, model = _engine_run(
+        "level3_sdpa_flash", requests, [0, 0, 2], max_batch=3, prefill_tokens=5
     )
-    prompts = [[3, 4, 5, 6, 7, 8], [9, 10], [11, 12, 13, 14]]
-    feed = [[15, 16, 17, 18, 19, 20], [21, 22, 23, 24, 25, 26], [27, 28, 29, 3, 4, 5]]
-    with torch.no_grad():
-        want = []  # each row alone: the logits of each of its decode steps
-        for prompt, tokens in zip(prompts, feed, strict=True):
-            _, cache = model.prefill(torch.tensor([prompt]))
-            want.append([model.decode_step(torch.tensor([t]), cache)[0] for t in tokens])
-        _, first = model.prefill(torch.tensor([prompts[0]]))  # alone
-        both = torch.tensor([prompts[1] + [0, 0], prompts[2]])  # together, right-padded
-        valid = torch.tensor([[True, True, False, False], [True] * 4])
-        _, second = model.prefill(both, valid=valid)
-        got, step = [[], [], []], [0, 0, 0]
-        cache, rows = regroup([(first, 0), (second, 0)], config), [0, 1]  # rows 0 and 1 run
-        for _ in range(2):
-            logits = model.decode_step(torch.tensor([feed[r][step[r]] for r in rows]), cache)
-            for b, r in enumerate(rows):
-                got[r].append(logits[b])
-                step[r] += 1
-        cache, rows = regroup([(cache, 0), (cache, 1), (second, 1)], config), [0, 1, 2]  # 2 joins
-        for _ in range(3):
-            logits = model.decode_step(torch.tensor([feed[r][step[r]] for r in rows]), cache)
-            for b, r in enumerate(rows):
-                got[r].append(logits[b])
-                step[r] += 1
-        cache, rows = regroup([(cache, 2), (cache, 0)], config), [2, 0]  # row 1 leaves, reordered
-        logits = model.decode_step(torch.tensor([feed[r][step[r]] for r in rows]), cache)
-        for b, r in enumerate(rows):
-            got[r].append(logits[b])
-    for r in range(3):
-        assert len(got[r]) >= 3
-        for step_got, step_want in zip(got[r], want[r], strict=False):
-            # float64 through two layers: the batch changes only the order of the sums.
-            torch.testing.assert_close(step_got, step_want, atol=1e-12, rtol=0)
+    _assert_alone(requests, texts, reasons, engine, model)
+    assert engine.prefills >= 2 + 6  # the two short prompts, and six pieces of the long one

@@ -210,12 +210,10 @@ class CacheBook:
 
     def commit(self, step: Step) -> None:
         """Every layer has appended this step's keys and values: they now count."""
-        if self.length == 0:
-            self.ragged = not all_real(step.valid)
-            if self.ragged:
-                self._real = [sum(row) for row in step.valid]
-        elif self.ragged:
-            self._real = [n + sum(row) for n, row in zip(self._real, step.valid, strict=True)]
+        if self.ragged or step.padded:  # from now on, each row counts its own positions
+            counts = self._real if self.ragged else [self.length] * self.batch
+            self._real = [n + sum(row) for n, row in zip(counts, step.valid, strict=True)]
+            self.ragged = True
         for row, new in zip(self.valid, step.valid, strict=True):
             row.extend(new)  # in place: a decode step adds one slot per row
         self.padded = self.padded or step.padded
@@ -239,7 +237,8 @@ class CacheBook:
 
     def _left_aligned(self, counts: Sequence[int]) -> None:
         """The book of rows whose ``counts[b]`` real slots come first, then padding up to the
-        longest: what ``regroup`` (levels/level2_torch_manual/cache.py) builds."""
+        longest: the layout of a batch of sequences in a paged cache
+        (levels/level2_torch_manual/paged.py)."""
         self.length = max(counts)
         self.valid = [[True] * n + [False] * (self.length - n) for n in counts]
         self.padded = self.ragged = any(n < self.length for n in counts)
@@ -288,8 +287,8 @@ class _Edge:
 
 
 class DecoderOnlyEdge(_Edge):
-    """``logits``, ``forward``, ``prefill``, ``decode_step``, ``generate`` and ``stream`` of a
-    decoder-only model over its ``_decoder(ids, steps, cache, last=None)``."""
+    """``logits``, ``forward``, ``prefill``, ``decode_step``, ``extend``, ``generate`` and
+    ``stream`` of a decoder-only model over its ``_decoder(ids, steps, cache, last=None)``."""
 
     def logits(self, tokens, *, valid=None, position_offset: int = 0):
         """``(logits (B,T,V), valid (B,T))`` without zeroing the padded positions (for training)."""
@@ -325,6 +324,19 @@ class DecoderOnlyEdge(_Edge):
         ids, rows_ = self._one_position(tokens, "tokens")
         cache.check(len(rows_), 1, "tokens")  # raises before anything is written
         return self._last(self._decoder(ids, self._plan(rows_, cache=cache), cache))  # (B,V)
+
+    def extend(self, tokens, cache, *, valid=None, last_only: bool = False):
+        """Append ``tokens (B,T)`` to ``cache`` in place, as ``prefill`` would have taken them
+        after the cache's positions -> logits ``(B,T,V)``, or ``(B,V)`` at each row's last
+        real token with ``last_only``. A long prompt in pieces (a server's chunked
+        prefill), or a prompt after a prefix already cached."""
+        ids = self._ids(tokens, "tokens", ndim=2)
+        rows_ = self._rows(ids, valid, "valid")
+        cache.check(len(rows_), len(rows_[0]), "tokens")  # raises before anything is written
+        steps = self._plan(rows_, cache=cache)
+        if last_only:
+            return self._last(self._decoder(ids, steps, cache, last_real(rows_)))
+        return self._zeroed(self._decoder(ids, steps, cache), rows_)
 
     def generate(self, prefix, max_new_tokens, **options):
         """Continue ``prefix (B,P)`` -> ``(B, P + max_new_tokens)``; greedy by default.

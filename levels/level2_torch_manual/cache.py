@@ -20,8 +20,6 @@ replaces, so that level 4 takes it without importing level 3.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
 from ..common.boundary import CacheBook
@@ -49,10 +47,6 @@ class KVCache(CacheBook):
             v = torch.cat([past_v[:, :, : self.length], v_new], dim=2)  # (B,Hkv,length+T,Dh)
         self._k[index], self._v[index] = k, v
         return k, v
-
-    def per_layer(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Each layer's keys and values, ``(B,Hkv,S,Dh)`` with ``S >= length``."""
-        return list(zip(self._k, self._v, strict=True))
 
 
 class StaticKVCache(CacheBook):
@@ -82,35 +76,3 @@ class StaticKVCache(CacheBook):
         # Views of the filled prefix: strided along C, contiguous in Dh, which SDPA accepts.
         end = self.length + T
         return k.narrow(2, 0, end), v.narrow(2, 0, end)  # (B,Hkv,length+T,Dh)
-
-    def per_layer(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Each layer's keys and values, ``(B,Hkv,C,Dh)``."""
-        return list(zip(self.k, self.v, strict=True))
-
-
-def regroup(parts: Sequence[tuple[CacheBook, int]], config: TransformerConfig) -> KVCache:
-    """A cache of row ``r`` of each ``(cache, r)`` in ``parts`` (any of the caches above),
-    in that order: each row's real slots moved to its front, zeros after them, the book
-    saying so. A server calls it between decode steps, when requests join the running
-    batch (their prefilled caches) and leave it; a row's positions are its real count, so
-    it decodes on as it would alone. The result is level 2's cache, sized to the longest
-    row: a static one holds the whole context for every row, and writing a few slots into
-    each row's stretch of it faulted in 1.8 s of zeroed pages for eight rows of SmolLM2."""
-    rows = []  # per row, per layer: its real keys and values, (Hkv,n,Dh) each
-    for cache, r in parts:
-        layers = cache.per_layer()
-        keep = torch.tensor(cache.valid[r], dtype=torch.bool, device=layers[0][0].device)
-        rows.append([(k[r, :, : cache.length][:, keep], v[r, :, : cache.length][:, keep])
-                     for k, v in layers])  # fmt: skip
-    counts = [layers[0][0].shape[1] for layers in rows]
-    k0 = rows[0][0][0]  # (Hkv,n,Dh)
-    merged = KVCache(config, len(rows), device=k0.device, dtype=k0.dtype)
-    shape = (len(rows), k0.shape[0], max(counts), k0.shape[2])  # (B,Hkv,S,Dh)
-    for i in range(config.n_layers):
-        merged._k[i] = torch.zeros(shape, dtype=k0.dtype, device=k0.device)
-        merged._v[i] = torch.zeros(shape, dtype=k0.dtype, device=k0.device)
-        for b, layers in enumerate(rows):
-            k, v = layers[i]
-            merged._k[i][b, :, : k.shape[1]], merged._v[i][b, :, : v.shape[1]] = k, v
-    merged._left_aligned(counts)
-    return merged

@@ -1,0 +1,253 @@
+"""The paged KV cache: keys and values in fixed-size blocks of one pool, found through a
+block table per sequence, as an inference server keeps them (vLLM's PagedAttention).
+
+A static cache (``cache.py``) gives every row the whole context up front; a server
+decoding many requests of unknown lengths would hold ``B x C`` positions to use a few
+hundred. Here memory is handed out ``bs`` positions (a block) at a time::
+
+    pool      k, v  (L, N, Hkv, bs, Dh)      N blocks, shared by every sequence
+    Sequence  table [7, 2, 9], count 37      positions  0-15 in block 7
+                                                       16-31 in block 2
+                                                       32-36 in block 9 (11 slots free)
+
+A sequence's blocks need not be adjacent or in order; rows join and leave a batch
+without moving a byte (``PagedKVCache`` is a batch of sequences, made for one step);
+a finished sequence's blocks go back to the pool for the next request.
+
+A full block is also found by what it holds: ``BlockPool.publish`` files it under the
+hash of its tokens and of every token before them (a chain: block ``i``'s digest covers
+block ``i - 1``'s), and ``BlockPool.match`` hands a later prompt that starts the same
+way (a system prompt, the earlier turns of a chat) those blocks by reference instead of
+computing them again. A shared block is full and never written again: a sequence writes
+only past its ``count``, which is always in a block of its own. A block nobody holds
+keeps its contents and its digest until the pool needs it back (least recently freed
+first), so a prefix outlives the request that computed it.
+
+Attention reads a sequence's keys by gathering its blocks into ``(B,Hkv,S,Dh)``: a
+copy per layer and step, the traffic level 2's concatenating cache has, so levels 2 and
+3 attend over it as over any cache. The book (``levels.common.boundary.CacheBook``)
+describes the gathered layout: each row's ``count`` real positions first, then padding
+up to the longest, which the key mask hides; each row's positions are its own count,
+so a row decodes as it would alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict, deque
+from collections.abc import Sequence as Sized
+from dataclasses import dataclass, field
+
+import torch
+
+from ..common.boundary import CacheBook, Step
+from ..common.config import TransformerConfig
+from .arrays import zeros
+
+BLOCK_SIZE = 16  # positions per block: vLLM's default; a prefix is shared in whole blocks
+
+
+class OutOfBlocks(ValueError):
+    """A step needs more free blocks than the pool has (nothing was written)."""
+
+
+@dataclass
+class Sequence:
+    """One sequence's place in the pool: its ``table`` of blocks, in position order, the
+    ``count`` of positions filled, and the ``digests`` of its first full blocks, those
+    filed in the pool's prefix index (or found there)."""
+
+    table: list[int] = field(default_factory=list)
+    count: int = 0
+    digests: list[bytes] = field(default_factory=list)
+
+    def _next_digest(self, tokens: Sized[int], block_size: int) -> bytes:
+        """The digest of its next full block, whose tokens come from ``tokens`` (all of its
+        tokens): that block's tokens and the digest of the blocks before it."""
+        i = len(self.digests)
+        parent = self.digests[-1] if self.digests else b""
+        block = array("q", tokens[i * block_size : (i + 1) * block_size]).tobytes()
+        return hashlib.sha256(parent + block).digest()
+
+
+class BlockPool:
+    """``blocks`` blocks of ``block_size`` positions for every layer's keys and values,
+    ``k, v (L, N, Hkv, bs, Dh)``, with a reference count per block and the prefix index."""
+
+    def __init__(
+        self,
+        config: TransformerConfig,
+        blocks: int,
+        *,
+        block_size: int = BLOCK_SIZE,
+        device=None,
+        dtype=None,
+    ):
+        if blocks < 1 or block_size < 1:
+            raise ValueError(
+                f"a pool needs blocks >= 1 and block_size >= 1, got {blocks}, {block_size}"
+            )
+        L, H, Dh = config.n_layers, config.kv_heads, config.d_head
+        kw = {"device": device, "dtype": dtype or torch.float32}
+        # Zeros that cost nothing until written (`zeros`): most blocks of a large pool
+        # are never used. A slot past a sequence's count is masked, never read.
+        self.k = zeros((L, blocks, H, block_size, Dh), **kw)  # (L,N,Hkv,bs,Dh)
+        self.v = zeros((L, blocks, H, block_size, Dh), **kw)  # (L,N,Hkv,bs,Dh)
+        self.blocks, self.block_size = blocks, block_size
+        self.refs = [0] * blocks
+        self._free = deque(range(blocks))  # held by nobody, holding no published prefix
+        self._idle: OrderedDict[int, bytes] = OrderedDict()  # held by nobody, still published
+        self._index: dict[bytes, int] = {}  # digest -> the block filed under it
+
+    @property
+    def nbytes(self) -> int:
+        """The pool's bytes, keys and values of every layer."""
+        return self.k.nbytes + self.v.nbytes
+
+    @property
+    def available(self) -> int:
+        """Blocks a sequence may take now: the free ones and the idle published ones."""
+        return len(self._free) + len(self._idle)
+
+    def blocks_for(self, positions: int) -> int:
+        """The blocks that hold ``positions`` positions."""
+        return -(-positions // self.block_size)
+
+    def reserve(self, sequences: Sized[Sequence], adding: int) -> None:
+        """Blocks for ``adding`` more positions in each sequence, all or none: ``OutOfBlocks``
+        before anything is taken."""
+        needs = [self.blocks_for(s.count + adding) - len(s.table) for s in sequences]
+        total = sum(max(n, 0) for n in needs)
+        if total > self.available:
+            raise OutOfBlocks(
+                f"this step needs {total} more KV blocks and the pool has {self.available} free"
+            )
+        for sequence, n in zip(sequences, needs, strict=True):
+            sequence.table.extend(self._take() for _ in range(n))
+
+    def _take(self) -> int:
+        """A block for writing: a never-published one first, else the least recently idle
+        published one (its prefix is forgotten)."""
+        if self._free:
+            block = self._free.popleft()
+        else:
+            block, digest = self._idle.popitem(last=False)
+            del self._index[digest]
+        self.refs[block] = 1
+        return block
+
+    def free(self, sequence: Sequence) -> None:
+        """Give back every block of ``sequence`` (a published one stays findable while idle)."""
+        for i, block in enumerate(sequence.table):
+            self.refs[block] -= 1
+            if self.refs[block] == 0:
+                digest = sequence.digests[i] if i < len(sequence.digests) else None
+                if digest is not None and self._index.get(digest) == block:
+                    self._idle[block] = digest
+                else:
+                    self._free.append(block)
+        sequence.table, sequence.count, sequence.digests = [], 0, []
+
+    def match(self, tokens: Sized[int]) -> Sequence:
+        """A new sequence holding the longest run of published blocks that begins ``tokens``
+        (whole blocks only; each one's reference counted)."""
+        sequence = Sequence()
+        for _ in range(len(tokens) // self.block_size):
+            digest = sequence._next_digest(tokens, self.block_size)
+            block = self._index.get(digest)
+            if block is None:
+                break
+            if self.refs[block] == 0:
+                del self._idle[block]
+            self.refs[block] += 1
+            sequence.table.append(block)
+            sequence.digests.append(digest)
+            sequence.count += self.block_size
+        return sequence
+
+    def publish(self, sequence: Sequence, tokens: Sized[int]) -> None:
+        """File each full block of ``sequence`` not filed yet under its digest; ``tokens``
+        are the sequence's tokens (at least its ``count``). A block whose digest is filed
+        already (the same prefix computed twice at once) stays unfiled."""
+        for i in range(len(sequence.digests), sequence.count // self.block_size):
+            digest = sequence._next_digest(tokens, self.block_size)
+            self._index.setdefault(digest, sequence.table[i])
+            sequence.digests.append(digest)
+
+
+class PagedKVCache(CacheBook):
+    """A batch of ``sequences`` in ``pool``, for the steps of one batch: the model's
+    ``decode_step`` or ``extend`` appends to each sequence, in its own blocks.
+
+    ``check`` (which the model calls before a step writes) takes the blocks the step
+    needs; ``append`` writes a layer's new keys and values into them and returns the
+    batch's keys and values gathered, ``(B,Hkv,length+T,Dh)``; ``commit`` advances each
+    sequence's count by its real new tokens. A step's padding must trail its real
+    tokens (right-padded), as every public method's input is.
+    """
+
+    def __init__(self, pool: BlockPool, sequences: Sized[Sequence], config: TransformerConfig):
+        super().__init__(config, len(sequences))
+        self.pool, self.sequences = pool, list(sequences)
+        self._left_aligned([s.count for s in self.sequences])
+        self._where: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def check(self, rows_: int, adding: int, what: str) -> None:
+        super().check(rows_, adding, what)
+        self.pool.reserve(self.sequences, adding)
+        self._where = None
+
+    def append(
+        self, index: int, k_new: torch.Tensor, v_new: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write ``k_new, v_new (B,Hkv,T,Dh)`` after each sequence's count, in layer ``index``
+        -> the keys and values ``(B,Hkv,length+T,Dh)``: each row's filled positions, padding
+        to ``length``, then the new ones."""
+        blocks, offsets, tables = self._places(k_new.shape[2], k_new.device)
+        k_pool, v_pool = self.pool.k[index], self.pool.v[index]  # (N,Hkv,bs,Dh)
+        # Slot t of row b goes to block blocks[b,t] at offsets[b,t]; padding is written
+        # too (past the count, never read), so each row's write is one run of slots.
+        k_pool[blocks, :, offsets] = k_new.transpose(1, 2)  # (B,T,Hkv,Dh)
+        v_pool[blocks, :, offsets] = v_new.transpose(1, 2)
+        if self.length == 0:
+            return k_new, v_new
+        return self._gathered(k_pool, tables, k_new), self._gathered(v_pool, tables, v_new)
+
+    def _gathered(
+        self, pool: torch.Tensor, tables: torch.Tensor, new: torch.Tensor
+    ) -> torch.Tensor:
+        B, M = tables.shape
+        _, H, bs, Dh = pool.shape
+        old = pool[tables]  # (B,M,Hkv,bs,Dh): each row's blocks, in order
+        old = old.transpose(1, 2).reshape(B, H, M * bs, Dh)[:, :, : self.length]
+        return torch.cat([old, new], dim=2)  # (B,Hkv,length+T,Dh)
+
+    def _places(self, T: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Where each new slot goes, ``blocks, offsets (B,T)``, and the tables ``(B,M)`` of the
+        first ``length`` positions (a short row's padded with its first block: masked)."""
+        if self._where is None:
+            bs = self.pool.block_size
+            blocks = [
+                [s.table[p // bs] for p in range(s.count, s.count + T)] for s in self.sequences
+            ]
+            offsets = [[p % bs for p in range(s.count, s.count + T)] for s in self.sequences]
+            M = self.pool.blocks_for(self.length)
+            tables = [s.table[:M] + [s.table[0]] * (M - len(s.table[:M])) for s in self.sequences]
+            self._where = tuple(
+                torch.tensor(x, dtype=torch.long, device=device) for x in (blocks, offsets, tables)
+            )
+        return self._where
+
+    def commit(self, step: Step) -> None:
+        """Each sequence's count grows by its real new tokens; the book is laid out again."""
+        real = [sum(row) for row in step.valid]
+        if any(not all(row[:n]) for row, n in zip(step.valid, real, strict=True)):
+            raise ValueError("a paged cache takes right-padded steps (real tokens, then padding)")
+        for sequence, n in zip(self.sequences, real, strict=True):
+            sequence.count += n
+        self._left_aligned([s.count for s in self.sequences])
+        self._where = None
+
+    def rewind(self, length: int) -> None:
+        raise ValueError("a paged cache is not rewound: free its sequences and match them again")

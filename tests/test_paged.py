@@ -1,0 +1,177 @@
+"""The paged KV cache (levels/level2_torch_manual/paged.py): a pool of blocks, a table per
+sequence, and the prefix index, against each row decoded alone by the model's own cache.
+
+Levels 2 and 3 in float64 (the batch changes only the order of sums), level 4 in float32
+through Triton's interpreter (its dtype here), small models throughout.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import load_or_skip
+
+from levels import TransformerConfig, init_params
+from levels.level2_torch_manual.paged import BlockPool, OutOfBlocks, PagedKVCache, Sequence
+
+LEVELS = [("level2_torch_manual", torch.float64), ("level3_sdpa_flash", torch.float64),
+          ("level4_triton_kernel", torch.float32)]  # fmt: skip
+# float64: the same sums in another order (a batch of rows, a gathered cache) agree to
+# rounding; float32 through the interpreter's blocked kernel: its usual bound.
+ATOL = {torch.float64: 1e-12, torch.float32: 2e-5}
+
+
+def _model(name: str, dtype, **options):
+    config = TransformerConfig(vocab_size=30, d_model=16, n_heads=4, n_kv_heads=2, n_layers=2,
+                               d_ff=32, max_seq_len=32, **options)  # fmt: skip
+    params = init_params(config, "decoder_only", seed=3, scheme="random")
+    return config, load_or_skip(name).DecoderOnlyTransformer(config, params, dtype=dtype)
+
+
+def _scattered_pool(config, dtype, blocks=24, block_size=4) -> BlockPool:
+    """A pool whose blocks are handed out out of order, so no table is a run of blocks."""
+    pool = BlockPool(config, blocks, block_size=block_size, dtype=dtype)
+    order = np.random.default_rng(0).permutation(blocks).tolist()
+    pool._free.clear()
+    pool._free.extend(order)
+    return pool
+
+
+@pytest.mark.parametrize(("name", "dtype"), LEVELS, ids=[n for n, _ in LEVELS])
+@pytest.mark.parametrize("window", [None, 3])
+def test_paged_rows_decode_as_each_row_alone(name, dtype, window):
+    """Three prompts of 9, 2 and 5 tokens prefilled in one right-padded pass into scattered
+    blocks (block size 4: rows end mid-block and cross blocks while decoding), decoded
+    together, then row 1 leaves, a fourth prompt joins, and the batch is reordered: every
+    logit that of its row alone through the model's own cache, with a sliding window too."""
+    config, model = _model(name, dtype, window=window)
+    pool = _scattered_pool(config, dtype)
+    prompts = [[3, 4, 5, 6, 7, 8, 9, 10, 11], [9, 10], [11, 12, 13, 14, 15], [20, 21, 22]]
+    feed = [[15 + i + r for i in range(8)] for r in range(4)]
+    with torch.no_grad():
+        want = []  # each row alone: its prefill's last logits, then each decode step's
+        for prompt, tokens in zip(prompts, feed, strict=True):
+            logits, cache = model.prefill(torch.tensor([prompt]), last_only=True)
+            want.append([logits[0]] + [model.decode_step(torch.tensor([t]), cache)[0]
+                                       for t in tokens])  # fmt: skip
+        seqs = [Sequence() for _ in prompts]
+        got = [[] for _ in prompts]
+
+        def prefill(rows):
+            T = max(len(prompts[r]) for r in rows)
+            ids = torch.tensor([prompts[r] + [0] * (T - len(prompts[r])) for r in rows])
+            valid = torch.tensor([[t < len(prompts[r]) for t in range(T)] for r in rows])
+            cache = PagedKVCache(pool, [seqs[r] for r in rows], config)
+            for b, logits in enumerate(model.extend(ids, cache, valid=valid, last_only=True)):
+                got[rows[b]].append(logits)
+
+        def decode(rows, steps):
+            for _ in range(steps):
+                tokens = torch.tensor([feed[r][len(got[r]) - 1] for r in rows])
+                logits = model.decode_step(
+                    tokens, PagedKVCache(pool, [seqs[r] for r in rows], config)
+                )
+                for b, r in enumerate(rows):
+                    got[r].append(logits[b])
+
+        prefill([0, 1, 2])
+        decode([0, 1, 2], 3)
+        pool.free(seqs[1])  # row 1 leaves; its blocks go back
+        prefill([3])
+        decode([3, 2, 0], 4)
+    tables = [seq.table for seq in (seqs[0], seqs[2], seqs[3])]
+    assert any(t != list(range(t[0], t[0] + len(t))) for t in tables)  # blocks out of order
+    for r in range(4):
+        assert len(got[r]) >= 4
+        for i, (step_got, step_want) in enumerate(zip(got[r], want[r], strict=False)):
+            torch.testing.assert_close(step_got, step_want, atol=ATOL[dtype], rtol=0,
+                                       msg=lambda m, r=r, i=i: f"row {r} step {i}: {m}")  # fmt: skip
+    for r in (0, 2, 3):
+        pool.free(seqs[r])
+    assert pool.available == pool.blocks and not any(pool.refs)
+
+
+def _pool(blocks=6, block_size=4) -> BlockPool:
+    config = TransformerConfig(vocab_size=30, d_model=8, n_heads=2, d_ff=8, n_layers=1)
+    return BlockPool(config, blocks, block_size=block_size)
+
+
+def test_a_step_takes_all_its_blocks_or_none():
+    pool = _pool(blocks=3)
+    a, b = Sequence(), Sequence()
+    pool.reserve([a], 5)  # 5 positions: 2 blocks of 4
+    assert len(a.table) == 2 and pool.available == 1
+    with pytest.raises(OutOfBlocks, match="needs 2 more KV blocks and the pool has 1 free"):
+        pool.reserve([a, b], 5)  # a's two blocks hold 5 already; b needs two
+    assert len(a.table) == 2 and b.table == [] and pool.available == 1  # nothing was taken
+    a.count = 4
+    pool.reserve([a], 4)  # positions 4-7: the second block holds them, nothing new
+    assert len(a.table) == 2 and pool.available == 1
+    pool.reserve([a], 5)  # positions 4-8: one more block, exactly what is left
+    assert len(a.table) == 3 and pool.available == 0
+    pool.free(a)
+    assert pool.available == 3 and a.table == [] and a.count == 0
+
+
+def test_a_paged_step_must_be_right_padded_and_is_checked_before_it_counts():
+    config, model = _model("level2_torch_manual", torch.float64)
+    pool = BlockPool(config, 8, block_size=4, dtype=torch.float64)
+    seq = Sequence()
+    with torch.no_grad():
+        model.extend(torch.tensor([[5, 6]]), PagedKVCache(pool, [seq], config))
+        with pytest.raises(ValueError, match="right-padded"):
+            model.extend(torch.tensor([[0, 7, 8]]), PagedKVCache(pool, [seq], config),
+                         valid=torch.tensor([[False, True, True]]))  # fmt: skip
+    assert seq.count == 2  # the step's blocks were taken; none of its positions counts
+
+
+def _filled(pool, tokens) -> Sequence:
+    """A sequence that has computed ``tokens`` (its keys are not the point here)."""
+    seq = pool.match(tokens[:-1])
+    pool.reserve([seq], len(tokens) - seq.count)
+    seq.count = len(tokens)
+    pool.publish(seq, tokens)
+    return seq
+
+
+def test_the_prefix_index_finds_whole_blocks_of_the_same_tokens_after_the_same_prefix():
+    pool = _pool(blocks=12, block_size=4)
+    system = list(range(1, 10))  # 9 tokens: two whole blocks and one more
+    first = _filled(pool, system + [20, 21])
+    assert len(first.digests) == 2  # two full blocks filed, the third (3 of 4) not
+    again = pool.match(system + [22, 23, 24])  # the same two blocks, held twice now
+    assert again.table == first.table[:2] and again.count == 8
+    assert [pool.refs[b] for b in again.table] == [2, 2]
+    # The second block's tokens after a different first block: a different prefix.
+    other = pool.match([9, 9, 9, 9] + system[4:8])
+    assert other.table == [] and other.count == 0
+    # A prompt of exactly two blocks matches at most what its last token leaves (the
+    # engine passes all but the last token: its logits are needed).
+    exact = pool.match(system[:8][:-1])
+    assert exact.count == 4
+    table = first.table[:2]
+    for seq in (exact, again, first):
+        pool.free(seq)
+    assert pool.available == 12 and not any(pool.refs)
+    # Idle, the blocks keep their prefix: a later request still finds it.
+    later = pool.match(system)
+    assert later.count == 8 and later.table == table
+    pool.free(later)
+
+
+def test_idle_prefix_blocks_are_reused_least_recently_freed_first_and_forgotten():
+    pool = _pool(blocks=4, block_size=2)
+    a = _filled(pool, [1, 2, 3])  # blocks: [1,2] published, [3] not
+    b = _filled(pool, [5, 6, 7])
+    pool.free(a)  # a's published block idle first, then b's
+    pool.free(b)
+    assert pool.available == 4
+    c = Sequence()
+    pool.reserve([c], 6)  # 3 blocks: the two never-published first, then a's idle one
+    assert pool.match([1, 2, 3]).count == 0  # a's prefix forgotten: its block was rewritten
+    kept = pool.match([5, 6, 7])
+    assert kept.count == 2  # b's, freed later, is still there
+    pool.free(kept)
+    pool.free(c)
+    assert pool.available == 4 and not any(pool.refs)
