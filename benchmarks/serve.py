@@ -12,8 +12,9 @@ answer is checked against the same request asked alone first, on the same server
   ``timings``). Their ratios are what batching requests together buys;
 * ``arrivals``: ``ARRIVALS`` requests (20 with ``--quick``) arriving at random (a
   Poisson process at ``RATE`` a second), each to be answered: none lost;
-* ``shared prefix``: four requests behind one system prompt of about 200 tokens, the
-  prompt tokens each one's prefill computed (``prompt_tokens - cached_tokens``).
+* ``shared prefix``: ``PREFIXED`` requests behind one system prompt of about 200 tokens,
+  one after the other: the prompt tokens each one's prefill computed (``prompt_tokens -
+  cached_tokens``) and its time to the first token, the first request against the rest.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from .records import FIGURE, OK, WRONG, Record
 NEW = 32  # tokens per request of the throughput runs
 ARRIVALS, ARRIVALS_QUICK, ARRIVAL_NEW = 200, 20, 8
 RATE = 4.0  # arrivals per second, on average
+PREFIXED = 5  # requests behind one system prompt: the first computes it, the others find it
 SYSTEM = (
     "You are a careful assistant for a museum of natural history. Answer in one short "
     "sentence, name the gallery where the visitor can see what they ask about, and never "
@@ -174,17 +176,27 @@ def serve_records(quick: bool) -> list[Record]:
                       f"token p50 {np.percentile(waits, 50):.2f} s, p99 {np.percentile(waits, 99):.2f} s"),
             )
         )  # fmt: skip
-        shared = [[{"role": "system", "content": SYSTEM}, *_question(i)] for i in range(4)]
-        usages = [_ask(base, m, 1)["usage"] for m in shared]
-    computed = [u["prompt_tokens"] - u["prompt_tokens_details"]["cached_tokens"] for u in usages]
-    prompt = float(np.mean([u["prompt_tokens"] for u in usages]))
-    records.append(
-        Record(
-            level=BATCHED, scenario="serve prefix", device="cpu", dtype="float32",
-            shape={"requests": len(usages), "prompt": round(prompt)}, status=FIGURE,
-            tokens_per_s=None, max_error=None,
-            note=(f"prompt tokens {prompt:.0f} a request, prefilled {np.mean(computed):.0f}: "
-                  f"the prefix cache cut the prefill {prompt / np.mean(computed):.2f}x"),
-        )
-    )  # fmt: skip
+        shared = [[{"role": "system", "content": SYSTEM}, *_question(i)] for i in range(PREFIXED)]
+        answers = [_ask(base, m, 1) for m in shared]
+    records.append(_prefix_record(answers))
     return records
+
+
+def _prefix_record(answers: list[dict]) -> Record:
+    """What the prefix cache saved the requests behind one system prompt after the first:
+    the prompt tokens each computed (``prompt_tokens - cached_tokens``), and its time to
+    the first token, against the first request's, which computed the whole prompt."""
+    usages = [a["usage"] for a in answers]
+    computed = [u["prompt_tokens"] - u["prompt_tokens_details"]["cached_tokens"] for u in usages]
+    first = [a["timings"]["time_to_first_token_s"] for a in answers]
+    prompt = float(np.mean([u["prompt_tokens"] for u in usages[1:]]))
+    later = float(np.mean(computed[1:]))
+    return Record(
+        level=BATCHED, scenario="serve prefix", device="cpu", dtype="float32",
+        shape={"requests": len(usages), "prompt": round(prompt)}, status=FIGURE,
+        tokens_per_s=None, max_error=None,
+        note=(f"the first request prefilled {computed[0]} of {usages[0]['prompt_tokens']} prompt "
+              f"tokens (first token {first[0]:.2f} s); the {len(usages) - 1} after it "
+              f"{later:.0f} of {prompt:.0f} each (first token {np.median(first[1:]):.2f} s): "
+              f"the prefix cache cut their prefill {prompt / later:.1f}x"),
+    )  # fmt: skip

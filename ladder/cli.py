@@ -461,7 +461,10 @@ def _check(commands) -> None:
         **choice,
         help="this dtype only (repeatable; default: all)",
     )
-    kernels = ("forward", "forward-decode", "dkdv", "dq", "delta", "decode-split", "decode-merge")
+    kernels = (
+        "forward", "forward-decode", "dkdv", "dq", "delta", "decode-split", "decode-merge",
+        "paged-decode",
+    )  # fmt: skip
     p.add_argument(
         "--kernel",
         dest="kernels",

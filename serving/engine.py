@@ -116,7 +116,8 @@ class Engine:
     ids); ``limit`` is entered on the worker thread (the CPU threads torch and BLAS use).
     The pool holds ``blocks`` blocks of ``block_size`` positions (default: the whole
     context for each of ``max_batch`` requests, so that only a smaller pool preempts);
-    ``prefix_cache`` False computes every prompt whole.
+    ``prefix_cache`` False computes every prompt whole. ``start`` False leaves the worker
+    thread unstarted: the caller runs the batching loop a turn at a time (``turn``).
     """
 
     def __init__(
@@ -130,6 +131,7 @@ class Engine:
         prefill_tokens: int = PREFILL_TOKENS,
         prefix_cache: bool = True,
         limit=None,
+        start: bool = True,
     ):
         self.loaded, self.max_queue, self.prefix_cache = loaded, max_queue, prefix_cache
         self.max_batch = max_batch if hasattr(loaded.model, "kernels") else 1
@@ -143,8 +145,17 @@ class Engine:
         # What the batching did, counted: decode steps and the rows they decoded, prefill
         # passes and the positions they computed, requests preempted.
         self.steps = self.rows = self.prefills = self.computed = self.preempted = 0
+        self._batch = _Batch(self) if self.max_batch > 1 else None
         self._worker = threading.Thread(target=self._run, name="ladder-engine", daemon=True)
-        self._worker.start()
+        if start:
+            self._worker.start()
+
+    def turn(self) -> str:
+        """One turn of the batching loop on the caller's thread, for an engine made with
+        ``start=False`` (a trace to read, a test to step) -> what it did, one line."""
+        if self._worker.is_alive() or self._batch is None:
+            raise RuntimeError("turn() steps a batching engine made with start=False")
+        return self._batch.turn(block=False)
 
     def _pool(self, blocks: int | None, block_size: int | None):
         from levels.level2_torch_manual.paged import BLOCK_SIZE, BlockPool
@@ -193,8 +204,8 @@ class Engine:
 
     def _run(self) -> None:
         with self._limit() if self._limit is not None else contextlib.nullcontext():
-            if self.max_batch > 1:
-                _Batch(self).run()
+            if self._batch is not None:
+                self._batch.run()
             while True:
                 answer = self._next(block=True)
                 try:
@@ -231,28 +242,41 @@ class _Batch:
     """
 
     def __init__(self, engine: Engine):
-        from levels.level2_torch_manual.paged import PagedKVCache
-
         self.engine, self.pool, self.model = engine, engine.pool, engine.loaded.model
-        self.cache = partial(PagedKVCache, self.pool, config=self.model.config)
+        # The level's paged cache over the pool (level 4's attends through the block table).
+        self.cache = partial(self.model.kernels.paged_kv_cache, self.pool, config=self.model.config)
         self.active: list[_Answer] = []
         self.resumed: collections.deque[_Answer] = collections.deque()  # preempted ones, first
+        self.turns, self.said = 0, []  # what the current turn did, for ``Engine.turn``'s trace
 
     def run(self) -> None:
+        while True:
+            self.turn(block=True)
+
+    def turn(self, block: bool) -> str:
+        """One turn: admit, prefill, decode -> what it did, one line (empty if nothing).
+        ``block``: wait for a request when none is running."""
         import torch
 
-        while True:
-            self._admit()
-            with torch.no_grad():
-                self._prefill([a for a in self.active if len(a.todo) > 1])
-                self._decode([a for a in self.active if len(a.todo) == 1])
+        self.said = []
+        self._admit(block)
+        with torch.no_grad():
+            self._prefill([a for a in self.active if len(a.todo) > 1])
+            self._decode([a for a in self.active if len(a.todo) == 1])
+        if not self.said:
+            return ""
+        self.turns += 1
+        return f"turn {self.turns}: " + "; ".join(self.said)
 
-    def _admit(self) -> None:
+    def _say(self, what: str) -> None:
+        self.said.append(what)
+
+    def _admit(self, block: bool) -> None:
         """Waiting requests join while there is room in the batch and in the pool."""
         engine = self.engine
         while len(self.active) < engine.max_batch:
             answer = self.resumed.popleft() if self.resumed else engine._next(block=False)
-            if answer is None and not self.active:
+            if answer is None and not self.active and block:
                 answer = engine._next(block=True)  # nothing to do until a request comes
             if answer is None:
                 return
@@ -269,6 +293,8 @@ class _Batch:
                 return
             answer.admit(matched)
             self.active.append(answer)
+            found = f", {matched.count} found cached" if matched.count else ""
+            self._say(f"{answer.name} joins ({len(history)} tokens{found})")
 
     def _prefill(self, prefilling: list[_Answer]) -> None:
         """At most ``prefill_tokens`` positions of the prompts still to compute, oldest first,
@@ -293,6 +319,7 @@ class _Batch:
                 self.engine.prefills + 1,
                 self.engine.computed + n,
             )
+            self._say(f"prefill {answer.name} {n}")
             if not answer.todo:  # the prompt's last position: its logits pick a token
                 self._take(answer, logits[0:1])
 
@@ -310,6 +337,7 @@ class _Batch:
             self.engine.steps + 1,
             self.engine.rows + len(decoding),
         )
+        self._say("decode " + " ".join(a.name for a in decoding))
         for i, answer in enumerate(decoding):
             self._take(answer, logits[i : i + 1])
 
@@ -345,6 +373,7 @@ class _Batch:
 
     def _preempt(self, answer: _Answer) -> None:
         """Free the blocks of ``answer``; it waits first in line, to compute again what it had."""
+        self._say(f"{answer.name} preempted")
         self.pool.free(answer.seq)
         self.active.remove(answer)
         self.resumed.appendleft(answer)
@@ -352,6 +381,7 @@ class _Batch:
 
     def _take(self, answer: _Answer, logits) -> None:
         if answer.take(answer.pick(logits)):
+            self._say(f"{answer.name} done ({answer.reason}, {answer.count} tokens)")
             self._drop(answer)
 
     def _cancelled(self, answer: _Answer) -> bool:
@@ -362,6 +392,7 @@ class _Batch:
 
     def _finish(self, answer: _Answer, reason: str) -> None:
         answer.finish(reason)
+        self._say(f"{answer.name} done ({reason}, {answer.count} tokens)")
         self._drop(answer)
 
     def _drop(self, answer: _Answer) -> None:
@@ -390,6 +421,8 @@ class _Answer:
         self.sampling = Sampling(request.temperature, request.top_k, request.top_p, request.seed)
         self.generators = self.sampling.generators(1)
         self.count, self.start, self.first, self.last = 0, time.perf_counter(), None, None
+        self.name = f"r{request.id}"
+        self.reason: str | None = None  # its finish_reason, once finished
         self.generated: list[int] = []
         self.seq = None  # its place in the engine's pool while admitted (``Sequence``)
         self.cached: int | None = None  # prompt tokens found in the pool when first admitted
@@ -434,6 +467,7 @@ class _Answer:
 
     def finish(self, reason: str) -> bool:
         """The text held back (unless cancelled or cut at a stop string), then ``Finished``."""
+        self.reason = reason
         if reason != "cancelled" and self.count:
             rest = "" if self.holdback.stopped else self.holdback.add(self.decoder.flush())
             rest += self.holdback.finish()

@@ -143,6 +143,7 @@ def test_one_compile_per_kind_of_kernel():
         job("dq", dtype="bfloat16"),
         job("decode-split", target="sm_80"),
         job("decode-merge", dtype="float32"),
+        job("paged-decode", dtype="bfloat16", target="sm_90"),
         job("norm-backward", dtype="float32", size=768, variant="rmsnorm", target="sm_80"),
     ]
     results = C.compile_jobs(jobs)

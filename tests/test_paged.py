@@ -40,13 +40,22 @@ def _scattered_pool(config, dtype, blocks=24, block_size=4) -> BlockPool:
 
 @pytest.mark.parametrize(("name", "dtype"), LEVELS, ids=[n for n, _ in LEVELS])
 @pytest.mark.parametrize("window", [None, 3])
-def test_paged_rows_decode_as_each_row_alone(name, dtype, window):
+def test_paged_rows_decode_as_each_row_alone(name, dtype, window, monkeypatch):
     """Three prompts of 9, 2 and 5 tokens prefilled in one right-padded pass into scattered
     blocks (block size 4: rows end mid-block and cross blocks while decoding), decoded
     together, then row 1 leaves, a fourth prompt joins, and the batch is reordered: every
-    logit that of its row alone through the model's own cache, with a sliding window too."""
+    logit that of its row alone through the model's own cache, with a sliding window too.
+    Level 4's decode steps read the blocks through its paged kernel."""
     config, model = _model(name, dtype, window=window)
     pool = _scattered_pool(config, dtype)
+    paged = model.kernels.paged_kv_cache  # the level's: level 4's decodes through its kernel
+    kernel_calls = []
+    if name == "level4_triton_kernel":
+        models = __import__("levels.level4_triton_kernel.models", fromlist=["paged_decode"])
+        kernel = models.paged_decode
+        monkeypatch.setattr(
+            models, "paged_decode", lambda *a, **kw: kernel_calls.append(1) or kernel(*a, **kw)
+        )
     prompts = [[3, 4, 5, 6, 7, 8, 9, 10, 11], [9, 10], [11, 12, 13, 14, 15], [20, 21, 22]]
     feed = [[15 + i + r for i in range(8)] for r in range(4)]
     with torch.no_grad():
@@ -62,16 +71,14 @@ def test_paged_rows_decode_as_each_row_alone(name, dtype, window):
             T = max(len(prompts[r]) for r in rows)
             ids = torch.tensor([prompts[r] + [0] * (T - len(prompts[r])) for r in rows])
             valid = torch.tensor([[t < len(prompts[r]) for t in range(T)] for r in rows])
-            cache = PagedKVCache(pool, [seqs[r] for r in rows], config)
+            cache = paged(pool, [seqs[r] for r in rows], config)
             for b, logits in enumerate(model.extend(ids, cache, valid=valid, last_only=True)):
                 got[rows[b]].append(logits)
 
         def decode(rows, steps):
             for _ in range(steps):
                 tokens = torch.tensor([feed[r][len(got[r]) - 1] for r in rows])
-                logits = model.decode_step(
-                    tokens, PagedKVCache(pool, [seqs[r] for r in rows], config)
-                )
+                logits = model.decode_step(tokens, paged(pool, [seqs[r] for r in rows], config))
                 for b, r in enumerate(rows):
                     got[r].append(logits[b])
 
@@ -87,6 +94,8 @@ def test_paged_rows_decode_as_each_row_alone(name, dtype, window):
         for i, (step_got, step_want) in enumerate(zip(got[r], want[r], strict=False)):
             torch.testing.assert_close(step_got, step_want, atol=ATOL[dtype], rtol=0,
                                        msg=lambda m, r=r, i=i: f"row {r} step {i}: {m}")  # fmt: skip
+    if name == "level4_triton_kernel":  # every decode step of every layer through the kernel
+        assert len(kernel_calls) == 7 * config.n_layers
     for r in (0, 2, 3):
         pool.free(seqs[r])
     assert pool.available == pool.blocks and not any(pool.refs)
@@ -175,3 +184,41 @@ def test_idle_prefix_blocks_are_reused_least_recently_freed_first_and_forgotten(
     pool.free(kept)
     pool.free(c)
     assert pool.available == 4 and not any(pool.refs)
+
+
+@pytest.mark.parametrize("window", [None, 1, 5])
+@pytest.mark.parametrize("heads", [(4, 4), (4, 2), (6, 1)], ids=["mha", "gqa", "mqa"])
+def test_the_paged_kernel_reads_through_the_table_as_attention_reads_the_keys_gathered(
+    window, heads
+):
+    """Level 4's paged decode kernel (Triton's interpreter) against level 2's attention over
+    each row's keys gathered by hand: rows of 1 key, of exactly one and two whole blocks (the
+    last key a block's last slot), and mid-block; tables scattered and padded past a row's
+    blocks with entries it must not read (NaN blocks); a head width that pads (24 -> 32);
+    windows of 1 (the query's own key only) and 5 (crossing a block edge)."""
+    level4 = load_or_skip("level4_triton_kernel")
+    from levels.level2_torch_manual.attention import attention
+    from levels.level4_triton_kernel.paged_decode import paged_decode
+
+    H, Hkv = heads
+    N, BS, Dh = 12, 4, 24
+    g = torch.Generator().manual_seed(0)
+    k_pool, v_pool = (
+        torch.randn(N, Hkv, BS, Dh, generator=g),
+        torch.randn(N, Hkv, BS, Dh, generator=g),
+    )
+    poison = [11, 10]  # never in a row's own blocks: NaN, so reading one shows
+    k_pool[poison], v_pool[poison] = float("nan"), float("nan")
+    counts = [1, 4, 8, 6]
+    tables = [[7], [2], [9, 0], [5, 3]]
+    padded = [t + poison[: 2 - len(t)] for t in tables]  # (B, 2)
+    q = torch.randn(len(counts), H, 1, Dh, generator=g)
+    got = paged_decode(q, k_pool, v_pool, torch.tensor(padded, dtype=torch.int32),
+                       torch.tensor(counts, dtype=torch.int32), window=window)  # fmt: skip
+    assert level4 is not None and got.shape == q.shape
+    for b, (count, table) in enumerate(zip(counts, tables, strict=True)):
+        k = torch.cat([k_pool[i] for i in table], dim=1)[None, :, :count]  # (1,Hkv,count,Dh)
+        v = torch.cat([v_pool[i] for i in table], dim=1)[None, :, :count]
+        want = attention(q[b : b + 1], k, v, causal=True, window=window)  # (1,H,1,Dh)
+        # float32 sums in another order (the online softmax, block by block).
+        torch.testing.assert_close(got[b : b + 1], want, atol=2e-6, rtol=2e-6)

@@ -12,7 +12,7 @@ materialising the ``(B, H, T, S)`` score matrix; the norms are written out
 Hooks for the levels above
 --------------------------
 Levels 3 and 4 change only pieces of this level, through one frozen
-dataclass, ``Kernels`` (``kernels.py``), with five fields:
+dataclass, ``Kernels`` (``kernels.py``), with six fields:
 
 - ``attention``: the core, ``attention(q, k, v, *, causal, mask, window, dropout_p=...)``
   with the semantics of :func:`attention.attention` (``dropout_p`` is passed
@@ -21,7 +21,8 @@ dataclass, ``Kernels`` (``kernels.py``), with five fields:
   prefix, device, dtype)``, whose state dict is ``weight`` (and ``bias``);
 - ``kv_cache``: the cache class, built as ``cls(config, batch, *, device, dtype)``: a
   ``levels.common.boundary.CacheBook`` with an ``append`` (``cache.py``, which also
-  holds levels 3 and 4's ``StaticKVCache``);
+  holds levels 3 and 4's ``StaticKVCache``); ``paged_kv_cache``: the one a server builds
+  over its pool of blocks, ``cls(pool, sequences, config)`` (``paged.py``);
 - ``linear``: ``x @ w.T + bias`` for the matrices a module holds itself (the fused
   q/k/v rows, the tied head): ``F.linear``, or level 3's product of int8 and int4 ones.
 

@@ -1,7 +1,7 @@
 """The pieces a higher level may swap, and the record that names them: ``Kernels``.
 
 The attention core is ``attention.py``, the norms ``norms.py``, the KV caches
-``cache.py``; levels 3 and 4 build their own record of fused or in-place ones.
+``cache.py`` and ``paged.py``; levels 3 and 4 build their own record of fused or in-place ones.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from .attention import attention
 from .cache import KVCache
 from .norms import LayerNorm, RMSNorm
+from .paged import PagedKVCache
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,8 @@ class Kernels:
       with bias), their gain ``config.norm_weight_offset + weight``; ``norm(config)``
       picks ``config.norm``'s;
     - ``kv_cache``: a class built as ``kv_cache(config, batch, *, device, dtype)``
-      with the interface described in ``cache.py``;
+      with the interface described in ``cache.py``; ``paged_kv_cache``: the paged one a
+      server builds over its pool, ``paged_kv_cache(pool, sequences, config)`` (``paged.py``);
     - ``linear(x, w, bias=None)``: ``x @ w.T + bias`` for the matrices a module holds as
       its own attributes (the fused q/k/v rows, the tied head): ``F.linear``, or a product
       that takes the form a faster level holds them in (level 3's int8 and int4).
@@ -40,6 +42,7 @@ class Kernels:
     attention: Callable = attention
     layer_norm: type = LayerNorm
     kv_cache: type = KVCache
+    paged_kv_cache: type = PagedKVCache
     rms_norm: type = RMSNorm
     linear: Callable = F.linear
 

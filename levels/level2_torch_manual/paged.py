@@ -25,7 +25,8 @@ first), so a prefix outlives the request that computed it.
 
 Attention reads a sequence's keys by gathering its blocks into ``(B,Hkv,S,Dh)``: a
 copy per layer and step, the traffic level 2's concatenating cache has, so levels 2 and
-3 attend over it as over any cache. The book (``levels.common.boundary.CacheBook``)
+3 attend over it as over any cache. (Level 4's decode steps read the blocks where they
+lie instead: levels/level4_triton_kernel/paged_decode.py.) The book (``levels.common.boundary.CacheBook``)
 describes the gathered layout: each row's ``count`` real positions first, then padding
 up to the longest, which the key mask hides; each row's positions are its own count,
 so a row decodes as it would alone.
@@ -204,15 +205,21 @@ class PagedKVCache(CacheBook):
         """Write ``k_new, v_new (B,Hkv,T,Dh)`` after each sequence's count, in layer ``index``
         -> the keys and values ``(B,Hkv,length+T,Dh)``: each row's filled positions, padding
         to ``length``, then the new ones."""
-        blocks, offsets, tables = self._places(k_new.shape[2], k_new.device)
-        k_pool, v_pool = self.pool.k[index], self.pool.v[index]  # (N,Hkv,bs,Dh)
-        # Slot t of row b goes to block blocks[b,t] at offsets[b,t]; padding is written
-        # too (past the count, never read), so each row's write is one run of slots.
-        k_pool[blocks, :, offsets] = k_new.transpose(1, 2)  # (B,T,Hkv,Dh)
-        v_pool[blocks, :, offsets] = v_new.transpose(1, 2)
+        tables = self.write(index, k_new, v_new)
         if self.length == 0:
             return k_new, v_new
+        k_pool, v_pool = self.pool.k[index], self.pool.v[index]  # (N,Hkv,bs,Dh)
         return self._gathered(k_pool, tables, k_new), self._gathered(v_pool, tables, v_new)
+
+    def write(self, index: int, k_new: torch.Tensor, v_new: torch.Tensor) -> torch.Tensor:
+        """Write ``k_new, v_new (B,Hkv,T,Dh)`` after each sequence's count in layer ``index``'s
+        blocks -> the tables ``(B,M)`` of the filled positions."""
+        blocks, offsets, tables = self._places(k_new.shape[2], k_new.device)
+        # Slot t of row b goes to block blocks[b,t] at offsets[b,t]; padding is written
+        # too (past the count, never read), so each row's write is one run of slots.
+        self.pool.k[index][blocks, :, offsets] = k_new.transpose(1, 2)  # (B,T,Hkv,Dh)
+        self.pool.v[index][blocks, :, offsets] = v_new.transpose(1, 2)
+        return tables
 
     def _gathered(
         self, pool: torch.Tensor, tables: torch.Tensor, new: torch.Tensor

@@ -80,7 +80,14 @@ from types import ModuleType
 PACKAGE = "level4_kernels"  # the name the kernel modules take when loaded on their own
 LEVEL = "levels.level4_triton_kernel"  # their name in a process that imports level 4
 DIRECTORY = Path(__file__).parents[1] / "level4_triton_kernel"
-MODULES = ("tiles", "flash_forward", "flash_backward", "flash_decode", "fused_layer_norm")
+MODULES = (
+    "tiles",
+    "flash_forward",
+    "flash_backward",
+    "flash_decode",
+    "paged_decode",
+    "fused_layer_norm",
+)
 
 
 def interpreting() -> bool:

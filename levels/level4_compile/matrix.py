@@ -52,6 +52,7 @@ from . import kernels
 
 _kernels = kernels()  # level 4's kernel modules, as this process has them (the package docstring)
 flash_backward, flash_decode = _kernels.flash_backward, _kernels.flash_decode
+paged_decode = _kernels.paged_decode
 flash_forward, fused_layer_norm = _kernels.flash_forward, _kernels.fused_layer_norm
 DKDV_SHAPES, DQ_SHAPES, FORWARD_SHAPES = (
     _kernels.tiles.DKDV_SHAPES,
@@ -118,6 +119,7 @@ NORM_KINDS = ("layernorm", "layernorm-nobias", "rmsnorm")
 # queries and keys (a length no multiple of 16, as a real one is), a window of 256.
 B, H, H_GROUPED, LENGTH, WINDOW = 2, 8, 2, 1000, 256
 DECODE_T, DECODE_S, DECODE_SPLITS = 1, 4096, 8  # one decode step against a 4096-key cache
+PAGED_BLOCKS, PAGED_BS = 4096, 16  # a server's pool: 4096 blocks of 16 positions (its default)
 NORM_ROWS = 4096
 
 
@@ -255,6 +257,24 @@ def _decode_merge(job: Job):
     return flash_decode._decode_merge_kernel, args, constants
 
 
+def _paged_decode(job: Job):
+    """A decode step over a server's paged cache: ``PAGED_BLOCKS`` blocks of ``PAGED_BS``
+    positions, a table of ``DECODE_S / PAGED_BS`` blocks a row (the flags it reads: window,
+    grouped-query heads; its causality and padding come from the counts, no mask)."""
+    dtype, flags = _torch_dtype(job.dtype), variant_flags(job.variant)
+    Hkv = H_GROUPED if flags["gqa"] else H
+    q, out = _meta(B, H, job.size, dtype=dtype), _meta(B, H, job.size, dtype=dtype)
+    k_pool = _meta(PAGED_BLOCKS, Hkv, PAGED_BS, job.size, dtype=dtype)
+    v_pool = _meta(PAGED_BLOCKS, Hkv, PAGED_BS, job.size, dtype=dtype)
+    tables = _meta(B, DECODE_S // PAGED_BS, dtype=torch.int32)
+    counts = _meta(B, dtype=torch.int32)
+    window = WINDOW if flags["window"] else None
+    args, constants = paged_decode.paged_arguments(
+        q, k_pool, v_pool, tables, counts, out, 1.0 / math.sqrt(job.size), window
+    )
+    return paged_decode._paged_decode_kernel, args, constants
+
+
 def _norm(job: Job, direction: str):
     dtype, D = _torch_dtype(job.dtype), job.size
     x2, weight = _meta(NORM_ROWS, D, dtype=dtype), _meta(D, dtype=dtype)
@@ -351,6 +371,13 @@ KERNELS: dict[str, KernelSpec] = {
         "_decode_merge_kernel",
         _decode_merge,
         options=lambda dtype: {"num_warps": flash_decode.MERGE_WARPS},
+    ),  # fmt: skip
+    "paged-decode": KernelSpec(
+        "paged decode (through the block table)",
+        "_paged_decode_kernel",
+        _paged_decode,
+        options=lambda dtype: {"num_warps": paged_decode.PAGED_WARPS},
+        flags="everything",
     ),  # fmt: skip
     "norm-forward": KernelSpec(
         "LayerNorm / RMSNorm forward",

@@ -8,17 +8,68 @@ the KV-cache protocol, prefill / decode_step and generation are level 2's code.
 
 The KV cache is level 3's static one (allocated once, written in place): the
 attention kernel takes any strides, so it reads the cache's filled prefix as a
-view, without the copy level 2's concatenating cache makes at every step.
+view, without the copy level 2's concatenating cache makes at every step. A
+server's paged cache (``PagedKVCache``) hands a decode step's attention the blocks
+where they lie (``Pages``), and ``paged_decode.py`` reads them through the table.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from .. import level2_torch_manual as level2
+from ..level2_torch_manual import paged
 from ..level2_torch_manual.cache import StaticKVCache
 from .flash_attention import attention
 from .fused_layer_norm import layer_norm, rms_norm
+from .paged_decode import paged_decode
+
+
+@dataclass(frozen=True)
+class Pages:
+    """One layer's keys (or values) of a decode step, left where the paged cache keeps them:
+    ``pool (N,Hkv,BS,Dh)``, each row's ``tables (B,M)`` and ``counts (B,)`` (int32, the new
+    position included), and the layer's ``window``."""
+
+    pool: torch.Tensor
+    tables: torch.Tensor
+    counts: torch.Tensor
+    window: int | None
+
+
+class PagedKVCache(paged.PagedKVCache):
+    """Level 2's paged cache, whose decode steps hand the attention kernel the blocks where
+    they lie (``Pages``) instead of gathering them: ``paged_decode.py`` reads them through
+    the table. A step of several positions (a prompt), or one that tracks gradients,
+    gathers as level 2's does."""
+
+    def __init__(self, pool: paged.BlockPool, sequences, config):
+        super().__init__(pool, sequences, config)
+        self.windows = config.layer_windows  # each layer's: the kernel applies it by position
+        self._pages: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def check(self, rows_: int, adding: int, what: str) -> None:
+        super().check(rows_, adding, what)  # the step's blocks are taken
+        self._pages = None
+
+    def append(self, index: int, k_new: torch.Tensor, v_new: torch.Tensor):
+        if k_new.shape[2] != 1 or torch.is_grad_enabled():
+            return super().append(index, k_new, v_new)
+        self.write(index, k_new, v_new)
+        if self._pages is None:  # once a step: every layer reads the same blocks
+            M = max(len(s.table) for s in self.sequences)
+            tables = [s.table + [s.table[0]] * (M - len(s.table)) for s in self.sequences]
+            counts = [s.count + 1 for s in self.sequences]  # the new position included
+            self._pages = tuple(
+                torch.tensor(x, dtype=torch.int32, device=k_new.device) for x in (tables, counts)
+            )
+        window = self.windows[index]
+        return (
+            Pages(self.pool.k[index], *self._pages, window),
+            Pages(self.pool.v[index], *self._pages, window),
+        )
 
 
 def kernel_attention(
@@ -37,6 +88,8 @@ def kernel_attention(
     Level 2 passes ``dropout_p`` only in training mode with ``config.dropout > 0``;
     rather than silently training without it, that combination is refused.
     """
+    if isinstance(k, Pages):  # a decode step over the paged cache: read through its tables
+        return paged_decode(q, k.pool, v.pool, k.tables, k.counts, scale=scale, window=k.window)
     if dropout_p > 0.0:
         raise NotImplementedError(
             "level 4's attention kernel has no attention dropout; train with "
@@ -67,7 +120,11 @@ class RMSNorm(level2.RMSNorm):
 
 
 KERNELS = level2.Kernels(
-    attention=kernel_attention, layer_norm=LayerNorm, rms_norm=RMSNorm, kv_cache=StaticKVCache
+    attention=kernel_attention,
+    layer_norm=LayerNorm,
+    rms_norm=RMSNorm,
+    kv_cache=StaticKVCache,
+    paged_kv_cache=PagedKVCache,
 )
 
 
