@@ -38,8 +38,12 @@ def _scattered_pool(config, dtype, blocks=24, block_size=4) -> BlockPool:
     return pool
 
 
-@pytest.mark.parametrize(("name", "dtype"), LEVELS, ids=[n for n, _ in LEVELS])
-@pytest.mark.parametrize("window", [None, 3])
+# Level 4 (the interpreter, 15 s a run) with the window only: it has both code paths.
+ROWS_CASES = [(n, d, w) for n, d in LEVELS for w in ([3] if n.startswith("level4") else [None, 3])]
+
+
+@pytest.mark.parametrize(("name", "dtype", "window"), ROWS_CASES,
+                         ids=[f"{n}-window{w}" for n, _, w in ROWS_CASES])  # fmt: skip
 def test_paged_rows_decode_as_each_row_alone(name, dtype, window, monkeypatch):
     """Three prompts of 9, 2 and 5 tokens prefilled in one right-padded pass into scattered
     blocks (block size 4: rows end mid-block and cross blocks while decoding), decoded
@@ -189,13 +193,14 @@ def test_idle_prefix_blocks_are_reused_least_recently_freed_first_and_forgotten(
 @pytest.mark.parametrize("window", [None, 1, 5])
 @pytest.mark.parametrize("heads", [(4, 4), (4, 2), (6, 1)], ids=["mha", "gqa", "mqa"])
 def test_the_paged_kernel_reads_through_the_table_as_attention_reads_the_keys_gathered(
-    window, heads
+    window, heads, device
 ):
     """Level 4's paged decode kernel (Triton's interpreter) against level 2's attention over
     each row's keys gathered by hand: rows of 1 key, of exactly one and two whole blocks (the
     last key a block's last slot), and mid-block; tables scattered and padded past a row's
     blocks with entries it must not read (NaN blocks); a head width that pads (24 -> 32);
-    windows of 1 (the query's own key only) and 5 (crossing a block edge)."""
+    windows of 1 (the query's own key only) and 5 (crossing a block edge). On ``--device
+    cuda``, the compiled kernel."""
     level4 = load_or_skip("level4_triton_kernel")
     from levels.level2_torch_manual.attention import attention
     from levels.level4_triton_kernel.paged_decode import paged_decode
@@ -213,8 +218,16 @@ def test_the_paged_kernel_reads_through_the_table_as_attention_reads_the_keys_ga
     tables = [[7], [2], [9, 0], [5, 3]]
     padded = [t + poison[: 2 - len(t)] for t in tables]  # (B, 2)
     q = torch.randn(len(counts), H, 1, Dh, generator=g)
-    got = paged_decode(q, k_pool, v_pool, torch.tensor(padded, dtype=torch.int32),
-                       torch.tensor(counts, dtype=torch.int32), window=window)  # fmt: skip
+    on = {"device": device, "dtype": torch.int32}
+    got = paged_decode(
+        q.to(device),
+        k_pool.to(device),
+        v_pool.to(device),
+        torch.tensor(padded, **on),
+        torch.tensor(counts, **on),
+        window=window,
+    )
+    got = got.cpu()  # fmt: skip
     assert level4 is not None and got.shape == q.shape
     for b, (count, table) in enumerate(zip(counts, tables, strict=True)):
         k = torch.cat([k_pool[i] for i in table], dim=1)[None, :, :count]  # (1,Hkv,count,Dh)
