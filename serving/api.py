@@ -7,7 +7,8 @@ can honour):
   ``stream`` as server-sent events (a chunk per piece of text, ended by
   ``data: [DONE]``), ``stream_options.include_usage`` (a last chunk with the usage);
 * ``POST /v1/completions``: a ``prompt`` string continued as it is, no template;
-* ``GET /v1/models``: the one model served; ``GET /health``.
+* ``GET /v1/models``: the one model served; ``GET /health`` (with the KV cache's
+  blocks, total and free).
 
 Sampling as OpenAI's defaults: ``temperature`` 1 (0 is greedy, the tokens of
 ``ladder chat``), ``top_p`` 1; ``top_k`` as an extra field; ``seed`` makes a
@@ -153,7 +154,14 @@ class Server:
         )
 
     async def health(self, request: HTTPRequest) -> JSONResponse:
-        return JSONResponse({"status": "ok"})
+        """``{"status": "ok"}``, and the KV cache's blocks where requests share a pool: how many
+        there are, and how many no running request holds (a finished or cancelled one's
+        come back; those holding a prefix stay findable until taken)."""
+        body = {"status": "ok"}
+        pool = self.engine.pool
+        if pool is not None:
+            body["kv_blocks"] = {"total": pool.blocks, "free": pool.available}
+        return JSONResponse(body)
 
     async def models(self, request: HTTPRequest) -> JSONResponse:
         card = {"id": self.model_name, "object": "model", "created": self.created}

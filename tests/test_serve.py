@@ -165,8 +165,21 @@ def _error(status: int, body: dict, code: int, param=None, error_code=None) -> N
 def test_a_bad_request_is_refused_with_the_field_named(server, body, code, param, error_code):
     status, answer = _post(server, "/v1/chat/completions", body)
     _error(status, answer, code, param, error_code)
-    with urllib.request.urlopen(f"{server}/health", timeout=10) as r:  # still up
-        assert r.status == 200
+    _all_blocks_free(server)  # still up, and nothing held
+
+
+def _all_blocks_free(server: str) -> None:
+    """``/health`` answers, and every KV block is back in the pool (within a few seconds: a
+    request leaves the batch at the engine's next turn)."""
+    deadline = time.monotonic() + 5
+    while True:
+        with urllib.request.urlopen(f"{server}/health", timeout=10) as r:
+            health = json.load(r)
+        blocks = health["kv_blocks"]
+        if blocks["free"] == blocks["total"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert health["status"] == "ok" and blocks["free"] == blocks["total"] > 0
 
 
 def test_malformed_json_and_a_body_too_large(server):
@@ -179,6 +192,7 @@ def test_malformed_json_and_a_body_too_large(server):
     _error(status, body, 413)
     status, body = _post(server, "/v1/completions", {"prompt": 5})
     _error(status, body, 400, "prompt")
+    _all_blocks_free(server)
 
 
 def test_a_client_that_leaves_mid_stream_stops_its_request(server, client):
@@ -203,6 +217,7 @@ def test_a_client_that_leaves_mid_stream_stops_its_request(server, client):
     # one waiting a token or two (plus the time for the server to see the close).
     assert reply.model_extra["timings"]["queued_s"] < 5.0
     assert time.monotonic() - start < 10.0
+    _all_blocks_free(server)  # the cancelled request's blocks came back
 
 
 # ----------------------------------------------------------------------------- the engine
