@@ -81,6 +81,10 @@ def ladder(*args: str, timeout: float = DEADLINE_S) -> subprocess.CompletedProce
     )
 
 
+# 25 s of two-process training: behind -m extended (CI runs it); the default run keeps the
+# shorter multi-process checks below (a run saved on two processes resumes on one, a rank
+# killed ends the run).
+@pytest.mark.extended
 @pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp2"])
 def test_two_processes_follow_the_single_process_loss_curve(tmp_path, fsdp):
     one, two = tmp_path / "one.json", tmp_path / "two.json"

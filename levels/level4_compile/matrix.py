@@ -17,7 +17,7 @@ The matrix
 ----------
 Per kernel, the launches it can get: the autotuner's candidates (level 4's
 tiles.py) or its one fixed launch (decode tiles, the delta pre-pass, the merge,
-the norms), each in float16, bfloat16 and float32 (``ieee`` dot precision), for
+the paged decode, the norms), each in float16, bfloat16 and float32 (``ieee`` dot precision), for
 sm_80 and sm_90 (``TARGETS``). Every launch compiles at head widths 64, 128 and
 256 with every flag on at once (causal + window + mask + grouped-query heads:
 the most code and, the mask being a pipelined tile, the most shared memory). The
@@ -26,11 +26,13 @@ first launch of each kernel and dtype also compiles an odd head width, 111
 flag off (``plain``); in float16 it compiles the flags one by one as well, a
 pairwise covering set (with the all-on case, every pair of flags in all four
 on/off combinations: ``FLAG_VARIANTS``); the flags change the kernels' masks
-and loop bounds, not their dtype rules. The norms take widths 64, 768, 4096 and the widest row they
-fuse with bias; at 768 also without bias, and RMSNorm.
+and loop bounds, not their dtype rules. The paged decode kernel reads no mask and needs
+no causal flag (a row's count bounds its keys): of the flags it takes the window and
+grouped-query heads, both on in its "everything" launch. The norms take widths 64, 768,
+4096 and the widest row they fuse with bias; at 768 also without bias, and RMSNorm.
 
 The full product would be some 4000 compiles, hours on two cores; these
-398 are the part of it in which every configuration meets every dtype, head
+422 are the part of it in which every configuration meets every dtype, head
 width and target, and every flag meets every other (check.py gives their
 cost).
 
