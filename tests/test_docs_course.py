@@ -456,3 +456,7 @@ def test_the_reading_trace_sorts_functions_by_what_they_do():
     _, files, _, total, *kinds = re.findall(r"\| (\d+)", table[2])
     assert int(files) == len({f for f, *_ in spans})
     assert int(total) == sum(int(k) for k in kinds) == sum(b - a + 1 for _, a, b in spans)
+    # The build adds the parameters' loading and checks, and the constructors.
+    built = reading.trace("level1_numpy", build=True)
+    assert set(counted) < set(built)
+    assert ("common/params.py", "check_params") in {(f, n) for f, n, *_ in built - counted.keys()}

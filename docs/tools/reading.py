@@ -17,9 +17,10 @@ levels 3 and 4: read already by a reader who climbs in order), and the shared
 modules of ``levels/common`` (read once for the whole ladder).
 
 ``--trace`` measures what a reader follows rather than what the imports reach:
-one small decoder-only model (``TRACE_CONFIG``) is built from its parameters,
-then runs one ``forward`` and one ``decode_step`` (the prefill between them is
-not traced), under ``sys.settrace``. Every function of ``levels`` that runs is
+one small decoder-only model (``TRACE_CONFIG``), built from its parameters,
+runs one ``forward`` and one ``decode_step`` (the prefill between them is not
+traced), under ``sys.settrace``; ``--build`` traces the build too (the
+parameters checked and loaded into modules, the modules' constructors). Every function of ``levels`` that runs is
 counted once, by its lines (``def`` to its last line, docstring and comments
 included: a reader reads them; a function nested in a counted one is part of
 it), and sorted by what it does (``RULES``, first match; ``--trace --functions``
@@ -152,9 +153,9 @@ def kind_of(file: str, name: str) -> str:
     return "transformer"
 
 
-def trace(level_name: str) -> dict[tuple[str, str, int, int], str]:
-    """The functions of ``levels`` that one build, one ``forward`` and one ``decode_step`` of
-    ``TRACE_CONFIG`` run at ``level_name``: ``(file, name, first, last) -> kind``."""
+def trace(level_name: str, build: bool = False) -> dict[tuple[str, str, int, int], str]:
+    """The functions of ``levels`` that one ``forward`` and one ``decode_step`` of ``TRACE_CONFIG``
+    run at ``level_name`` (and its build, with ``build``): ``(file, name, first, last) -> kind``."""
     import numpy as np
 
     import levels
@@ -171,9 +172,10 @@ def trace(level_name: str) -> dict[tuple[str, str, int, int], str]:
             runs.add(frame.f_code)
         return None  # calls only: no line events
 
+    model = None if build else level.DecoderOnlyTransformer(config, params)
     sys.settrace(tracer)
     try:
-        model = level.DecoderOnlyTransformer(config, params)
+        model = model or level.DecoderOnlyTransformer(config, params)
         model(tokens)
         sys.settrace(None)
         _, cache = model.prefill(tokens)
@@ -202,13 +204,14 @@ def trace(level_name: str) -> dict[tuple[str, str, int, int], str]:
     }
 
 
-def trace_table(names=TRACE_LEVELS, functions: bool = False) -> list[str]:
-    """The ``--trace`` table, in Markdown, and with ``functions`` every function's line."""
+def trace_table(names=TRACE_LEVELS, functions: bool = False, build: bool = False) -> list[str]:
+    """The ``--trace`` table, in Markdown (with the build, ``build``), and with ``functions``
+    every function's line."""
     head = ["| rung | files entered | their lines | lines of the functions run | "
             + " | ".join(KINDS) + " |", "| --- |" + " ---: |" * (3 + len(KINDS))]  # fmt: skip
     rows, listing = [], []
     for name in names:
-        counted = trace(name)
+        counted = trace(name, build)
         files = sorted({file for file, *_ in counted})
         lines = sum(len((LEVELS / f).read_text().splitlines()) for f in files)
         by_kind = defaultdict(int)
@@ -230,7 +233,7 @@ def trace_table(names=TRACE_LEVELS, functions: bool = False) -> list[str]:
 
 def main(argv: list[str]) -> None:
     if "--trace" in argv:
-        print("\n".join(trace_table(functions="--functions" in argv)))
+        print("\n".join(trace_table(functions="--functions" in argv, build="--build" in argv)))
         return
     for package in (LEVELS / name for name in TRACE_LEVELS):  # the rungs, not level4_compile
         files = reach(package / "__init__.py")
