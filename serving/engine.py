@@ -301,8 +301,10 @@ class _Batch:
         one request a pass (no padding); a request whose prompt is done takes a token."""
         budget = self.engine.prefill_tokens
         for answer in prefilling:
-            if budget <= 0 or answer not in self.active:
+            if budget <= 0:
                 return
+            if answer not in self.active:  # preempted for an older one's blocks
+                continue
             if answer.request.cancelled.is_set():
                 self._finish(answer, "cancelled")
                 continue

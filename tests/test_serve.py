@@ -462,3 +462,39 @@ def test_a_long_prompt_is_prefilled_in_pieces_while_the_others_decode():
     )
     _assert_alone(requests, texts, reasons, engine, model)
     assert engine.prefills >= 2 + 6  # the two short prompts, and six pieces of the long one
+
+
+def test_a_preempted_request_resumes_from_its_own_blocks_turn_by_turn():
+    """The engine stepped by hand (``start=False``), deterministic: a pool of six blocks of
+    four, three requests, four prompt positions a turn. The newest request is preempted
+    twice (once its prompt was computed, once while decoding), comes back, finds the
+    blocks it had filed (8 of its 10 tokens), computes the rest and ends as it would alone;
+    the oldest, decoding throughout, is never preempted."""
+    from types import SimpleNamespace
+
+    import torch
+
+    import levels
+    from levels import TransformerConfig, init_params
+    from serving.engine import Engine, Finished, Request
+
+    level = levels.load("level2_torch_manual")
+    config = TransformerConfig(vocab_size=40, d_model=16, n_heads=4, n_kv_heads=2, n_layers=2,
+                               d_ff=32, max_seq_len=48)  # fmt: skip
+    params = init_params(config, "decoder_only", seed=1, scheme="random")
+    model = level.DecoderOnlyTransformer(config, params, dtype=torch.float64)
+    loaded = SimpleNamespace(model=model, level=level, tokenizer=_Letters(), stop_ids=(7,))
+    engine = Engine(loaded, max_batch=3, blocks=6, block_size=4, prefill_tokens=4, start=False)
+    requests = [Request([10, 11], 14, temperature=0.0), Request(list(range(12, 24)), 2, temperature=0.0),
+                Request([24, 25], 10, temperature=0.0)]  # fmt: skip
+    texts, done = ["", "", ""], [None, None, None]
+    for i, request in enumerate(requests):
+        engine.submit(request, lambda e, i=i: done.__setitem__(i, e) if isinstance(e, Finished)
+                      else texts.__setitem__(i, texts[i] + e))  # fmt: skip
+    trace = [line for line in (engine.turn() for _ in range(30)) if line]
+    preempted = [line for line in trace if "preempted" in line]
+    assert len(preempted) == 2 and all("r3 preempted" in line for line in preempted)
+    assert any("r3 joins (10 tokens, 8 found cached)" in line for line in trace)
+    assert all(texts[i] == _alone(model, r) for i, r in enumerate(requests))
+    assert [d.finish_reason for d in done] == ["length"] * 3
+    assert engine.pool.available == engine.pool.blocks and engine.preempted == 2
