@@ -40,7 +40,13 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from ..common.checks import EMPTY_ROW_MESSAGE
 from ..common.semantics import key_range, rows_without_keys, window_binds
 from ..level2_torch_manual import attention as written_out
-from ..level2_torch_manual.attention import allowed_keys, as_4d, check_inputs, position_rule
+from ..level2_torch_manual.attention import (
+    allowed_keys,
+    as_4d,
+    check_inputs,
+    position_mask,
+    position_rule,
+)
 from .lse import attention_with_lse
 from .private import priority_order
 
@@ -115,12 +121,14 @@ def sdpa_mask(
         return None, True  # top-left and bottom-right coincide: SDPA's fast causal path
     if T == 1:
         return None, False  # j <= 0 + S - 1 holds for every key: nothing to mask
-    # 1 < T < S (a chunk of queries after cached keys): PyTorch's lower-right
-    # causal bias. On CUDA it runs flash / efficient kernels with the
-    # bottom-right rule built in (subject to the same sdpa_kernel switches);
-    # elsewhere it materialises the (T, S) mask and calls SDPA with it. Imported here, not
-    # at the top: torch.nn.attention.bias imports torch._dynamo, two seconds of every
-    # start-up (a chat's first token) for the one case that needs it.
+    # 1 < T < S (a chunk of queries after cached keys): on CUDA, PyTorch's lower-right
+    # causal bias, which runs flash / efficient kernels with the bottom-right rule built
+    # in (subject to the same sdpa_kernel switches). Elsewhere that bias only builds the
+    # (T, S) mask and calls SDPA with it, so the mask is built here: importing
+    # torch.nn.attention.bias imports torch._dynamo, one to two seconds the first time a
+    # prompt is computed after cached keys (extend: a server's chunked or cached prompts).
+    if q.device.type != "cuda":
+        return position_mask(T, S, causal=True, window=None, device=q.device), False
     from torch.nn.attention.bias import causal_lower_right
 
     return causal_lower_right(T, S), False
