@@ -311,9 +311,8 @@ class _Batch:
             n = min(len(answer.todo), budget)
             if not self._room([answer], n):
                 continue
-            chunk = answer.todo[:n]
-            logits = self._pass([answer], lambda cache, chunk=chunk: self.model.extend(
-                self._tensor([chunk]), cache, last_only=True))  # fmt: skip  # (1,V)
+            ids = self._tensor([answer.todo[:n]])  # (1,n)
+            logits = self._pass([answer], partial(self.model.extend, ids, last_only=True))  # (1,V)
             if logits is None:
                 continue
             budget -= n
@@ -332,7 +331,7 @@ class _Batch:
             return
         decoding = [a for a in decoding if a in self.active]  # some may have been preempted
         tokens = self._tensor([a.todo[0] for a in decoding])  # (B,)
-        logits = self._pass(decoding, lambda cache: self.model.decode_step(tokens, cache))  # (B,V)
+        logits = self._pass(decoding, partial(self.model.decode_step, tokens))  # (B,V)
         if logits is None:
             return
         self.engine.steps, self.engine.rows = (
