@@ -294,6 +294,17 @@ def test_an_address_that_cannot_be_listened_on_is_one_line_before_the_model_load
     assert time.monotonic() - start < 5  # refused before any model loads
 
 
+def test_blocks_without_a_batch_is_one_line_before_the_model_loads(capsys):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # free once closed
+    start = time.monotonic()
+    assert ladder(["serve", "--port", str(port), "--max-batch", "1", "--blocks", "8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--blocks" in err and "--max-batch 2" in err
+    assert time.monotonic() - start < 5  # refused before any model loads
+
+
 # ----------------------------------------------------------------------------- batching
 
 
