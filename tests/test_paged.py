@@ -119,7 +119,9 @@ def test_one_row_through_the_paged_cache_is_the_model_s_own_cache_bit_for_bit(na
         assert torch.equal(got, want)
         for t in (10, 11, 12, 13, 14):
             want = model.decode_step(torch.tensor([t]), cache)
-            assert torch.equal(model.decode_step(torch.tensor([t]), paged(pool, [seq], config)), want)
+            assert torch.equal(
+                model.decode_step(torch.tensor([t]), paged(pool, [seq], config)), want
+            )
 
 
 def _pool(blocks=6, block_size=4) -> BlockPool:
