@@ -34,10 +34,10 @@ so a row decodes as it would alone.
 
 from __future__ import annotations
 
+import collections.abc as abc
 import hashlib
 from array import array
 from collections import OrderedDict, deque
-from collections.abc import Sequence as Sized
 from dataclasses import dataclass, field
 
 import torch
@@ -63,7 +63,7 @@ class Sequence:
     count: int = 0
     digests: list[bytes] = field(default_factory=list)
 
-    def _next_digest(self, tokens: Sized[int], block_size: int) -> bytes:
+    def _next_digest(self, tokens: abc.Sequence[int], block_size: int) -> bytes:
         """The digest of its next full block, whose tokens come from ``tokens`` (all of its
         tokens): that block's tokens and the digest of the blocks before it."""
         i = len(self.digests)
@@ -115,7 +115,7 @@ class BlockPool:
         """The blocks that hold ``positions`` positions."""
         return -(-positions // self.block_size)
 
-    def reserve(self, sequences: Sized[Sequence], adding: int) -> None:
+    def reserve(self, sequences: abc.Sequence[Sequence], adding: int) -> None:
         """Blocks for ``adding`` more positions in each sequence, all or none: ``OutOfBlocks``
         before anything is taken."""
         needs = [self.blocks_for(s.count + adding) - len(s.table) for s in sequences]
@@ -150,7 +150,7 @@ class BlockPool:
                     self._free.append(block)
         sequence.table, sequence.count, sequence.digests = [], 0, []
 
-    def match(self, tokens: Sized[int]) -> Sequence:
+    def match(self, tokens: abc.Sequence[int]) -> Sequence:
         """A new sequence holding the longest run of published blocks that begins ``tokens``
         (whole blocks only; each one's reference counted)."""
         sequence = Sequence()
@@ -167,7 +167,7 @@ class BlockPool:
             sequence.count += self.block_size
         return sequence
 
-    def publish(self, sequence: Sequence, tokens: Sized[int]) -> None:
+    def publish(self, sequence: Sequence, tokens: abc.Sequence[int]) -> None:
         """File each full block of ``sequence`` not filed yet under its digest; ``tokens``
         are the sequence's tokens (at least its ``count``). A block whose digest is filed
         already (the same prefix computed twice at once) stays unfiled."""
@@ -188,7 +188,9 @@ class PagedKVCache(CacheBook):
     tokens (right-padded), as every public method's input is.
     """
 
-    def __init__(self, pool: BlockPool, sequences: Sized[Sequence], config: TransformerConfig):
+    def __init__(
+        self, pool: BlockPool, sequences: abc.Sequence[Sequence], config: TransformerConfig
+    ):
         super().__init__(config, len(sequences))
         self.pool, self.sequences = pool, list(sequences)
         self._left_aligned([s.count for s in self.sequences])
