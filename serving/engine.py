@@ -287,7 +287,7 @@ class _Batch:
             # Whole blocks of the prompt found in the pool; the last token always computed,
             # since its logits pick the next one.
             matched = self.pool.match(history[:-1] if engine.prefix_cache else [])
-            if self.pool.blocks_for(len(history)) - len(matched.table) > self.pool.available:
+            if self.pool.needed([matched], len(history) - matched.count) > self.pool.available:
                 self.pool.free(matched)  # no room yet: it waits first in line
                 self.resumed.appendleft(answer)
                 return
@@ -316,10 +316,8 @@ class _Batch:
             if logits is None:
                 continue
             budget -= n
-            self.engine.prefills, self.engine.computed = (
-                self.engine.prefills + 1,
-                self.engine.computed + n,
-            )
+            self.engine.prefills += 1
+            self.engine.computed += n
             self._say(f"prefill {answer.name} {n}")
             if not answer.todo:  # the prompt's last position: its logits pick a token
                 self._take(answer, logits[0:1])
@@ -334,10 +332,8 @@ class _Batch:
         logits = self._pass(decoding, partial(self.model.decode_step, tokens))  # (B,V)
         if logits is None:
             return
-        self.engine.steps, self.engine.rows = (
-            self.engine.steps + 1,
-            self.engine.rows + len(decoding),
-        )
+        self.engine.steps += 1
+        self.engine.rows += len(decoding)
         self._say("decode " + " ".join(a.name for a in decoding))
         for i, answer in enumerate(decoding):
             self._take(answer, logits[i : i + 1])
@@ -364,11 +360,7 @@ class _Batch:
             staying = [a for a in answers if a in self.active]
             if not staying:
                 return False
-            need = sum(
-                max(self.pool.blocks_for(a.seq.count + adding) - len(a.seq.table), 0)
-                for a in staying
-            )
-            if need <= self.pool.available:
+            if self.pool.needed([a.seq for a in staying], adding) <= self.pool.available:
                 return True
             self._preempt(self.active[-1])
 

@@ -115,17 +115,20 @@ class BlockPool:
         """The blocks that hold ``positions`` positions."""
         return -(-positions // self.block_size)
 
+    def needed(self, sequences: abc.Sequence[Sequence], adding: int) -> int:
+        """The blocks ``sequences`` lack for ``adding`` more positions each."""
+        return sum(max(self.blocks_for(s.count + adding) - len(s.table), 0) for s in sequences)
+
     def reserve(self, sequences: abc.Sequence[Sequence], adding: int) -> None:
         """Blocks for ``adding`` more positions in each sequence, all or none: ``OutOfBlocks``
         before anything is taken."""
-        needs = [self.blocks_for(s.count + adding) - len(s.table) for s in sequences]
-        total = sum(max(n, 0) for n in needs)
+        total = self.needed(sequences, adding)
         if total > self.available:
             raise OutOfBlocks(
                 f"this step needs {total} more KV blocks and the pool has {self.available} free"
             )
-        for sequence, n in zip(sequences, needs, strict=True):
-            sequence.table.extend(self._take() for _ in range(n))
+        for sequence in sequences:
+            sequence.table.extend(self._take() for _ in range(self.needed([sequence], adding)))
 
     def _take(self) -> int:
         """A block for writing: a never-published one first, else the least recently idle
@@ -241,12 +244,16 @@ class PagedKVCache(CacheBook):
                 [s.table[p // bs] for p in range(s.count, s.count + T)] for s in self.sequences
             ]
             offsets = [[p % bs for p in range(s.count, s.count + T)] for s in self.sequences]
-            M = self.pool.blocks_for(self.length)
-            tables = [s.table[:M] + [s.table[0]] * (M - len(s.table[:M])) for s in self.sequences]
+            tables = self.tables(self.pool.blocks_for(self.length))
             self._where = tuple(
                 torch.tensor(x, dtype=torch.long, device=device) for x in (blocks, offsets, tables)
             )
         return self._where
+
+    def tables(self, M: int) -> list[list[int]]:
+        """Each row's first ``M`` blocks, ``(B,M)``: a short row's padded with its first block,
+        whose entries there lie past its count (masked, or never read)."""
+        return [s.table[:M] + [s.table[0]] * (M - len(s.table[:M])) for s in self.sequences]
 
     def commit(self, step: Step) -> None:
         """Each sequence's count grows by its real new tokens; the book is laid out again."""

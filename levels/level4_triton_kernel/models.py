@@ -59,8 +59,7 @@ class PagedKVCache(paged.PagedKVCache):
             return super().append(index, k_new, v_new)
         self.write(index, k_new, v_new)
         if self._pages is None:  # once a step: every layer reads the same blocks
-            M = max(len(s.table) for s in self.sequences)
-            tables = [s.table + [s.table[0]] * (M - len(s.table)) for s in self.sequences]
+            tables = self.tables(max(len(s.table) for s in self.sequences))
             counts = [s.count + 1 for s in self.sequences]  # the new position included
             self._pages = tuple(
                 torch.tensor(x, dtype=torch.int32, device=k_new.device) for x in (tables, counts)
