@@ -261,10 +261,6 @@ class Server:
             self.engine.submit(request, lambda e: loop.call_soon_threadsafe(events.put_nowait, e))
         except QueueFull as exc:
             raise APIError(429, str(exc), kind="rate_limit_error", code="queue_full") from None
-        except ValueError as exc:  # longer than the engine's context (checked above, too)
-            raise APIError(
-                400, str(exc), param="max_tokens", code="context_length_exceeded"
-            ) from None
         return events
 
     @staticmethod
