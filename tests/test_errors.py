@@ -142,6 +142,38 @@ def test_sequence_without_valid_token(level):
         )
 
 
+@pytest.mark.parametrize(
+    "row",
+    [[False, True, True, True], [True, False, True, True], [True, True, False, True]],
+    ids=["left-padded", "a hole", "a real last token after padding"],
+)
+def test_valid_rows_must_be_right_padded(level, row):
+    """A real token after padding is refused by the edge, at every entry point, before
+    anything runs. (Inside, the layers trust their masks: a left-padded causal row would
+    leave its first query without a key, which softmax turns into NaN.)"""
+    config = tiny_config()
+    dec, s2s = _models(level, config)
+    ids = random_tokens(np.random.default_rng(2), config, 2, 4)
+    tokens = level.arr(ids)
+    valid = level.arr(np.array([[True] * 4, row]))
+    ok = level.arr(np.ones((2, 4), dtype=bool))
+    message = "not right-padded"
+    with raises_before_launch(ValueError, match=message):
+        dec.forward(tokens, valid=valid)
+    with raises_before_launch(ValueError, match=message):
+        dec.prefill(tokens, valid=valid)
+    _, cache = dec.prefill(tokens)
+    before = cache.length
+    left_padded = level.arr(np.array([[True, True], [False, True]]))
+    with raises_before_launch(ValueError, match=message):
+        dec.extend(level.arr(ids[:, :2]), cache, valid=left_padded)
+    assert cache.length == before  # nothing was appended
+    with raises_before_launch(ValueError, match=message):
+        s2s.forward(tokens, tokens, src_valid=valid, tgt_valid=ok)
+    with raises_before_launch(ValueError, match=message):
+        s2s.forward(tokens, tokens, src_valid=ok, tgt_valid=valid)
+
+
 def test_valid_mask_must_be_boolean_and_match_tokens(level):
     config = tiny_config()
     dec, s2s = _models(level, config)

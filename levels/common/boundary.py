@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 from . import checks
@@ -58,7 +59,7 @@ def check_ids(facts: tuple, vocab_size: int, *, what: str = "tokens", ndim: int 
 
 def rows(valid: Any, shape: Sequence[int], is_bool: bool, *, what: str = "valid") -> Rows:
     """``valid (B, T)`` (nested lists, a numpy array or a tensor) as checked plain lists;
-    None: every token real. Every row needs a real token."""
+    None: every token real. Every row needs a real token, and its padding comes last."""
     B, T = shape
     if valid is None:
         return [[True] * T for _ in range(B)]
@@ -67,6 +68,8 @@ def rows(valid: Any, shape: Sequence[int], is_bool: bool, *, what: str = "valid"
     out = valid.tolist() if hasattr(valid, "tolist") else [list(row) for row in valid]
     if not all(any(row) for row in out):
         raise ValueError(f"{what}: {checks.NO_VALID_TOKEN_MESSAGE}")
+    if any(not a and b for row in out for a, b in pairwise(row)):
+        raise ValueError(f"{what}: {checks.LEFT_PADDING_MESSAGE}")
     return out
 
 
@@ -118,7 +121,8 @@ def key_mask(keys: Rows, T: int, window: int | None) -> list | None:
 def window_by_position(keys: Rows, T: int, window: int) -> list:
     """The sliding window in positions for the last ``T`` slots of ``keys (B,S)``: ``(B,1,T,S)``,
     True where a key is real and among its query's ``W`` latest positions. (A padded
-    query sees nothing; its output is zeroed. Causal masking by slot still applies.)"""
+    query sees its own slot only, so that no row is left without a key; its output is
+    zeroed. Causal masking by slot still applies.)"""
     out = []
     for row in keys:
         pos, count = [], 0
@@ -128,6 +132,9 @@ def window_by_position(keys: Rows, T: int, window: int) -> list:
         S = len(row)
         grid = []
         for t in range(S - T, S):
+            if not row[t]:  # padding
+                grid.append([j == t for j in range(S)])
+                continue
             q = pos[t]
             grid.append([row[j] and pos[j] > q - window for j in range(S)])
         out.append([grid])

@@ -21,6 +21,10 @@ EMPTY_ROW_MESSAGE = (
     "and the causal alignment: with causal=True and T > S the first T - S queries see nothing)"
 )
 NO_VALID_TOKEN_MESSAGE = "a sequence has no valid token (every position is padding)"
+LEFT_PADDING_MESSAGE = (
+    "a sequence is not right-padded (a real token after padding): its real tokens come "
+    "first, then the padding"
+)
 
 SHAPE_NAMES = {1: "(B,)", 2: "(B, T)"}
 
