@@ -4,13 +4,14 @@
 why when it cannot (for instance triton missing for level 4). Every level
 exposes the same interface (docs/conventions.md):
 
-    asarray, to_numpy, attention, merge_attention, describe,
+    asarray, to_numpy, attention, attend, merge_attention, describe,
     LayerNorm, RMSNorm, FeedForward, MultiHeadAttention, EncoderLayer, DecoderLayer,
     DecoderOnlyTransformer, Seq2SeqTransformer
 
-builds from the canonical parameters made by ``init_params``, and states what
-it is once, in ``FACTS`` (``levels.common.facts.Facts``), which the harness and
-the tests read:
+(``attend`` is ``attention`` without its checks: what the layers call, on inputs
+the model's edge has checked), builds from the canonical parameters made by
+``init_params``, and states what it is once, in ``FACTS``
+(``levels.common.facts.Facts``), which the harness and the tests read:
 
     FACTS.array        "python", "numpy" or "torch": the native array type
     FACTS.gradients    None, "hand-written" or "autograd"

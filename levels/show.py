@@ -43,17 +43,20 @@ class Reuse:
 
 # For each piece, what every level shows: its own definitions, or whose it reuses.
 PIECES: dict[str, dict[str, tuple[Source, ...] | Reuse]] = {
-    "attention": {
-        "level0_loops": (Source("level0_loops/ops.py", "attention"),),
-        "level1_numpy": (Source("level1_numpy/ops.py", "attention"),),
-        "level2_torch_manual": (Source("level2_torch_manual/attention.py", "attention"),),
+    "attention": {  # the cores the layers run; each level's `attention` checks, then calls it
+        "level0_loops": (Source("level0_loops/ops.py", "attend"),),
+        "level1_numpy": (
+            Source("level1_numpy/ops.py", "attend"),
+            Source("level1_numpy/ops.py", "attention_weights"),
+        ),
+        "level2_torch_manual": (Source("level2_torch_manual/attention.py", "attend"),),
         "level3_sdpa_flash": (
             Source("level3_sdpa_flash/attention.py", "sdpa_mask"),
-            Source("level3_sdpa_flash/attention.py", "attention"),
+            Source("level3_sdpa_flash/attention.py", "attend"),
             Source("level3_sdpa_flash/attention.py", "sdpa"),
         ),
         "level4_triton_kernel": (
-            Source("level4_triton_kernel/flash_attention.py", "attention"),
+            Source("level4_triton_kernel/flash_attention.py", "attend"),
             Source("level4_triton_kernel/flash_forward.py", "_attn_fwd_kernel"),
             Source("level4_triton_kernel/flash_forward.py", "attend_keys"),
         ),

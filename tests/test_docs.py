@@ -245,7 +245,7 @@ def test_ladder_show_prints_every_rung_in_order(capsys):
     assert [h.split(":")[0][2:] for h in headings] == [
         name for name in levels.LEVELS for _ in PIECES["attention"][name]
     ]
-    assert "def attention(" in out and "scaled_dot_product_attention" in out
+    assert "def attend(" in out and "scaled_dot_product_attention" in out
     assert "tl.math.exp2" in out  # level 4's kernel, shown without importing triton
 
 

@@ -191,7 +191,7 @@ class MultiHeadAttention(Module):
     def attend(self, q, k, v, *, mask=None, causal=False, window=None) -> Native:
         """``q (B,H,T,Dh)``, ``k, v (B,Hkv,S,Dh)`` -> ``(B,T,D)``: the core, heads merged, out_proj."""
         ops = self.ops
-        o = ops.attention(q, k, v, causal=causal, mask=mask, scale=self.scale, window=window)
+        o = ops.attend(q, k, v, causal=causal, mask=mask, scale=self.scale, window=window)
         return ops.linear(ops.merge_heads(o), self.w_o, self.b_o)  # (B,H,T,Dh) -> (B,T,D)
 
     def __call__(

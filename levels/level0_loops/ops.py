@@ -338,20 +338,39 @@ def attention(
 
     Keys a query may not attend are simply left out of its softmax, which is
     what adding ``-inf`` to their scores means; a row left with no key at all
-    is a ``ValueError``, since its softmax would be 0/0.
+    is a ``ValueError``, since its softmax would be 0/0. The checks, then ``attend``.
     """
     B, H, T, S, Dh, Dv = checks.attention_dims(_shape(q), _shape(k), _shape(v))
     types = [_element_type(a) for a in (q, k, v)]
     checks.check_float_inputs(["f" if t == "float" else "?" for t in types], types)
     checks.check_scale(scale)
     checks.check_window(window)
-    read_mask = None
     if mask is not None:
         checks.check_mask(_shape(mask), _is_bool(mask), (B, H, T, S))
-        read_mask = _mask_reader(mask, (B, H, T, S))
+    kw = {"causal": causal, "mask": mask, "scale": scale, "window": window}
+    return attend(q, k, v, **kw, return_lse=return_lse)
+
+
+def attend(
+    q: Nested,
+    k: Nested,
+    v: Nested,
+    *,
+    causal: bool = False,
+    mask: Nested | None = None,
+    scale: float | None = None,
+    window: int | None = None,
+    return_lse: bool = False,
+) -> Nested:
+    """``attention`` on inputs it would accept, unchecked: the core the models call (on
+    inputs their edge has checked). A row with no key is still refused, where its empty
+    list of keys is found."""
+    B, H, T, Dh = _shape(q)
+    Hkv, S, Dv = len(k[0]), len(k[0][0]), len(v[0][0][0])
+    read_mask = None if mask is None else _mask_reader(mask, (B, H, T, S))
     if scale is None:
         scale = 1.0 / math.sqrt(Dh)
-    group = checks.group_size(_shape(q), _shape(k))  # query heads per key/value head
+    group = H // Hkv  # query heads per key/value head
 
     out, lse = [], []
     for b in range(B):

@@ -257,6 +257,13 @@ class Tape:
     def attention(
         self, q, k, v, *, causal=False, mask=None, scale=None, window=None, return_lse=False
     ):
+        ops.check_attention(q, k, v, causal=causal, mask=mask, scale=scale, window=window)
+        kw = {"causal": causal, "mask": mask, "scale": scale, "window": window}
+        return self.attend(q, k, v, **kw, return_lse=return_lse)
+
+    def attend(
+        self, q, k, v, *, causal=False, mask=None, scale=None, window=None, return_lse=False
+    ):
         # Forward: s = scale q k^T, p = softmax(s) over allowed keys, o = p v, and
         # lse = log sum_j exp(s_j) over the same keys. With g = dL/do and e = dL/dlse:
         #   dv = p^T g                      (B,H,S,T) @ (B,H,T,Dv)
@@ -268,7 +275,7 @@ class Tape:
         # exactly as if it had been left out of the softmax. With grouped-query
         # attention the key/value heads were repeated for every query head of
         # their group, so their gradients are the group's summed (sum_groups).
-        group = ops.check_attention(q, k, v, scale=scale, window=window)
+        group = q.shape[1] // k.shape[1]  # G = H // Hkv
         Dh = q.shape[-1]
         scale = 1.0 / math.sqrt(Dh) if scale is None else scale
         kr, vr = ops.repeat_heads(k, group), ops.repeat_heads(v, group)  # (B,H,S,*)

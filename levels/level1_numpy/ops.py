@@ -233,21 +233,17 @@ def attention_weights(q, k, *, causal=False, mask=None, scale=None, window=None)
     forbidden keys get exactly 0. See ``attention`` for the arguments. (The
     backward reuses both.)
     """
-    B, H, T, Dh = q.shape
-    S = k.shape[-2]
+    T, Dh, S = q.shape[-2], q.shape[-1], k.shape[-2]
     allowed = position_mask(T, S, causal=causal, window=window)  # (T, S)
     if mask is not None:
-        checks.check_mask(np.shape(mask), np.asarray(mask).dtype == np.bool_, (B, H, T, S))
         allowed = allowed & mask  # broadcasts to at most (B, H, T, S)
-    if not allowed.any(axis=-1).all():
-        raise ValueError(checks.EMPTY_ROW_MESSAGE)
     if scale is None:
         scale = 1.0 / math.sqrt(Dh)
 
     scores = (q @ k.swapaxes(-1, -2)) * scale  # (B,H,T,Dh) @ (B,H,Dh,S) -> (B,H,T,S)
     # -inf gives a forbidden key weight exactly 0 after exp. It is safe only
-    # because of the check above: every row keeps a finite score, so its max is
-    # finite and no row becomes exp(-inf - -inf) = NaN.
+    # because every row keeps an allowed key (check_attention, or the model's
+    # edge): its max is finite and no row becomes exp(-inf - -inf) = NaN.
     scores = np.where(allowed, scores, -np.inf)  # (B,H,T,S)
     # Subtracting the row max keeps every exp argument <= 0 (no overflow) and
     # makes the largest term exactly 1 (no 0/0 from underflow).
@@ -258,14 +254,20 @@ def attention_weights(q, k, *, causal=False, mask=None, scale=None, window=None)
     return weights, (top + np.log(total))[..., 0]  # lse = max + log sum exp(s - max)
 
 
-def check_attention(q, k, v, *, scale, window) -> int:
-    """The shared checks of ``attention`` (here and on level 1's tape); returns ``H // Hkv``."""
-    checks.attention_dims(np.shape(q), np.shape(k), np.shape(v))
+def check_attention(q, k, v, *, causal, mask, scale, window) -> None:
+    """Every check of ``attention`` (here and on level 1's tape), before any arithmetic:
+    shapes, dtypes, scale, window, the mask, and a query row with no key (``ValueError``)."""
+    B, H, T, S, _, _ = checks.attention_dims(np.shape(q), np.shape(k), np.shape(v))
     arrays = [np.asarray(a) for a in (q, k, v)]
     checks.check_float_inputs([a.dtype.kind for a in arrays], [a.dtype for a in arrays])
     checks.check_scale(scale)
     checks.check_window(window)
-    return checks.group_size(np.shape(q), np.shape(k))
+    allowed = position_mask(T, S, causal=causal, window=window)  # (T, S)
+    if mask is not None:
+        checks.check_mask(np.shape(mask), np.asarray(mask).dtype == np.bool_, (B, H, T, S))
+        allowed = allowed & mask  # broadcasts to at most (B, H, T, S)
+    if not allowed.any(axis=-1).all():
+        raise ValueError(checks.EMPTY_ROW_MESSAGE)
 
 
 def attention(q, k, v, *, causal=False, mask=None, scale=None, window=None, return_lse=False):
@@ -277,10 +279,18 @@ def attention(q, k, v, *, causal=False, mask=None, scale=None, window=None, retu
     bottom-right (query ``i`` sees key ``j`` iff ``j <= i + S - T``); ``window``
     the ``W`` latest keys (causal) or the band ``|j - (i + S - T)| < W``; a key
     must pass all of them. A query row with no allowed key is a ``ValueError``.
-    ``return_lse`` also returns ``lse (B,H,T)``.
+    ``return_lse`` also returns ``lse (B,H,T)``. The checks, then ``attend``.
     """
-    group = check_attention(q, k, v, scale=scale, window=window)
+    check_attention(q, k, v, causal=causal, mask=mask, scale=scale, window=window)
+    kw = {"causal": causal, "mask": mask, "scale": scale, "window": window}
+    return attend(q, k, v, **kw, return_lse=return_lse)
+
+
+def attend(q, k, v, *, causal=False, mask=None, scale=None, window=None, return_lse=False):
+    """``attention`` on inputs it would accept, unchecked: the core the models call (on
+    inputs their edge has checked, with masks that leave every query row a key)."""
     q, k, v = (np.asarray(a) for a in (q, k, v))
+    group = q.shape[1] // k.shape[1]  # G = H // Hkv query heads per key/value head
     k, v = repeat_heads(k, group), repeat_heads(v, group)  # (B,H,S,Dh), (B,H,S,Dv)
     weights, lse = attention_weights(q, k, causal=causal, mask=mask, scale=scale, window=window)
     out = weights @ v  # (B,H,T,S) @ (B,H,S,Dv) -> (B,H,T,Dv)

@@ -15,8 +15,9 @@ Levels 3 and 4 change only pieces of this level, through one frozen
 dataclass, ``Kernels`` (``kernels.py``), with six fields:
 
 - ``attention``: the core, ``attention(q, k, v, *, causal, mask, window, dropout_p=...)``
-  with the semantics of :func:`attention.attention` (``dropout_p`` is passed
-  only in training mode with ``config.dropout > 0``);
+  with the semantics of :func:`attention.attention`, called on inputs the model has
+  checked (here :func:`attention.attend`, the same without the checks; ``dropout_p``
+  is passed only in training mode with ``config.dropout > 0``);
 - ``layer_norm`` and ``rms_norm``: the norm classes, built as ``cls(config, params, *,
   prefix, device, dtype)``, whose state dict is ``weight`` (and ``bias``);
 - ``kv_cache``: the cache class, built as ``cls(config, batch, *, device, dtype)``: a
@@ -49,7 +50,7 @@ import torch
 
 from ..common.facts import Facts
 from .arrays import asarray, to_numpy
-from .attention import allowed_keys, attention, causal_mask, merge_attention
+from .attention import attend, attention, causal_mask, check_attention, merge_attention
 from .cache import KVCache
 from .kernels import LEVEL2_KERNELS, Kernels
 from .layers import DecoderLayer, EncoderLayer, FeedForward, MultiHeadAttention, rope

@@ -19,7 +19,6 @@ from ..common.checks import (
     check_mask,
     check_scale,
     check_window,
-    group_size,
 )
 from ..common.semantics import causal_binds, causal_offset, rows_without_keys, window_binds
 from .arrays import dtype_kind
@@ -84,37 +83,42 @@ def as_4d(mask: torch.Tensor) -> torch.Tensor:
     return mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
 
 
-def allowed_keys(
+def visible_keys(
+    T: int, S: int, *, causal: bool, mask: torch.Tensor | None, window: int | None, device=None
+) -> torch.Tensor | None:
+    """``mask`` and the position rule (causal, window) as one boolean mask broadcastable to
+    ``(B, H, T, S)``, True = may attend; ``None`` when every key is allowed."""
+    allowed = position_mask(T, S, causal=causal, window=window, device=device)  # (T, S) or None
+    if mask is None:
+        return allowed
+    mask = as_4d(mask.to(device))  # (B?, H?, T?, S)
+    return mask if allowed is None else mask & allowed  # broadcasts to (B?, H?, T, S)
+
+
+def check_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     *,
     causal: bool,
     mask: torch.Tensor | None,
+    scale: float | None = None,
     window: int | None = None,
-) -> torch.Tensor | None:
-    """Validate the inputs and combine ``mask``, ``causal`` and ``window`` into one boolean mask.
-
-    Returns a bool tensor broadcastable to ``(B, H, T, S)`` (True = may attend),
-    or ``None`` when every key is allowed. Raises ``ValueError`` when some query
-    row would have no key at all; this check is what makes the ``-inf`` fill
-    in ``attention`` safe. Shared with level 3, whose SDPA call would turn such
-    a row into NaN.
-    """
-    B, H, T, S, _, _ = check_inputs(q, k, v, mask, window=window)
-    if mask is not None:
-        mask = as_4d(mask.to(q.device))
+) -> None:
+    """Every check of ``attention``, before any arithmetic: the shapes, dtypes, mask, scale
+    and window (``check_inputs``), and a query row with no key it may attend to, a
+    ``ValueError``. Its absence is what makes the ``-inf`` fill in ``attend`` safe; level 3
+    refuses the same rows, which SDPA would turn into NaN, with this function."""
+    B, H, T, S, _, _ = check_inputs(q, k, v, mask, scale=scale, window=window)
     if rows_without_keys(T, S, causal=causal, window=window):
         # e.g. bottom-right causal with T > S: the first T - S queries have no key.
         raise ValueError(EMPTY_ROW_MESSAGE)
-    allowed = position_mask(T, S, causal=causal, window=window, device=q.device)  # (T, S)
     if mask is not None:
-        allowed = mask if allowed is None else mask & allowed  # broadcasts to (B?, H?, T, S)
-        # One reduction over (..., T, S); on a GPU this waits for the device,
-        # the price of refusing empty rows before they become NaN.
+        allowed = visible_keys(T, S, causal=causal, mask=mask, window=window, device=q.device)
+        # One reduction over (..., T, S); on a GPU this waits for the device, the price
+        # of refusing empty rows before they become NaN.
         if not bool(allowed.any(dim=-1).all()):
             raise ValueError(EMPTY_ROW_MESSAGE)
-    return allowed
 
 
 def repeat_heads(x: torch.Tensor, group: int) -> torch.Tensor:
@@ -147,12 +151,36 @@ def attention(
     each row's sum of ``exp(score)``. ``dropout_p`` drops attention probabilities
     (the models pass it only in training mode). A query row with no allowed key
     is a ``ValueError``.
+
+    The checks, then ``attend``: a bad input is refused before any arithmetic.
     """
-    check_scale(scale)
-    allowed = allowed_keys(q, k, v, causal=causal, mask=mask, window=window)  # (.., T, S) or None
-    Dh = q.shape[-1]
+    check_attention(q, k, v, causal=causal, mask=mask, scale=scale, window=window)
+    return attend(q, k, v, causal=causal, mask=mask, scale=scale, window=window,
+                  return_lse=return_lse, dropout_p=dropout_p)  # fmt: skip
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    window: int | None = None,
+    return_lse: bool = False,
+    dropout_p: float = 0.0,
+):
+    """``attention`` on inputs it would accept, unchecked: the core the models call.
+
+    A model's edge has checked what reaches it (token ids, ``valid``, the config's
+    window and scale), its layers made q, k and v, and every mask the edge builds
+    leaves each query row a key (``levels.common.boundary``).
+    """
+    T, S, Dh = q.shape[-2], k.shape[-2], q.shape[-1]
+    allowed = visible_keys(T, S, causal=causal, mask=mask, window=window, device=q.device)
     scale = 1.0 / math.sqrt(Dh) if scale is None else scale
-    group = group_size(q.shape, k.shape)
+    group = q.shape[1] // k.shape[1]  # G = H // Hkv query heads per key/value head
     # Half-precision inputs are upcast: the dot products, the exponentials and
     # the row sums all accumulate in float32 (float64 stays float64).
     acc = torch.promote_types(q.dtype, torch.float32)
@@ -161,8 +189,8 @@ def attention(
     scores = (qf @ kf.transpose(-2, -1)) * scale  # (B,H,T,Dh) @ (B,H,Dh,S) -> (B,H,T,S)
     if allowed is not None:
         # -inf makes a masked key's weight exactly 0 after exp. It is safe only
-        # because allowed_keys rejected rows with no allowed key: such a row
-        # would be all -inf, and softmax would return 0/0 = NaN.
+        # because every row keeps an allowed key (the caller's promise): a row
+        # of -inf only would give softmax 0/0 = NaN.
         scores = scores.masked_fill(~allowed, float("-inf"))  # (B,H,T,S)
     # Softmax over keys, written out: subtracting each row's maximum leaves the
     # result unchanged (the factor exp(-max) cancels) but keeps exp() <= 1, so

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch.nn.functional as F
 
-from .attention import attention
+from .attention import attend
 from .cache import KVCache
 from .norms import LayerNorm, RMSNorm
 from .paged import PagedKVCache
@@ -22,8 +22,9 @@ class Kernels:
     """What the modules of this level call for the parts a faster level replaces.
 
     - ``attention(q, k, v, *, causal, mask, window, scale=..., dropout_p=...)`` with
-      the semantics of ``attention.attention``; ``dropout_p`` is passed only in
-      training mode with ``config.dropout > 0``, and ``scale`` only when
+      the semantics of ``attention.attention``, on inputs the model has checked (so
+      the core unchecked, ``attention.attend``; a checking one works too); ``dropout_p``
+      is passed only in training mode with ``config.dropout > 0``, and ``scale`` only when
       ``config.attn_scale`` is set, so a kernel without them works for inference
       of the other models;
     - ``layer_norm`` and ``rms_norm``: classes built as ``cls(config, params, *,
@@ -39,7 +40,7 @@ class Kernels:
       that takes the form a faster level holds them in (level 3's int8 and int4).
     """
 
-    attention: Callable = attention
+    attention: Callable = attend
     layer_norm: type = LayerNorm
     kv_cache: type = KVCache
     paged_kv_cache: type = PagedKVCache

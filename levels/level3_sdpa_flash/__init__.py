@@ -39,7 +39,7 @@ import torch
 from .. import level2_torch_manual as level2
 from ..level2_torch_manual import asarray, merge_attention, to_numpy
 from ..level2_torch_manual.cache import StaticKVCache
-from .attention import BACKEND_CHOICES, BACKENDS, attention, which_backend
+from .attention import BACKEND_CHOICES, BACKENDS, attend, attention, which_backend
 from .models import (
     KERNELS,
     DecoderLayer,

@@ -37,15 +37,16 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from ..common.checks import EMPTY_ROW_MESSAGE
-from ..common.semantics import key_range, rows_without_keys, window_binds
-from ..level2_torch_manual import attention as written_out
+from ..common.semantics import key_range, window_binds
 from ..level2_torch_manual.attention import (
-    allowed_keys,
     as_4d,
-    check_inputs,
+    check_attention,
     position_mask,
     position_rule,
+    visible_keys,
+)
+from ..level2_torch_manual.attention import (
+    attend as written_out,
 )
 from .lse import attention_with_lse
 from .private import priority_order
@@ -88,18 +89,14 @@ def sdpa_mask(
     causal: bool,
     mask: torch.Tensor | None,
     window: int | None = None,
-    checked: bool = False,
 ) -> tuple[torch.Tensor | CausalBias | None, bool]:
     """Translate the ladder's ``(causal, mask, window)`` into SDPA's ``(attn_mask, is_causal)``.
 
-    Validates shapes and the mask (unless the caller has: ``checked=True``), and
-    raises ``ValueError`` for a query row with no allowed key, so SDPA never
-    sees one. Returns what to pass as ``attn_mask`` (a boolean mask, True = may
-    attend, broadcastable to ``(B,H,T,S)``; a lower-right ``CausalBias``; or
-    ``None``) and whether to set SDPA's (top-left) ``is_causal``.
+    For inputs ``check_attention`` accepts (every query row keeps a key), so SDPA
+    never sees an empty row. Returns what to pass as ``attn_mask`` (a boolean mask,
+    True = may attend, broadcastable to ``(B,H,T,S)``; a lower-right ``CausalBias``;
+    or ``None``) and whether to set SDPA's (top-left) ``is_causal``.
     """
-    if not checked:
-        check_inputs(q, k, v, mask, window=window)
     T, S = q.shape[-2], k.shape[-2]
     if window is not None and not window_binds(T, S, causal=causal, window=window):
         window = None  # a window wider than the sequence changes nothing
@@ -110,13 +107,10 @@ def sdpa_mask(
             # mask at all (flash on CUDA) stay eligible, e.g. for unpadded decoding.
             mask = None
     if mask is not None or window is not None:
-        # Padding or a window (and maybe causal): one explicit boolean mask,
-        # checked for empty rows.
-        return allowed_keys(q, k, v, causal=causal, mask=mask, window=window), False
+        # Padding or a window (and maybe causal): one explicit boolean mask.
+        return visible_keys(T, S, causal=causal, mask=mask, window=window, device=q.device), False
     if not causal:
         return None, False
-    if rows_without_keys(T, S, causal=True, window=None):
-        raise ValueError(EMPTY_ROW_MESSAGE)  # T > S: the first T - S queries would see no key
     if T == S:
         return None, True  # top-left and bottom-right coincide: SDPA's fast causal path
     if T == 1:
@@ -220,12 +214,10 @@ def attention_in_chunks(
     """``q (B,H,T,Dh)``, ``k (B,Hkv,S,Dh)``, ``v (B,Hkv,S,Dv)`` -> ``(B,H,T,Dv)``, chunk by chunk.
 
     ``call(q, k, v, attn_mask, is_causal, scale=...)`` is one SDPA call (level 3's
-    ``sdpa``, with its backend). Inputs are checked already (``check_inputs``); an
-    empty row, from the positions or from the mask inside a chunk, is a ``ValueError``.
+    ``sdpa``, with its backend), on inputs ``check_attention`` accepts: a row keeps its
+    keys inside its chunk's slice, so no chunk has an empty row.
     """
     T, S = q.shape[-2], k.shape[-2]
-    if rows_without_keys(T, S, causal=causal, window=window):
-        raise ValueError(EMPTY_ROW_MESSAGE)
     mask = None if mask is None else as_4d(mask.to(q.device))  # (b?, h?, t?, S)
     C = chunk_size(window)
     # One output written chunk by chunk (autograd records each slice's copy): a list of
@@ -242,8 +234,6 @@ def attention_in_chunks(
         if mask is not None:
             rows = slice(a, b) if mask.shape[-2] != 1 else slice(None)
             allowed = allowed & mask[..., rows, lo:hi]  # (b?, h?, b - a, hi - lo)
-            if not bool(allowed.any(dim=-1).all()):
-                raise ValueError(EMPTY_ROW_MESSAGE)
         out[:, :, a:b] = call(
             q[:, :, a:b], k[:, :, lo:hi], v[:, :, lo:hi], allowed, False, scale=scale
         )  # (B,H,b-a,Dv)
@@ -271,23 +261,41 @@ def attention(
     of ``BACKENDS``; a forced backend that cannot run these inputs raises
     ``RuntimeError`` saying so. ``scale`` defaults to ``1/sqrt(Dh)``.
     """
-    B, H, T, S, _, _ = check_inputs(q, k, v, mask, scale=scale, window=window)
+    check_attention(q, k, v, causal=causal, mask=mask, scale=scale, window=window)
+    return attend(q, k, v, causal=causal, mask=mask, scale=scale, window=window,
+                  return_lse=return_lse, dropout_p=dropout_p, backend=backend)  # fmt: skip
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    window: int | None = None,
+    return_lse: bool = False,
+    dropout_p: float = 0.0,
+    backend: str = "auto",
+):
+    """``attention`` on inputs it would accept, unchecked: the core the models call
+    (level 2's ``attend`` says what their edge has checked)."""
+    T, S = q.shape[-2], k.shape[-2]
     if return_lse:
         if dropout_p > 0.0:
             raise ValueError("return_lse with attention dropout is not supported")
         if q.device.type != "cpu":  # the fused kernel lse.py calls is the CPU one
             kw = {"causal": causal, "mask": mask, "scale": scale, "window": window}
             return written_out(q, k, v, **kw, return_lse=True)
-        attn_mask, is_causal = sdpa_mask(
-            q, k, v, causal=causal, mask=mask, window=window, checked=True
-        )
+        attn_mask, is_causal = sdpa_mask(q, k, v, causal=causal, mask=mask, window=window)
         return attention_with_lse(q, k, v, attn_mask, is_causal, scale=scale)
     if window is not None and chunking_pays(T, S, window):
         return attention_in_chunks(
             q, k, v, causal=causal, mask=mask, scale=scale, window=window,
             call=lambda *args, **kw: sdpa(*args, **kw, dropout_p=dropout_p, backend=backend),
         )  # fmt: skip
-    attn_mask, is_causal = sdpa_mask(q, k, v, causal=causal, mask=mask, window=window, checked=True)
+    attn_mask, is_causal = sdpa_mask(q, k, v, causal=causal, mask=mask, window=window)
     return sdpa(
         q, k, v, attn_mask, is_causal, scale=scale, dropout_p=dropout_p, backend=backend
     )  # (B,H,T,Dv)

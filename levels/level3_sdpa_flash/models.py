@@ -24,7 +24,7 @@ from ..level2_torch_manual import Kernels
 from ..level2_torch_manual.arrays import row_major
 from ..level2_torch_manual.cache import StaticKVCache
 from . import compiled, quant
-from .attention import attention, check_backend
+from .attention import attend, check_backend
 
 
 class LayerNorm(level2.LayerNorm):
@@ -52,16 +52,14 @@ class FeedForward(level2.FeedForward):
     """Level 2's feed-forward network, unchanged."""
 
 
-KERNELS = Kernels(
-    attention=attention, layer_norm=LayerNorm, rms_norm=RMSNorm, kv_cache=StaticKVCache
-)
+KERNELS = Kernels(attention=attend, layer_norm=LayerNorm, rms_norm=RMSNorm, kv_cache=StaticKVCache)
 
 
 def kernels_for(backend: str = "auto") -> Kernels:
     """Level 3's kernels with SDPA restricted to ``backend`` (``"auto"``: SDPA chooses)."""
     if check_backend(backend) == "auto":
         return KERNELS
-    return replace(KERNELS, attention=partial(attention, backend=backend))
+    return replace(KERNELS, attention=partial(attend, backend=backend))
 
 
 class _ChoosesBackend:

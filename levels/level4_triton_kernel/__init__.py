@@ -83,7 +83,7 @@ from dataclasses import replace  # noqa: E402
 
 from .. import level2_torch_manual as level2  # noqa: E402
 from ..level2_torch_manual import asarray, merge_attention, to_numpy  # noqa: E402
-from .flash_attention import FlashAttention, attention  # noqa: E402
+from .flash_attention import FlashAttention, attend, attention  # noqa: E402
 from .fused_layer_norm import FusedLayerNorm, layer_norm, rms_norm  # noqa: E402
 from .models import (  # noqa: E402
     KERNELS,

@@ -123,20 +123,34 @@ def attention(
     the keys in slices, one program each, merged by their log-sum-exps.
     ``splits`` overrides that choice (1: the plain forward kernel).
     """
-    B, H, T, S, Dh, Dv = check_inputs(q, k, v, mask, scale=scale, window=window)
+    T, S = check_inputs(q, k, v, mask, scale=scale, window=window)[2:4]
+    check_kernel_inputs(q, k, v)
+    if splits is not None and (
+        isinstance(splits, bool) or not isinstance(splits, int) or splits < 1
+    ):
+        raise ValueError(f"splits must be a positive integer (or None), got {splits!r}")
+    if window is not None and not window_binds(T, S, causal=causal, window=window):
+        window = None  # a window wider than the sequence binds nothing: its rows are causal's
+    check_rows_nonempty(None if mask is None else key_wide(mask, q.device, S), causal, window, T, S)
+    return attend(q, k, v, causal=causal, mask=mask, scale=scale, window=window,
+                  return_lse=return_lse, tiles=tiles, splits=splits)  # fmt: skip
+
+
+def check_kernel_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """What these kernels can run: q, k, v of one supported dtype, heads up to
+    ``MAX_HEAD_WIDTH``, on one device of the kind Triton runs on here (a GPU, or the CPU
+    under the interpreter, without bfloat16). Plain comparisons, no device work: ``attend``
+    runs them too, since a model's dtype and device are its user's choice."""
     if not (q.dtype == k.dtype == v.dtype) or q.dtype not in SUPPORTED_DTYPES:
         raise TypeError(
             f"level 4 kernels take q, k, v of one dtype among float32, float16, bfloat16; "
             f"got {q.dtype}, {k.dtype}, {v.dtype}"
         )
+    Dh, Dv = q.shape[-1], v.shape[-1]
     if max(Dh, Dv) > MAX_HEAD_WIDTH:
         raise ValueError(f"head widths up to {MAX_HEAD_WIDTH} are supported; got Dh={Dh}, Dv={Dv}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v live on different devices: {q.device}, {k.device}, {v.device}")
-    if splits is not None and (
-        isinstance(splits, bool) or not isinstance(splits, int) or splits < 1
-    ):
-        raise ValueError(f"splits must be a positive integer (or None), got {splits!r}")
     if (q.device.type == "cuda") == interpreting():
         where = "CPU tensors (TRITON_INTERPRET=1)" if interpreting() else "CUDA tensors"
         raise ValueError(f"the Triton kernels here run on {where}; got tensors on {q.device}")
@@ -145,16 +159,39 @@ def attention(
             "bfloat16 is not emulated correctly by Triton's interpreter (its numpy "
             "arithmetic has no bfloat16), so level 4 refuses it on the CPU; use float32 or float16"
         )
+
+
+def key_wide(mask: torch.Tensor, device: torch.device, S: int) -> torch.Tensor:
+    """A mask broadcastable to ``(B,H,T,S)`` as a 4-D view on ``device`` whose last axis is
+    ``S`` wide (a ``(T, 1)`` mask, a scalar True broadcast along the keys too: stride 0),
+    since the checks and the kernel index it by key."""
+    mask = as_4d(mask.to(device))
+    return mask.expand(*mask.shape[:-1], S)
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    window: int | None = None,
+    return_lse: bool = False,
+    tiles: Tiles | None = None,
+    splits: int | None = None,
+):
+    """``attention`` on inputs it would accept, without its checks of them: the core the
+    models call (level 2's ``attend`` says what their edge has checked). What the kernels
+    can run is still checked (``check_kernel_inputs``)."""
+    check_kernel_inputs(q, k, v)
+    B, H, T, Dh = q.shape
+    S = k.shape[2]
     if window is not None and not window_binds(T, S, causal=causal, window=window):
         window = None  # a window wider than the sequence changes nothing: no bound to apply
     if mask is not None:
-        # Broadcast along the key axis too ((T, 1), a scalar True): the checks and the
-        # kernel index the mask by key, so its last axis is made S wide, as a stride-0 view.
-        mask = as_4d(mask.to(q.device))
-        mask = mask.expand(*mask.shape[:-1], S)
-    check_rows_nonempty(mask, causal, window, T, S)
-    if mask is not None:
-        mask = mask.expand(B, H, T, S)  # a view: stride 0 on every broadcast dimension
+        mask = key_wide(mask, q.device, S).expand(B, H, T, S)  # a view: stride 0 where broadcast
     scale = 1.0 / math.sqrt(Dh) if scale is None else float(scale)
     needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
     if T <= DECODE_MAX_T and not needs_grad:

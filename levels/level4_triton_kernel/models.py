@@ -22,7 +22,7 @@ import torch
 from .. import level2_torch_manual as level2
 from ..level2_torch_manual import paged
 from ..level2_torch_manual.cache import StaticKVCache
-from .flash_attention import attention
+from .flash_attention import attend
 from .fused_layer_norm import layer_norm, rms_norm
 from .paged_decode import paged_decode
 
@@ -94,7 +94,7 @@ def kernel_attention(
             "level 4's attention kernel has no attention dropout; train with "
             "config.dropout = 0.0 (the default) or use a lower level"
         )
-    return attention(q, k, v, causal=causal, mask=mask, scale=scale, window=window)
+    return attend(q, k, v, causal=causal, mask=mask, scale=scale, window=window)
 
 
 def kernel_gain(norm: level2.LayerNorm | level2.RMSNorm) -> torch.Tensor:
