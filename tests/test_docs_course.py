@@ -444,10 +444,20 @@ def test_the_reading_trace_sorts_functions_by_what_they_do():
     assert reading.kind_of("level2_torch_manual/arrays.py", "fetch") == "loading"
     assert reading.kind_of("level2_torch_manual/attention.py", "attention") == "transformer"
     assert reading.kind_of("level2_torch_manual/models.py", "_last") == "bookkeeping"
+    # A level-0 layer's __call__ is its forward; a model's hands over to its forward.
+    assert reading.kind_of("level0_loops/layers.py", "__call__") == "transformer"
+    assert reading.kind_of("level0_loops/models.py", "__call__") == "bookkeeping"
+    assert reading.kind_of("level1_numpy/ops.py", "linear") == "transformer"  # x @ W^T + b
+    assert reading.kind_of("level2_torch_manual/arrays.py", "linear") == "loading"  # nn.Linear
     counted = reading.trace("level1_numpy")
     assert set(counted.values()) == set(reading.KINDS)
     names = {(file, name) for file, name, *_ in counted}
-    assert ("level1_numpy/ops.py", "attention") in names
+    # The layers attend on checked inputs: the checked entry point is not on the model's path.
+    assert ("level1_numpy/ops.py", "attend") in names
+    assert ("level1_numpy/ops.py", "attention") not in names
+    assert ("level1_numpy/ops.py", "check_attention") not in names
+    at_level_2 = {name for file, name, *_ in reading.trace("level2_torch_manual")}
+    assert "attend" in at_level_2 and not {"attention", "check_attention"} & at_level_2
     assert ("common/boundary.py", "decode_step") in names  # the decode step was traced
     assert all(first <= last for _, _, first, last in counted)
     spans = sorted((f, a, b) for f, _, a, b in counted)
