@@ -39,18 +39,18 @@ loaded (level 3's models take ``weights=``, and ``ladder --weights``, to call
 it): every ``nn.Linear`` becomes a ``QuantizedLinear``, every other matrix
 (the fused q/k/v rows, the embedding, which is also the tied head) a
 ``QuantizedWeight`` under the same name, and the modules' ``kernels.linear``
-the product that takes either form. The model is then for inference: no
+the product that takes either form (``forms.py``). The model is then for inference: no
 gradient reaches a quantized weight, and ``state_dict()`` holds the integers
 and their scales under each matrix's name (``in_proj_weight.q``, ...).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from . import forms
 
 FORMATS = ("int8", "int4")
 GROUP_SIZES = (32, 64, 128)
@@ -217,34 +217,18 @@ class QuantizedLinear(nn.Module):
         return self.weight.linear(x, self.bias)
 
 
-def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``Kernels.linear`` of a quantized model: the packed kernel for a ``QuantizedWeight``,
-    ``F.linear`` for a float matrix."""
-    if isinstance(w, QuantizedWeight):
-        return w.linear(x, bias)
-    return F.linear(x, w, bias)
-
-
 def quantize(model: nn.Module, fmt: str, *, group_size: int = DEFAULT_GROUP_SIZE) -> nn.Module:
     """Every matrix of ``model`` in ``fmt`` (``"int8"`` or ``"int4"``), in place -> ``model``.
 
     Each ``nn.Linear`` becomes a ``QuantizedLinear``; each other 2-D parameter a
     ``QuantizedWeight`` under its own name; each module with ``kernels`` computes
-    ``kernels.linear`` with ``linear`` above. Norms, biases and the cache stay as they
-    are. Quantize a model on the device it will run on (the int4 packing is the device's).
+    ``kernels.linear`` with ``forms.linear`` (``forms.convert``). Norms, biases and the
+    cache stay as they are. Quantize a model on the device it will run on (the int4
+    packing is the device's).
     """
     check_format(fmt, group_size)
-    for module in list(model.modules()):
-        if isinstance(module, nn.Linear):
-            continue  # replaced whole by its parent, below
-        for name, child in list(module.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(module, name, QuantizedLinear(child, fmt, group_size))
-        for name, param in list(module._parameters.items()):
-            if param is not None and param.ndim == 2:
-                del module._parameters[name]  # a parameter's name may hold a module only once freed
-                module.add_module(name, QuantizedWeight(param, fmt, group_size))
-        if getattr(module, "kernels", None) is not None:
-            module.kernels = replace(module.kernels, linear=linear)
-    model.requires_grad_(False)
-    return model
+    return forms.convert(
+        model,
+        lambda linear: QuantizedLinear(linear, fmt, group_size),
+        lambda w: QuantizedWeight(w, fmt, group_size),
+    )
