@@ -20,6 +20,7 @@ from levels import level2_torch_manual as level2
 from levels import level3_sdpa_flash as level3
 from levels.common.bucketing import make_batches, pad_batch, padding_waste
 from levels.level3_sdpa_flash.attention import sdpa_mask
+from levels.level3_sdpa_flash.private import blocked_missing
 
 F64 = torch.float64
 # float64 paths differ from the reference only by summation order: ~1e-16 per
@@ -534,3 +535,87 @@ def test_quantized_model_is_close_to_its_float_model(fmt, bound):
     assert (got - want).abs().max() <= bound * want.abs().max()
     with pytest.raises(ValueError, match="weights must be one of"):
         level3.DecoderOnlyTransformer(config, params, weights="int3")
+
+
+# ----------------------------------------------------------------------------- blocked weights
+
+blocked_here = pytest.mark.skipif(
+    blocked_missing() is not None,
+    reason="this torch has no oneDNN reordered product (the refusal is tested below)",
+)
+
+
+@blocked_here
+@pytest.mark.parametrize("rows", [1, 3, 8, 40])
+def test_blocked_products_are_float_linear_to_rounding(rows):
+    """oneDNN's product by the reordered matrix against the float64 product, for a few rows
+    (the layout's 8, fewer, and a prefill's 40), with a bias, through a 3-D input; a slice of
+    rows (cross-attention's k/v) and an embedding's gather read the kept floats."""
+    from levels.level3_sdpa_flash.blocked import BlockedWeight
+
+    g = torch.Generator().manual_seed(3)
+    w, b = torch.randn(50, 96, generator=g), torch.randn(50, generator=g)
+    x = torch.randn(rows, 1, 96, generator=g)
+    blocked = BlockedWeight(w)
+    want = x.double() @ w.double().T + b.double()  # (rows, 1, 50)
+    got = blocked.linear(x, b)
+    assert got.shape == (rows, 1, 50) and got.dtype == torch.float32
+    # float32 sums of 96 products of unit normals: each term's rounding is 2^-24 of it, and
+    # the sums' of about |x||w| ~ 96; a summation order of oneDNN's own, so within 1e-4 of
+    # the exact value (measured: 4e-6), where a wrong layout is off by the values themselves.
+    assert (got.double() - want).abs().max() < 1e-4
+    part = blocked[10:34]
+    assert (part.linear(x).double() - want[..., 10:34] + b[10:34].double()).abs().max() < 1e-4
+    assert blocked[0:50] is blocked  # the whole matrix: its own layout, not a copy
+    ids = torch.tensor([[3, 7], [0, 49]])
+    assert torch.equal(blocked[ids], w[ids])
+
+
+@blocked_here
+@pytest.mark.parametrize("tied", [True, False], ids=["tied head", "own head"])
+def test_blocked_model_gives_the_float_models_logits(tied):
+    """A model with weights="blocked" against the same model in floats: a forward, a prefill
+    and a decode step of three rows; every matrix blocked, none left a float parameter."""
+    config = TransformerConfig(
+        vocab_size=64, d_model=32, n_heads=4, n_kv_heads=2, d_ff=64, n_layers=2,
+        max_seq_len=16, norm="rmsnorm", ffn="swiglu", bias=False, tie_embeddings=tied,
+    )  # fmt: skip
+    params = init_params(config, "decoder_only", seed=0)
+    base = level3.DecoderOnlyTransformer(config, params, dtype=torch.float32)
+    blocked = level3.DecoderOnlyTransformer(config, params, dtype=torch.float32, weights="blocked")
+    assert not any(p.ndim == 2 for p in blocked.parameters())
+    assert {type(m).__name__ for m in blocked.modules()} >= {"BlockedWeight", "BlockedLinear"}
+    ids = torch.tensor([[1, 5, 9, 2, 33, 7], [4, 4, 8, 1, 0, 63], [2, 3, 5, 7, 11, 13]])
+    with torch.no_grad():
+        # float32 products summed in another order: rounding of a few 2^-24 of the logits'
+        # size through two layers (measured: under 1e-6), where a transposed or misplaced
+        # matrix changes them by their own size.
+        assert (blocked(ids) - base(ids)).abs().max() < 1e-5
+        _, cache_a = base.prefill(ids)
+        _, cache_b = blocked.prefill(ids)
+        step = torch.tensor([3, 9, 27])
+        assert (
+            blocked.decode_step(step, cache_b) - base.decode_step(step, cache_a)
+        ).abs().max() < 1e-5
+
+
+def test_blocked_weights_are_refused_where_they_cannot_run():
+    """float64 and CUDA (oneDNN's product is float32 on a CPU) and the compiled step, each one
+    line before any weight is loaded; the floats of an nn.Linear are not kept."""
+    from levels.level3_sdpa_flash import blocked, private
+
+    config = TransformerConfig(vocab_size=11, d_model=8, n_heads=2, d_ff=16, n_layers=1)
+    params = init_params(config, "decoder_only", seed=0)
+    if private.blocked_missing() is not None:
+        with pytest.raises(ValueError, match="oneDNN"):
+            level3.DecoderOnlyTransformer(config, params, weights="blocked")
+        return
+    with pytest.raises(ValueError, match="float32 on a CPU"):
+        level3.DecoderOnlyTransformer(config, params, dtype=torch.float64, weights="blocked")
+    with pytest.raises(ValueError, match="float32 on a CPU"):
+        blocked.check_blockable(torch.float32, "cuda")
+    with pytest.raises(ValueError, match="compiled step"):
+        level3.DecoderOnlyTransformer(config, params, weights="blocked", compile=True)
+    linear = blocked.BlockedLinear(torch.nn.Linear(8, 4))
+    with pytest.raises(ValueError, match="kept no floats"):
+        linear.weight[torch.tensor([0])]

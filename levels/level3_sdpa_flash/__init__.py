@@ -20,7 +20,9 @@ re-parameterised through its ``Kernels`` hook; no code is copied):
 - the norms are PyTorch's fused ``F.layer_norm`` and ``F.rms_norm`` (one call
   each instead of level 2's six operations, which a decode step pays 61 times);
 - ``weights="int8"`` holds a model's matrices in int8 with a scale per row
-  (``quant.py``): a quarter of the bytes a decode step reads.
+  (``quant.py``): a quarter of the bytes a decode step reads; ``"int4"`` an
+  eighth; ``"blocked"`` keeps float32 in oneDNN's layout for a few rows at once
+  (``blocked.py``): a server's step of several requests at about one row's cost.
 
 ``FeedForward`` and ``merge_attention`` are level 2's unchanged (declared in
 ``models.py``, so every rung names its pieces in its own files). Length

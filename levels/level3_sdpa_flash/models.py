@@ -23,7 +23,7 @@ from .. import level2_torch_manual as level2
 from ..level2_torch_manual import Kernels
 from ..level2_torch_manual.arrays import row_major
 from ..level2_torch_manual.cache import StaticKVCache
-from . import compiled, quant
+from . import blocked, compiled, quant
 from .attention import attend, check_backend
 
 
@@ -70,22 +70,28 @@ class _ChoosesBackend:
         self.backend = backend
 
 
-WEIGHT_FORMATS = ("float", *quant.FORMATS)
+WEIGHT_FORMATS = ("float", "blocked", *quant.FORMATS)
 
 
 class _Quantizable(_ChoosesBackend):
-    """Adds ``weights=`` to a model: ``"float"`` (the dtype's, the default), ``"int8"`` or
+    """Adds ``weights=`` to a model: ``"float"`` (the dtype's, the default), ``"blocked"``
+    (float32 in oneDNN's layout for products of a few rows: ``blocked.py``), ``"int8"`` or
     ``"int4"`` (in groups of ``group_size``): the model is built in floats, then
-    ``quant.quantize`` turns its matrices into the format, once (inference only)."""
+    ``blocked.block`` or ``quant.quantize`` turns its matrices into the form, once
+    (inference only)."""
 
     def __init__(self, *args, weights: str = "float", group_size: int = 32, **kwargs):
         if weights not in WEIGHT_FORMATS:
             raise ValueError(f"weights must be one of {WEIGHT_FORMATS}, got {weights!r}")
-        if weights != "float":
-            quant.check_format(weights, group_size)  # before any weight is loaded
+        if weights == "blocked":  # before any weight is loaded
+            blocked.check_blockable(kwargs.get("dtype"), kwargs.get("device"))
+        elif weights != "float":
+            quant.check_format(weights, group_size)
         super().__init__(*args, **kwargs)
         self.weights, self.group_size = weights, group_size
-        if weights != "float":
+        if weights == "blocked":
+            blocked.block(self)
+        elif weights != "float":
             quant.quantize(self, weights, group_size=group_size)
 
 
@@ -120,6 +126,11 @@ class DecoderOnlyTransformer(_Quantizable, level2.DecoderOnlyTransformer):
     kernels = KERNELS
 
     def __init__(self, *args, compile: bool = False, **kwargs):
+        if compile and kwargs.get("weights") == "blocked":
+            raise ValueError(
+                "weights='blocked' is for eager steps of several rows; the compiled step "
+                "(compile=True) makes its own products from float weights"
+            )
         with row_major() if compile else contextlib.nullcontext():  # the compiled step's layout
             super().__init__(*args, **kwargs)
         self.compiled_decode = compile

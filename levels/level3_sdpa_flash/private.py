@@ -1,6 +1,6 @@
 """The private PyTorch APIs level 3 uses: the one place, why each, and what it costs.
 
-Level 3's rung is one public call, ``F.scaled_dot_product_attention``. Two things
+Level 3's rung is one public call, ``F.scaled_dot_product_attention``. Three things
 the ladder asks of it have no public API in torch 2.13, and each is reached here
 and nowhere else in the level:
 
@@ -31,6 +31,20 @@ and nowhere else in the level:
   returns PyTorch's default order (what torch 2.13 reports until a caller
   changes it: flash, efficient, math, cudnn): ``which_backend`` keeps working,
   and can be wrong only inside a ``set_priority=True`` block.
+
+* **oneDNN's product with weights reordered beforehand** (``weights="blocked"``,
+  ``blocked.py``: a server's decode step of a few rows). ``F.linear`` on a CPU is a
+  BLAS GEMM; ``torch.ops.mkldnn._reorder_linear_weight`` lays a float32 matrix out
+  once in oneDNN's blocked format for a given number of rows, and
+  ``torch.ops.mkldnn._linear_pointwise`` multiplies by it: the pair Inductor emits
+  for a frozen float32 ``nn.Linear``. The public route, ``torch.utils.mkldnn.to_mkldnn``,
+  converts the activations at every call and takes no number of rows, and measured
+  slower than ``F.linear`` (blocked.py gives the figures).
+
+  What it costs: the same lack of promise. Without the ops (or without oneDNN),
+  ``blocked_missing()`` says so in a line and ``weights="blocked"`` is refused
+  with it; float weights are unaffected. The level-3 tests of ``"blocked"``
+  compare its products and a model's logits with ``F.linear``'s.
 """
 
 from __future__ import annotations
@@ -89,3 +103,24 @@ def priority_order() -> list[SDPBackend]:
         return [SDPBackend(i) for i in read()]
     except (TypeError, ValueError):  # a changed return value: the documented default
         return list(DEFAULT_ORDER)
+
+
+def blocked_missing() -> str | None:
+    """Why oneDNN's reordered float32 product cannot run here, or None when it can."""
+    if not torch.backends.mkldnn.is_available():
+        return f"torch {torch.__version__} was built without oneDNN (mkldnn)"
+    for name in ("_reorder_linear_weight", "_linear_pointwise"):
+        if not hasattr(torch.ops.mkldnn, name):
+            return f"torch {torch.__version__} has no private mkldnn::{name}"
+    return None
+
+
+def blocked_reorder(w: torch.Tensor, rows: int) -> torch.Tensor:
+    """``w (out, in)`` float32 reordered into oneDNN's blocked layout for products of
+    about ``rows`` rows: an opaque tensor that only ``blocked_linear`` reads."""
+    return torch.ops.mkldnn._reorder_linear_weight(w.detach(), rows)
+
+
+def blocked_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None):
+    """``x (..., in) @ w.T + bias`` -> ``(..., out)`` from ``blocked_reorder``'s ``w``."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
