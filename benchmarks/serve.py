@@ -3,7 +3,8 @@
 Two servers (level 3, SmolLM2, float32, one thread) on 127.0.0.1 and a free port,
 started and stopped here, one after the other: ``--max-batch 1 --compile`` (one
 request at a time, the compiled decode step) and ``--max-batch 8`` (continuous
-batching, a batch decoded eagerly). Every request of the timed runs is greedy, and its
+batching, a batch decoded eagerly, its matrices in oneDNN's layout for a few rows:
+serve's default, ``--weights blocked``). Every request of the timed runs is greedy, and its
 answer is checked against the same request asked alone first, on the same server:
 
 * ``clients=1`` (both servers) and ``clients=8`` (the batching one): eight requests of
@@ -121,7 +122,11 @@ def _record(
         error_of="answers != alone",
         error_bound=0.0,
         description="level 3, SmolLM2, float32, 1 thread"
-        + (", its decode step compiled" if level == COMPILED else ", a batch decoded eagerly"),
+        + (
+            ", its decode step compiled"
+            if level == COMPILED
+            else ", a batch decoded eagerly (serve's default weights: blocked, where oneDNN runs)"
+        ),
         note=(
             f"wait + first token p50 {np.percentile(waits, 50):.2f} s, p99 "
             f"{np.percentile(waits, 99):.2f} s; decode {np.median(per_request):.1f} tok/s a request"

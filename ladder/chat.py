@@ -168,7 +168,7 @@ def build(
         return level.DecoderOnlyTransformer(config, params, **kwargs)
 
 
-def _level3_options(level, args) -> tuple[str, bool]:
+def _level3_options(level, args, dtype: str) -> tuple[str, bool]:
     """``(weights, compile)`` for this level: both level 3's alone. ``ladder chat`` compiles
     by default (``--no-compile``: eager), which pays once and then at every answer;
     ``ladder generate`` compiles when asked (``--compile``): one continuation rarely
@@ -184,6 +184,20 @@ def _level3_options(level, args) -> tuple[str, bool]:
         if asked:
             raise UsageError("--compile is level 3's (--level 3)")
         return "float", False
+    if weights == "blocked":  # products of several rows, eager; the compiled step has its own
+        if asked:
+            raise UsageError(
+                "--weights blocked is for eager steps of several rows (ladder serve's "
+                "batches); the compiled step (--compile) makes its own products"
+            )
+        import torch
+
+        from levels.level3_sdpa_flash.blocked import refusal
+
+        reason = refusal(getattr(torch, dtype), args.device)
+        if reason is not None:
+            raise UsageError(f"--weights blocked {reason}")
+        return weights, False
     if asked is None:  # chat's default, unless LADDER_COMPILE=0 says otherwise
         chatty = args.command in ("chat", "serve")  # many answers repay one compile
         return weights, chatty and os.environ.get("LADDER_COMPILE") != "0"
@@ -231,6 +245,7 @@ def load(args: argparse.Namespace, *, chat: bool) -> Loaded:
         )
     level = levels.load(args.level)
     dtype = _dtype(level, args.dtype)
+    weights, compile = _level3_options(level, args, dtype)
     kind, path = _source(args)
     _check_inputs(kind, args, chat=chat)
     if kind == "checkpoint":
@@ -258,7 +273,6 @@ def load(args: argparse.Namespace, *, chat: bool) -> Loaded:
     if level.__name__.endswith("level0_loops"):
         _warn_level0(config)
     stops.add(config.eos_id)
-    weights, compile = _level3_options(level, args)
     model = build(
         level, config, params, dtype, args.device, weights=weights, compile=compile, owned=True
     )

@@ -428,10 +428,12 @@ def _level3_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--weights",
-        choices=("float", "int8", "int4"),
-        default="float",
+        choices=("float", "blocked", "int8", "int4"),
+        default=None,
         help="level 3: the matrices in int8 or int4 (weight-only, in groups of 32; "
-        "PyTorch's packed kernels), or the dtype's floats (default)",
+        "PyTorch's packed kernels), float32 in oneDNN's layout for a few rows at once "
+        "(blocked: ladder serve's default for a batch on a CPU), or the dtype's floats "
+        "(the default otherwise)",
     )
 
 

@@ -3,7 +3,9 @@
 The model loads as ``ladder chat`` loads it (``--model``, ``--level``, ``--dtype``,
 ``--context``, level 3's ``--weights``). Up to ``--max-batch`` requests (8) are decoded
 together, a row each in every step, eagerly, over a paged KV cache of ``--blocks``
-blocks with prefix caching (``serving.engine``); ``--max-batch 1`` decodes one request at a
+blocks with prefix caching (``serving.engine``), and at level 3 in float32 on a CPU with
+the matrices in oneDNN's layout for a few rows (``--weights blocked``, unless
+``--weights`` says otherwise); ``--max-batch 1`` decodes one request at a
 time, and at level 3 with the compiled step (compiled, or loaded from the cache, before
 the first request). Then uvicorn serves ``serving.api`` on ``--host`` (127.0.0.1 by
 default: this machine only) and ``--port`` until Ctrl-C. Sampling is each request's
@@ -43,6 +45,8 @@ def serve(args: argparse.Namespace) -> int:
         raise UsageError("--blocks is the cache a batch shares: give --max-batch 2 or more")
     if args.max_batch > 1:
         args.compile = False  # the compiled step is for one row; a batch decodes eagerly
+        if args.weights is None and _blocked_fits(args):
+            args.weights = "blocked"  # oneDNN's product of a few rows: about one row's time
     loaded = load(args, chat=True)
     threads = _threads(args)
     with threads.limit():  # the step is compiled for the threads the engine will decode with
@@ -59,9 +63,10 @@ def serve(args: argparse.Namespace) -> int:
     batch = "one at a time"
     if engine.pool is not None:
         pool = engine.pool
+        blocked = ", matrices blocked for oneDNN" if args.weights == "blocked" else ""
         batch = (
             f"up to {engine.max_batch} requests at once over {pool.blocks} KV blocks of "
-            f"{pool.block_size} positions ({pool.nbytes / 2**20:.0f} MiB)"
+            f"{pool.block_size} positions ({pool.nbytes / 2**20:.0f} MiB){blocked}"
         )
     print(
         f"serving {loaded.name} at {loaded.level.__name__.rsplit('.', 1)[-1]}, {batch} "
@@ -71,6 +76,18 @@ def serve(args: argparse.Namespace) -> int:
     )
     uvicorn.run(server.app(), host=args.host, port=args.port, log_level="warning")
     return 0
+
+
+def _blocked_fits(args: argparse.Namespace) -> bool:
+    """Whether a batch's matrices go in oneDNN's blocked layout by default: level 3, float32,
+    on a CPU, with oneDNN's ops in this torch (levels/level3_sdpa_flash/blocked.py)."""
+    import levels
+
+    if levels.level_name(args.level) != "level3_sdpa_flash" or args.dtype not in (None, "float32"):
+        return False
+    from levels.level3_sdpa_flash.blocked import refusal
+
+    return refusal(None, args.device) is None
 
 
 def _check_address(host: str, port: int) -> None:

@@ -305,6 +305,38 @@ def test_blocks_without_a_batch_is_one_line_before_the_model_loads(capsys):
     assert time.monotonic() - start < 5  # refused before any model loads
 
 
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["chat", "--weights", "blocked", "--compile"], "--compile"),
+        (["chat", "--weights", "blocked", "--dtype", "float64"], "float32 on a CPU"),
+        (["generate", "--weights", "blocked", "--level", "2"], "level 3"),
+    ],
+    ids=["with the compiled step", "float64", "level 2"],
+)
+def test_blocked_weights_misused_is_one_line_before_the_model_loads(argv, says, capsys):
+    start = time.monotonic()
+    assert ladder([*argv, "-p", "Hi"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--weights blocked" in err and says in err
+    assert time.monotonic() - start < 5  # refused before any model loads
+
+
+def test_serve_blocks_a_float32_batch_at_level_3_on_a_cpu_by_default():
+    """``ladder serve``'s default weights for a batch: blocked where oneDNN's product runs
+    (level 3, float32, a CPU), floats everywhere else; ``--weights`` overrides it."""
+    from ladder.cli import build_parser
+    from ladder.serve import _blocked_fits
+    from levels.level3_sdpa_flash.private import blocked_missing
+
+    def fits(*flags: str) -> bool:
+        return _blocked_fits(build_parser().parse_args(["serve", *flags]))
+
+    assert fits() == (blocked_missing() is None)  # level 3, float32, cpu: the defaults
+    assert not fits("--level", "2")
+    assert not fits("--dtype", "bfloat16")
+
+
 # ----------------------------------------------------------------------------- batching
 
 

@@ -2,7 +2,7 @@
 
     python docs/tools/decode_profile.py            # one thread
     python docs/tools/decode_profile.py --threads 2
-    python docs/tools/decode_profile.py --layouts   # the weights alone, three ways
+    python docs/tools/decode_profile.py --layouts   # the weights alone, four ways [--rows 8]
     python docs/tools/decode_profile.py --compiled  # level 3 compiled, per weight format
 
 For SmolLM2-135M-Instruct in float32 (``ladder pull`` first), a 37-token chat
@@ -20,12 +20,14 @@ prompt prefilled, then per level:
 * ``copy``: the bytes read plus written per second by one large tensor copy, the
   ceiling the benchmark's "% bw" divides by.
 
-``--layouts`` times level 3's matrices alone, multiplied by one row three ways:
+``--layouts`` times level 3's matrices alone, multiplied by one row four ways:
 row-major ``(out, in)`` through ``F.linear`` (as ``nn.Linear`` holds them, and
 ``transformers`` with them), in level 3's layout (each along its longer side)
 through ``F.linear``, and cut into two blocks of output columns multiplied by one
 ``torch.bmm`` (which PyTorch spreads over two threads; its one-row ``F.linear``
-does not).
+does not); and, where this torch has oneDNN's reordered product, in its blocked
+layout for eight rows (level 3's ``weights="blocked"``, a server's batch). ``--rows N``
+multiplies ``N`` rows at once, as a batch of ``N`` requests does.
 
 Timings are medians of repeated runs on a shared machine: compare the rows of
 one run, not runs.
@@ -151,23 +153,31 @@ def profile_level(level: str, config, params, ids, repeats: int) -> dict:
     }
 
 
-def layouts(config, params, repeats: int) -> dict[str, float]:
-    """GB/s of level 3's matrices multiplied by one row, per layout (``--layouts``)."""
+def layouts(config, params, repeats: int, rows: int = 1) -> dict[str, tuple[float, float]]:
+    """``(ms, GB/s)`` of level 3's matrices multiplied by ``rows`` rows, per layout
+    (``--layouts``; ``--rows``: a server's batch, one row each)."""
+    from levels.level3_sdpa_flash import blocked, private
+
     model = levels.load("level3_sdpa_flash").DecoderOnlyTransformer(config, params)
     mats = [w.detach() for w in _matrices(model, "level3_sdpa_flash")]
     nbytes = sum(w.numel() * 4 for w in mats)
-    xs = {n: torch.randn(1, n) for n in (config.d_model, config.d_ff)}
+    xs = {n: torch.randn(rows, n) for n in (config.d_model, config.d_ff)}
     row_major = [w.contiguous() for w in mats]
     # (2, in, out / 2): block j holds output columns j * out/2 ... as an (in, out/2) matrix
     blocks = [w.t().reshape(w.shape[1], 2, -1).permute(1, 0, 2).contiguous() for w in mats]
-    xb = {n: x.expand(2, 1, n) for n, x in xs.items()}
+    xb = {n: x.expand(2, rows, n) for n, x in xs.items()}
     calls = {
         "row-major, F.linear": lambda: [F.linear(xs[w.shape[1]], w) for w in row_major],
         "level 3's layout, F.linear": lambda: [F.linear(xs[w.shape[1]], w) for w in mats],
         "two column blocks, torch.bmm": lambda: [torch.bmm(xb[b.shape[1]], b) for b in blocks],
     }
+    if private.blocked_missing() is None:  # weights="blocked": oneDNN's reordered product
+        reordered = [blocked.BlockedWeight(w, floats=False) for w in mats]
+        name = f"oneDNN's layout for {blocked.ROWS} rows (weights='blocked')"
+        calls[name] = lambda: [w.linear(xs[w.in_features]) for w in reordered]
     with torch.no_grad():
-        return {name: nbytes / _median_s(call, repeats) / 1e9 for name, call in calls.items()}
+        times = {name: _median_s(call, repeats) for name, call in calls.items()}
+    return {name: (1e3 * t, nbytes / t / 1e9) for name, t in times.items()}
 
 
 def copy_gbs(repeats: int = 10) -> float:
@@ -231,7 +241,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--layouts", action="store_true", help="the weights alone, three ways")
+    parser.add_argument("--layouts", action="store_true", help="the weights alone, four ways")
+    parser.add_argument("--rows", type=int, default=1, help="with --layouts: rows multiplied")
     parser.add_argument(
         "--compiled", action="store_true", help="level 3 compiled and eager, per weight format"
     )
@@ -257,10 +268,10 @@ def main() -> None:
                 print(f"|   {r['report']}; a step runs {calls} | | | | | |")
             return
         if args.layouts:
-            print("| one row times every weight | GB/s |")
-            print("| --- | ---: |")
-            for name, gbs in layouts(config, params, args.repeats).items():
-                print(f"| {name} | {gbs:.1f} |")
+            print(f"| {args.rows} row(s) times every weight | time | GB/s |")
+            print("| --- | ---: | ---: |")
+            for name, (ms, gbs) in layouts(config, params, args.repeats, args.rows).items():
+                print(f"| {name} | {ms:.1f} ms | {gbs:.1f} |")
             return
         print("| level | step | weights | their rate | rest | tensor ops | tokens/s |")
         print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
