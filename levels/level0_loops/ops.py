@@ -351,17 +351,7 @@ def attention(
     return attend(q, k, v, **kw, return_lse=return_lse)
 
 
-def attend(
-    q: Nested,
-    k: Nested,
-    v: Nested,
-    *,
-    causal: bool = False,
-    mask: Nested | None = None,
-    scale: float | None = None,
-    window: int | None = None,
-    return_lse: bool = False,
-) -> Nested:
+def attend(q, k, v, *, causal=False, mask=None, scale=None, window=None, return_lse=False):
     """``attention`` on inputs it would accept, unchecked: the core the models call (on
     inputs their edge has checked). A row with no key is still refused, where its empty
     list of keys is found."""

@@ -160,17 +160,8 @@ def attention(
 
 
 def attend(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    causal: bool = False,
-    mask: torch.Tensor | None = None,
-    scale: float | None = None,
-    window: int | None = None,
-    return_lse: bool = False,
-    dropout_p: float = 0.0,
-):
+    q, k, v, *, causal=False, mask=None, scale=None, window=None, return_lse=False, dropout_p=0.0
+):  # the arguments of ``attention``, which types them
     """``attention`` on inputs it would accept, unchecked: the core the models call.
 
     A model's edge has checked what reaches it (token ids, ``valid``, the config's

@@ -266,19 +266,10 @@ def attention(
                   return_lse=return_lse, dropout_p=dropout_p, backend=backend)  # fmt: skip
 
 
-def attend(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    causal: bool = False,
-    mask: torch.Tensor | None = None,
-    scale: float | None = None,
-    window: int | None = None,
-    return_lse: bool = False,
-    dropout_p: float = 0.0,
-    backend: str = "auto",
-):
+# fmt: off
+def attend(q, k, v, *, causal=False, mask=None, scale=None, window=None, return_lse=False,
+           dropout_p=0.0, backend="auto"):  # the arguments of ``attention``, which types them
+    # fmt: on
     """``attention`` on inputs it would accept, unchecked: the core the models call
     (level 2's ``attend`` says what their edge has checked)."""
     T, S = q.shape[-2], k.shape[-2]

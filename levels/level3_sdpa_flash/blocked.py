@@ -57,7 +57,7 @@ def check_blockable(dtype: torch.dtype | None, device) -> None:
         raise ValueError(f"weights='blocked' {reason}; use weights='float'")
 
 
-class BlockedWeight(nn.Module):
+class BlockedWeight(forms.Weight):
     """A float32 matrix ``(out, in)`` in oneDNN's blocked layout, multiplied by ``linear``.
 
     With ``floats`` it also keeps the matrix as it was (buffer ``weight``), which a gather
@@ -71,14 +71,6 @@ class BlockedWeight(nn.Module):
         self.register_buffer("weight", w.detach() if floats else None)
         self._layout = private.blocked_reorder(w, rows)  # opaque: only oneDNN's product reads it
         self._slices: dict[tuple[int, int], BlockedWeight] = {}
-
-    @property
-    def shape(self) -> torch.Size:
-        return torch.Size((self.out_features, self.in_features))
-
-    @property
-    def ndim(self) -> int:
-        return 2
 
     def __getitem__(self, index):
         """A slice of rows as a ``BlockedWeight`` of them; a gather (ids) as floats."""

@@ -19,6 +19,23 @@ import torch.nn.functional as F
 from torch import nn
 
 
+class Weight(nn.Module):
+    """A matrix ``(out, in)`` held in another form, in place of a parameter: it reads as a
+    tensor where the modules read a weight's shape; each form adds its product,
+    ``linear(x, bias=None)``."""
+
+    out_features: int
+    in_features: int
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.out_features, self.in_features))
+
+    @property
+    def ndim(self) -> int:
+        return 2
+
+
 def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``Kernels.linear`` of a converted model: a weight of another form multiplies by its
     own product (``w.linear``), a float matrix by ``F.linear``."""

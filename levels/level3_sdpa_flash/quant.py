@@ -65,7 +65,7 @@ def check_format(fmt: str, group_size: int = DEFAULT_GROUP_SIZE) -> None:
         raise ValueError(f"int4 group_size must be one of {GROUP_SIZES}, got {group_size!r}")
 
 
-class QuantizedWeight(nn.Module):
+class QuantizedWeight(forms.Weight):
     """A matrix ``(out, in)`` in ``"int8"`` or ``"int4"``; ``compute`` is the float dtype of
     the model (what a gather of rows returns), ``act`` the 16-bit dtype the kernels take
     (the model's, or bfloat16), in which the scales are kept: the kernels multiply by them
@@ -123,14 +123,6 @@ class QuantizedWeight(nn.Module):
         else:
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
         self.register_buffer("packed", packed)
-
-    @property
-    def shape(self) -> torch.Size:
-        return torch.Size((self.out_features, self.in_features))
-
-    @property
-    def ndim(self) -> int:
-        return 2
 
     def values(self, rows=slice(None)) -> torch.Tensor:
         """The integers ``(out, in)`` (or those ``rows``): int8 as they are, int4 unpacked to

@@ -169,19 +169,10 @@ def key_wide(mask: torch.Tensor, device: torch.device, S: int) -> torch.Tensor:
     return mask.expand(*mask.shape[:-1], S)
 
 
-def attend(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    causal: bool = False,
-    mask: torch.Tensor | None = None,
-    scale: float | None = None,
-    window: int | None = None,
-    return_lse: bool = False,
-    tiles: Tiles | None = None,
-    splits: int | None = None,
-):
+# fmt: off
+def attend(q, k, v, *, causal=False, mask=None, scale=None, window=None, return_lse=False,
+           tiles=None, splits=None):  # the arguments of ``attention``, which types them
+    # fmt: on
     """``attention`` on inputs it would accept, without its checks of them: the core the
     models call (level 2's ``attend`` says what their edge has checked). What the kernels
     can run is still checked (``check_kernel_inputs``)."""
