@@ -30,7 +30,7 @@ step's mask to its own arrays once, and computes. The rules:
   their keys and values, and only ``commit`` makes the step count, so a step
   that fails half-way leaves the cache as it was.
 * **Layers of several kinds.** Layers with different windows (Gemma 3's local
-  and global ones) see different keys: ``plan_layers`` gives a step per
+  and global ones) see different keys: a model's ``_plan`` gives a step per
   distinct window, each mask built once per pass, shared by its layers.
 """
 
@@ -48,13 +48,6 @@ Rows = list[list[bool]]  # (B, T) booleans as plain lists
 
 
 # ----------------------------------------------------------------------------- inputs
-
-
-def check_ids(facts: tuple, vocab_size: int, *, what: str = "tokens", ndim: int = 2) -> None:
-    """Token ids, from ``facts = (shape, kind, dtype, bounds)`` a level reads off its own array
-    (``bounds()`` gives ``(min, max)``, called only once shape and dtype are right)."""
-    shape, kind, dtype, bounds = facts
-    checks.check_token_ids(shape, kind, dtype, bounds, vocab_size, what=what, ndim=ndim)
 
 
 def rows(valid: Any, shape: Sequence[int], is_bool: bool, *, what: str = "valid") -> Rows:
@@ -150,37 +143,22 @@ def plan(
 ) -> Step:
     """The ``Step`` of ``valid (B,T)`` new tokens: after ``cache``'s filled slots, or alone
     starting at ``position_offset`` (a shard of a longer sequence)."""
-    T = len(valid[0])
     if cache is None:
-        return Step(valid, 0, position_offset, window, key_mask(valid, T, window))
-    if not cache.padded and all_real(valid):  # every key real: nothing to mask (a decode step)
-        return Step(valid, cache.length, cache.position_offset(), window, None)
+        return Step(valid, 0, position_offset, window, key_mask(valid, len(valid[0]), window))
+    if cache.padded or not all_real(valid):
+        return _after_padding(valid, window, cache)
+    return Step(valid, cache.length, cache.position_offset(), window, None)  # every key real
+
+
+def _after_padding(valid: Rows, window: int | None, cache: CacheBook) -> Step:
+    """``plan``'s step when some key, cached or new, is padding: a mask of the real keys, by
+    position under a window once the cache is ragged (``window_by_position``)."""
     keys = [old + new for old, new in zip(cache.valid, valid, strict=True)]  # (B, past + T)
+    T = len(valid[0])
     if cache.ragged and window is not None:
         mask = window_by_position(keys, T, window)
         return Step(valid, cache.length, cache.position_offset(), None, mask)
     return Step(valid, cache.length, cache.position_offset(), window, key_mask(keys, T, window))
-
-
-def plan_layers(
-    valid: Rows,
-    *,
-    windows: Sequence[int | None],
-    cache: CacheBook | None = None,
-    position_offset: int = 0,
-) -> dict[int | None, Step]:
-    """A model's pass: one ``Step`` per distinct window among its layers' ``windows``
-    (``config.layer_windows``), planned as ``plan`` plans one.
-
-    The layers of one window share its step, so each mask is built once per pass,
-    not once per layer: Gemma 3's local and global layers need two, a model with
-    one window for every layer one. The steps differ only in ``window`` and
-    ``mask``; their tokens, positions and cache length are the same.
-    """
-    return {
-        w: plan(valid, window=w, cache=cache, position_offset=position_offset)
-        for w in dict.fromkeys(windows)
-    }
 
 
 # ----------------------------------------------------------------------------- the cache
@@ -262,7 +240,8 @@ class _Edge:
     A level's model class puts this first among its bases and supplies the rest,
     which is where the levels differ (their arrays, their arithmetic):
 
-    - ``_ids(tokens, what, ndim)``: ``tokens`` checked (``check_ids``), as the level's ids;
+    - ``_ids(tokens, what, ndim)``: ``tokens`` checked (``checks.check_token_ids``), as the
+      level's ids;
     - ``_rows(ids, valid, what)``: ``valid`` as checked ``Rows`` (``rows``);
     - ``_mask(step)``: ``step.mask`` in the level's arrays, or None;
     - ``_zero_padded(logits (B,T,V), rows)``: the logits, zero at the padded positions;
@@ -274,9 +253,11 @@ class _Edge:
     """
 
     def _plan(self, rows_: Rows, **where) -> dict[int | None, Step]:
-        """The pass over ``rows_ (B,T)``: a step per distinct window of the layers; ``where``
-        is ``cache=`` or ``position_offset=`` (``plan_layers``)."""
-        return plan_layers(rows_, windows=self.config.layer_windows, **where)
+        """The pass over ``rows_ (B,T)``: a ``Step`` per distinct window among the layers
+        (``config.layer_windows``: Gemma 3's local and global layers need two, most models
+        one), each mask built once per pass for every layer of its window; ``where`` is
+        ``cache=`` or ``position_offset=`` (``plan``)."""
+        return {w: plan(rows_, window=w, **where) for w in dict.fromkeys(self.config.layer_windows)}
 
     def _sees(self, steps: dict) -> dict:
         """What each layer's queries may see: ``{window: (mask, window by slot)}``, each mask in

@@ -15,7 +15,7 @@ window of the layers, ``config.layer_windows``); the small methods of
 
 from __future__ import annotations
 
-from ..common import boundary
+from ..common import boundary, checks
 from ..common.params import check_params, param_shapes
 from .layers import DecoderLayer, EncoderLayer, Module, Native, norm_class
 
@@ -86,9 +86,8 @@ class _Model(Module):
 
     def _ids(self, tokens, what: str = "tokens", ndim: int = 2):
         """``tokens`` checked (``ndim`` axes, none empty, every id in ``[0, V)``), as the level's."""
-        boundary.check_ids(
-            self.ops.token_facts(tokens), self.config.vocab_size, what=what, ndim=ndim
-        )
+        facts = self.ops.token_facts(tokens)  # (shape, kind, dtype, bounds)
+        checks.check_token_ids(*facts, self.config.vocab_size, what=what, ndim=ndim)
         return tokens
 
     def _rows(self, ids, valid, what: str = "valid") -> boundary.Rows:

@@ -57,7 +57,7 @@ def _element_type(x: Nested) -> str:
 
 
 def token_facts(x: Nested) -> tuple:
-    """``(shape, kind, dtype, bounds)`` of token ids for ``levels.common.boundary.check_ids``:
+    """``(shape, kind, dtype, bounds)`` of token ids for ``levels.common.checks.check_token_ids``:
     numpy's one-letter kind of the leaves (``"i"`` ints, ``"f"`` floats, ``"b"`` bools)."""
     x = x.tolist() if hasattr(x, "tolist") else x  # a numpy array handed to level 0
     shape = _shape(x)

@@ -21,7 +21,7 @@ from .convert import asarray, to_numpy  # noqa: F401  (the pieces load parameter
 
 
 def token_facts(x) -> tuple:
-    """``(shape, kind, dtype, bounds)`` of token ids for ``levels.common.boundary.check_ids``."""
+    """``(shape, kind, dtype, bounds)`` of token ids for ``levels.common.checks.check_token_ids``."""
     x = np.asarray(x)
     return x.shape, x.dtype.kind, x.dtype, lambda: (int(x.min()), int(x.max()))
 

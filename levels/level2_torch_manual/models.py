@@ -18,7 +18,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from ..common import boundary
+from ..common import boundary, checks
 from ..common.config import TransformerConfig
 from ..common.params import check_params, param_shapes
 from .arrays import asarray, dtype_kind, fetch, to_numpy
@@ -90,7 +90,7 @@ class _Model(nn.Module):
             return int(lo), int(hi)
 
         facts = (tokens.shape, dtype_kind(tokens.dtype), tokens.dtype, bounds)
-        boundary.check_ids(facts, self.config.vocab_size, what=what, ndim=ndim)
+        checks.check_token_ids(*facts, self.config.vocab_size, what=what, ndim=ndim)
         return tokens.to(device=self.device, dtype=torch.long)
 
     def _rows(self, tokens: torch.Tensor, valid, what: str = "valid") -> boundary.Rows:
