@@ -449,6 +449,9 @@ def test_the_reading_trace_sorts_functions_by_what_they_do():
     assert reading.kind_of("level0_loops/models.py", "__call__") == "bookkeeping"
     assert reading.kind_of("level1_numpy/ops.py", "linear") == "transformer"  # x @ W^T + b
     assert reading.kind_of("level2_torch_manual/arrays.py", "linear") == "loading"  # nn.Linear
+    assert reading.kind_of("level2_torch_manual/models.py", "_decoder") == "bookkeeping"
+    assert reading.kind_of("level2_torch_manual/models.py", "compute") == "transformer"
+    assert reading.kind_of("level0_loops/models.py", "_decoder") == "transformer"
     counted = reading.trace("level1_numpy")
     assert set(counted.values()) == set(reading.KINDS)
     names = {(file, name) for file, name, *_ in counted}
