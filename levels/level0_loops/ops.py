@@ -356,11 +356,11 @@ def attend(q, k, v, *, causal=False, mask=None, scale=None, window=None, return_
     inputs their edge has checked). A row with no key is still refused, where its empty
     list of keys is found."""
     B, H, T, Dh = _shape(q)
-    Hkv, S, Dv = len(k[0]), len(k[0][0]), len(v[0][0][0])
+    S, Dv = len(k[0][0]), len(v[0][0][0])
     read_mask = None if mask is None else _mask_reader(mask, (B, H, T, S))
     if scale is None:
         scale = 1.0 / math.sqrt(Dh)
-    group = H // Hkv  # query heads per key/value head
+    group = checks.group_size(_shape(q), _shape(k))  # query heads per key/value head
 
     out, lse = [], []
     for b in range(B):

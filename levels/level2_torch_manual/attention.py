@@ -19,6 +19,7 @@ from ..common.checks import (
     check_mask,
     check_scale,
     check_window,
+    group_size,
 )
 from ..common.semantics import causal_binds, causal_offset, rows_without_keys, window_binds
 from .arrays import dtype_kind
@@ -171,7 +172,7 @@ def attend(
     T, S, Dh = q.shape[-2], k.shape[-2], q.shape[-1]
     allowed = visible_keys(T, S, causal=causal, mask=mask, window=window, device=q.device)
     scale = 1.0 / math.sqrt(Dh) if scale is None else scale
-    group = q.shape[1] // k.shape[1]  # G = H // Hkv query heads per key/value head
+    group = group_size(q.shape, k.shape)
     # Half-precision inputs are upcast: the dot products, the exponentials and
     # the row sums all accumulate in float32 (float64 stays float64).
     acc = torch.promote_types(q.dtype, torch.float32)
