@@ -81,10 +81,8 @@ def serve(args: argparse.Namespace) -> int:
 def _blocked_fits(args: argparse.Namespace) -> bool:
     """Whether a batch's matrices go in oneDNN's blocked layout by default: level 3, float32,
     on a CPU, with oneDNN's ops in this torch (levels/level3_sdpa_flash/blocked.py)."""
-    import levels
-
-    if levels.level_name(args.level) != "level3_sdpa_flash" or args.dtype not in (None, "float32"):
-        return False
+    if args.level != "level3_sdpa_flash" or args.dtype not in (None, "float32"):
+        return False  # --level is a full name by now (the parser's _level)
     from levels.level3_sdpa_flash.blocked import refusal
 
     return refusal(None, args.device) is None

@@ -74,13 +74,15 @@ class BlockedWeight(forms.Weight):
 
     def __getitem__(self, index):
         """A slice of rows as a ``BlockedWeight`` of them; a gather (ids) as floats."""
-        if isinstance(index, slice) and index.indices(self.out_features)[2] == 1:
-            start, stop, _ = index.indices(self.out_features)
-            if (start, stop) == (0, self.out_features):
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self.out_features)
+            if (start, stop, step) == (0, self.out_features, 1):
                 return self
-            if (start, stop) not in self._slices:
-                self._slices[(start, stop)] = BlockedWeight(self._floats()[start:stop], self.rows)
-            return self._slices[(start, stop)]
+            if step == 1:
+                if (start, stop) not in self._slices:
+                    floats = self._floats()[start:stop]
+                    self._slices[(start, stop)] = BlockedWeight(floats, self.rows)
+                return self._slices[(start, stop)]
         return self._floats()[index]  # (..., in)
 
     def _floats(self) -> torch.Tensor:
@@ -96,16 +98,11 @@ class BlockedWeight(forms.Weight):
         return f"{self.out_features}, {self.in_features}, blocked for {self.rows} rows"
 
 
-class BlockedLinear(nn.Module):
+class BlockedLinear(forms.Linear):
     """An ``nn.Linear`` whose weight is a ``BlockedWeight`` (without its floats)."""
 
     def __init__(self, linear: nn.Linear, rows: int = ROWS):
-        super().__init__()
-        self.weight = BlockedWeight(linear.weight, rows, floats=False)
-        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.weight.linear(x, self.bias)
+        super().__init__(BlockedWeight(linear.weight, rows, floats=False), linear.bias)
 
 
 def block(model: nn.Module, *, rows: int = ROWS) -> nn.Module:

@@ -36,6 +36,19 @@ class Weight(nn.Module):
         return 2
 
 
+class Linear(nn.Module):
+    """An ``nn.Linear`` whose weight is a ``Weight`` (its bias kept as it was, frozen):
+    ``x @ w.T + bias`` by the weight's own product."""
+
+    def __init__(self, weight: Weight, bias: torch.Tensor | None):
+        super().__init__()
+        self.weight = weight
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight.linear(x, self.bias)
+
+
 def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``Kernels.linear`` of a converted model: a weight of another form multiplies by its
     own product (``w.linear``), a float matrix by ``F.linear``."""

@@ -197,16 +197,11 @@ class QuantizedWeight(forms.Weight):
         return f"{self.out_features}, {self.in_features}, {self.fmt}{group}"
 
 
-class QuantizedLinear(nn.Module):
+class QuantizedLinear(forms.Linear):
     """An ``nn.Linear`` whose weight is a ``QuantizedWeight``: ``x @ w.T + bias``."""
 
     def __init__(self, linear: nn.Linear, fmt: str, group_size: int = DEFAULT_GROUP_SIZE):
-        super().__init__()
-        self.weight = QuantizedWeight(linear.weight, fmt, group_size)
-        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.weight.linear(x, self.bias)
+        super().__init__(QuantizedWeight(linear.weight, fmt, group_size), linear.bias)
 
 
 def quantize(model: nn.Module, fmt: str, *, group_size: int = DEFAULT_GROUP_SIZE) -> nn.Module:
