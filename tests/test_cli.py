@@ -242,6 +242,9 @@ def test_an_interruption_before_the_first_step_says_so(tmp_path, monkeypatch, re
 
 
 def _ladder_process(*argv: str, env: dict | None = None) -> subprocess.Popen:
+    """``python -m ladder *argv`` as a terminal starts it: with Ctrl-C's default action, even
+    when this suite runs as a background job (which inherits SIGINT ignored, as would the
+    command, and a command rightly leaves an ignored SIGINT ignored)."""
     return subprocess.Popen(
         [sys.executable, "-m", "ladder", *argv],
         cwd=ROOT,
@@ -249,6 +252,7 @@ def _ladder_process(*argv: str, env: dict | None = None) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": pythonpath(ROOT), **(env or {})},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 
@@ -293,13 +297,33 @@ def test_a_swallowed_ctrl_c_still_stops_training_at_the_next_step():
     command's handler remembers the signal, so the next step stops the run all the same."""
     from ladder.train import _CtrlC
 
-    with _CtrlC() as stop:
-        stop.check()  # no signal yet: nothing to raise
-        try:
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(1.0)  # the handler runs at the next bytecode
-        except KeyboardInterrupt:
-            pass  # swallowed, as a finalizer would
-        with pytest.raises(KeyboardInterrupt):
-            stop.check()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # Python's own handler, as in a terminal (a suite run as a background job starts with
+    # SIGINT ignored, which _CtrlC leaves as it is).
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with _CtrlC() as stop:
+            stop.check()  # no signal yet: nothing to raise
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(1.0)  # the handler runs at the next bytecode
+            except KeyboardInterrupt:
+                pass  # swallowed, as a finalizer would
+            with pytest.raises(KeyboardInterrupt):
+                stop.check()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def test_an_ignored_ctrl_c_stays_ignored_during_training():
+    """Started with SIGINT ignored (``nohup``, a background job), the training command keeps it
+    ignored rather than installing a handler of its own."""
+    from ladder.train import _CtrlC
+
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with _CtrlC():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
