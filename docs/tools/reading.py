@@ -131,10 +131,9 @@ RULES = (
     # A model's __call__ hands over to its forward; a level-0 layer's __call__ is its forward
     # (the transformer, as the torch levels' forward methods are).
     (r"/models\.py$", r"^__call__$", "bookkeeping"),
-    # The torch models' _decoder hands a planned pass to compute (the architecture) and
-    # commits the cache; level 3's picks the compiled step. Level 0's _decoder is the
-    # architecture itself.
-    (r"level[23]_\w+/models\.py$", r"^(_decoder|_compiled_step)$", "bookkeeping"),
+    # Level 3's _decoder picks the compiled step or the edge's pass (a seq2seq model's
+    # _decoder is the architecture of its decoder stack).
+    (r"level3_\w+/models\.py$", r"^(_decoder|_compiled_step)$", "bookkeeping"),
     (r"common/(params|config)\.py$|/(convert|arrays)\.py$", r".", "loading"),
     (r"/ops\.py$", r"^linear$", "transformer"),  # levels 0 and 1's x @ W^T + b, not a loader
     (r".", r"^(_layers|feed_forward_linears|_linears?|_params?|_tensor|_array|fetch"

@@ -240,14 +240,16 @@ class _Edge:
     A level's model class puts this first among its bases and supplies the rest,
     which is where the levels differ (their arrays, their arithmetic):
 
+    - ``compute(ids, positions, sees, cache, last)`` (seq2seq: ``_encode`` and ``_decoder``):
+      the architecture, on checked ids, with what each layer's queries may see (``_sees``);
     - ``_ids(tokens, what, ndim)``: ``tokens`` checked (``checks.check_token_ids``), as the
       level's ids;
     - ``_rows(ids, valid, what)``: ``valid`` as checked ``Rows`` (``rows``);
-    - ``_mask(step)``: ``step.mask`` in the level's arrays, or None;
+    - ``_mask(step)``: ``step.mask`` in the level's arrays, or None; ``_offset(step)``: the
+      step's first position (``step.offset``) as the level's RoPE takes it;
     - ``_zero_padded(logits (B,T,V), rows)``: the logits, zero at the padded positions;
     - ``_column(ids (B,))``: ``(B,1)``; ``_last(logits (B,1,V))``: ``(B,V)``;
     - ``new_cache(batch)``: an empty cache (a ``CacheBook``);
-    - ``_decoder(...)`` (and ``_encode``): the architecture;
     - ``_inference``: a decorator for the generation loops (torch's ``no_grad``, or
       nothing), and ``_converters()``: what they need to move ids to and from numpy.
     """
@@ -276,7 +278,16 @@ class _Edge:
 
 class DecoderOnlyEdge(_Edge):
     """``logits``, ``forward``, ``prefill``, ``decode_step``, ``extend``, ``generate`` and
-    ``stream`` of a decoder-only model over its ``_decoder(ids, steps, cache, last=None)``."""
+    ``stream`` of a decoder-only model over its ``compute(ids, positions, sees, cache, last)``."""
+
+    def _decoder(self, ids, steps: dict, cache, last=None):
+        """The planned pass: raw logits ``(B,T,V)`` of checked ``ids (B,T)`` (``(B,1,V)`` at
+        ``last``, a slot per row), and then the cache's new positions committed."""
+        step = next(iter(steps.values()))  # what every window's step shares: the positions
+        logits = self.compute(ids, self._offset(step), self._sees(steps), cache, last)
+        if cache is not None:
+            cache.commit(step)  # every layer has appended its keys: only now do they count
+        return logits
 
     def logits(self, tokens, *, valid=None, position_offset: int = 0):
         """``(logits (B,T,V), valid (B,T))`` without zeroing the padded positions (for training)."""
@@ -345,8 +356,18 @@ class DecoderOnlyEdge(_Edge):
 
 class Seq2SeqEdge(_Edge):
     """``logits``, ``forward``, ``encode``, ``prefill``, ``decode_step`` and ``generate`` of an
-    encoder-decoder model over its ``_encode(src, steps)`` and
-    ``_decoder(tgt, steps, memory, memory_mask, cache)``."""
+    encoder-decoder model over its ``_encode(src, sees)`` and
+    ``_decoder(tgt, positions, sees, memory, memory_mask, cache)``."""
+
+    def _target(self, tgt, steps: dict, memory, memory_mask, cache):
+        """The planned pass of the decoder: raw logits ``(B,T,V)`` of checked ``tgt (B,T)``
+        over ``memory (B,S,D)``, and then the cache's new positions committed."""
+        step = next(iter(steps.values()))  # what every window's step shares: the positions
+        sees = self._sees(steps)
+        logits = self._decoder(tgt, self._offset(step), sees, memory, memory_mask, cache)
+        if cache is not None:
+            cache.commit(step)
+        return logits
 
     def _source(self, src, src_valid):
         """Checked source ids, the encoder's steps (no cache), the cross-attention's mask of
@@ -369,8 +390,8 @@ class Seq2SeqEdge(_Edge):
     def logits(self, src, tgt_in, *, src_valid=None, tgt_valid=None):
         """``(logits (B,T,V), tgt_valid (B,T))`` without zeroing the padded targets (for training)."""
         src, src_steps, memory_mask, tgt, rows_ = self._inputs(src, tgt_in, src_valid, tgt_valid)
-        memory = self._encode(src, src_steps)  # (B,S,D)
-        return self._decoder(tgt, self._plan(rows_), memory, memory_mask, None), rows_
+        memory = self._encode(src, self._sees(src_steps))  # (B,S,D)
+        return self._target(tgt, self._plan(rows_), memory, memory_mask, None), rows_
 
     def forward(self, src, tgt_in, *, src_valid=None, tgt_valid=None):
         """``src (B,S)``, ``tgt_in (B,T)`` -> teacher-forced logits ``(B,T,V)``, zero at padded targets."""
@@ -380,7 +401,7 @@ class Seq2SeqEdge(_Edge):
     def encode(self, src, *, src_valid=None):
         """``src (B,S)`` ids, ``src_valid (B,S)`` (default: every token is real) -> memory ``(B,S,D)``."""
         src, steps, _, _ = self._source(src, src_valid)
-        return self._encode(src, steps)
+        return self._encode(src, self._sees(steps))
 
     def prefill(self, src, tgt_in, *, src_valid=None, tgt_valid=None):
         """Encode ``src`` once and run ``tgt_in (B,T)``: ``(logits (B,T,V), cache)``.
@@ -392,15 +413,15 @@ class Seq2SeqEdge(_Edge):
         cache = self.new_cache(len(rows_))
         cache.memory_mask = memory_mask
         steps = self._plan(rows_, cache=cache)
-        memory = self._encode(src, src_steps)  # (B,S,D)
-        return self._zeroed(self._decoder(tgt, steps, memory, memory_mask, cache), rows_), cache
+        memory = self._encode(src, self._sees(src_steps))  # (B,S,D)
+        return self._zeroed(self._target(tgt, steps, memory, memory_mask, cache), rows_), cache
 
     def decode_step(self, tokens, cache):
         """Append one target position per row, ``tokens (B,)``, to ``cache`` -> logits ``(B,V)``."""
         ids, rows_ = self._one_position(tokens, "target tokens")
         cache.check(len(rows_), 1, "target tokens")
         steps = self._plan(rows_, cache=cache)
-        return self._last(self._decoder(ids, steps, None, cache.memory_mask, cache))  # (B,V)
+        return self._last(self._target(ids, steps, None, cache.memory_mask, cache))  # (B,V)
 
     def generate(self, src, **options):
         """Decoding from BOS -> ``(B, 1 + n)``; each row stops at its EOS, then pads.

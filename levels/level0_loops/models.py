@@ -1,16 +1,16 @@
 """The two models at level 0, their KV cache, and incremental decoding.
 
 Like ``layers.py`` these compute through ``self.ops``; level 1 subclasses
-them with numpy's. The architecture is the methods ``_decoder`` (embed,
-blocks, norm, head) and ``_encode``. The public methods (``forward``,
-``prefill``, ``decode_step``, ``generate``) are ``levels.common.boundary``'s,
+them with numpy's. The architecture is the method ``compute`` (embed, blocks,
+norm, head; seq2seq: ``_encode`` and ``_decoder``). The public methods
+(``forward``, ``prefill``, ``decode_step``, ``generate``) are ``levels.common.boundary``'s,
 written once for every level: they check the inputs and plan each pass (which
 tokens are real, their positions, what each query sees: a step per distinct
 window of the layers, ``config.layer_windows``); the small methods of
 ``_Model`` are this level's side of it.
 
 ``forward`` is a pass without a cache, ``prefill`` a pass into an empty one,
-``decode_step`` one token into a filled one: the same ``_decoder``.
+``decode_step`` one token into a filled one: the same ``compute``.
 """
 
 from __future__ import annotations
@@ -101,6 +101,9 @@ class _Model(Module):
     def _zero_padded(self, logits, rows: boundary.Rows):
         return self.ops.zero_padded(logits, rows)
 
+    def _offset(self, step: boundary.Step):
+        return step.offset  # an int, or one per row (a list) once the cache is ragged
+
     def _column(self, ids):
         return self.ops.unsqueeze_time(ids)  # (B,) -> (B,1)
 
@@ -141,11 +144,18 @@ class DecoderOnlyTransformer(boundary.DecoderOnlyEdge, _Model):
         if not config.tie_embeddings:
             self.output_projection = self._native(params["output_projection.weight"])
 
-    def _decoder(self, ids, steps: dict, cache: KVCache | None, last=None) -> Native:
-        """The architecture: raw logits ``(B,T,V)`` of checked ``ids (B,T)`` for ``steps``
-        (one per window, ``_plan``); with ``last`` (a slot per row), ``(B,1,V)`` there only."""
-        ops, sees = self.ops, self._sees(steps)
-        step = next(iter(steps.values()))  # what every window's step shares: the positions
+    def compute(
+        self, ids, positions, sees: dict, cache: KVCache | None = None, last=None
+    ) -> Native:
+        """The architecture: embedding, the blocks, the final norm, the head.
+
+        ``ids (B,T)`` checked ids; ``positions`` the first one's position (an int, or one
+        per row); ``sees`` what each layer's queries may see, ``{window: (mask or None,
+        window by slot)}`` (``_sees``); ``cache``, when given, takes each layer's new keys
+        and values (the caller commits them); ``last`` (a slot per row) keeps only those
+        positions for the head -> raw logits ``(B,T,V)`` (``(B,1,V)`` with ``last``).
+        """
+        ops = self.ops
         # sqrt(D) (by default) so that the stream starts at unit variance.
         x = ops.embed(self.token_embedding, ids, self.config.embedding_scale)  # (B,T,D)
         for i, (layer, w) in enumerate(zip(self.layers, self.config.layer_windows, strict=True)):
@@ -155,16 +165,13 @@ class DecoderOnlyTransformer(boundary.DecoderOnlyEdge, _Model):
                 mask=mask,
                 causal=True,
                 window=window,
-                position_offset=step.offset,
+                position_offset=positions,
                 cache=cache,
                 index=i,
             )  # (B,T,D)
         if last is not None:  # the head is the largest product (V x D a position): skip the rest
             x = ops.at_positions(x, last)  # (B,T,D) -> (B,1,D)
-        logits = ops.linear(self.norm(x), self.output_projection, None)  # (B,T,D) @ (D,V)
-        if cache is not None:
-            cache.commit(step)  # only now do the step's keys count
-        return logits
+        return ops.linear(self.norm(x), self.output_projection, None)  # (B,T,D) @ (D,V)
 
 
 class Seq2SeqTransformer(boundary.Seq2SeqEdge, _Model):
@@ -189,20 +196,19 @@ class Seq2SeqTransformer(boundary.Seq2SeqEdge, _Model):
 
     # -- the architecture ---------------------------------------------------------
 
-    def _encode(self, src, src_steps: dict) -> Native:
+    def _encode(self, src, sees: dict) -> Native:
         """The encoder stack and its final norm -> memory ``(B,S,D)``, bidirectional over the
-        real tokens."""
+        real tokens (``sees`` as ``compute``'s)."""
         x = self.ops.embed(self.source_embedding, src, self.config.embedding_scale)  # (B,S,D)
-        sees = self._sees(src_steps)
         for layer, w in zip(self.encoder_layers, self.config.layer_windows, strict=True):
             mask, window = sees[w]
             x = layer(x, mask=mask, window=window)  # (B,S,D)
         return self.encoder_norm(x)
 
-    def _decoder(self, tgt, steps: dict, memory, memory_mask, cache) -> Native:
-        """Raw logits ``(B,T,V)`` of checked ``tgt (B,T)`` following the cache's positions."""
-        ops, sees = self.ops, self._sees(steps)
-        step = next(iter(steps.values()))  # what every window's step shares: the positions
+    def _decoder(self, tgt, positions, sees: dict, memory, memory_mask, cache) -> Native:
+        """Raw logits ``(B,T,V)`` of checked ``tgt (B,T)`` over ``memory (B,S,D)``: ``positions``,
+        ``sees`` and ``cache`` as ``DecoderOnlyTransformer.compute``'s."""
+        ops = self.ops
         x = ops.embed(self.target_embedding, tgt, self.config.embedding_scale)  # (B,T,D)
         windows = self.config.layer_windows
         for i, (layer, w) in enumerate(zip(self.decoder_layers, windows, strict=True)):
@@ -213,11 +219,8 @@ class Seq2SeqTransformer(boundary.Seq2SeqEdge, _Model):
                 mask=mask,
                 memory_mask=memory_mask,
                 window=window,
-                position_offset=step.offset,
+                position_offset=positions,
                 cache=cache,
                 index=i,
             )  # (B,T,D)
-        logits = ops.linear(self.decoder_norm(x), self.output_projection, None)  # (B,T,V)
-        if cache is not None:
-            cache.commit(step)
-        return logits
+        return ops.linear(self.decoder_norm(x), self.output_projection, None)  # (B,T,V)

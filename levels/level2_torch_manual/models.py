@@ -1,7 +1,7 @@
 """The two models: decoder-only (tied logits) and encoder-decoder (seq2seq).
 
-The architecture is ``_decoder`` (embed, blocks, norm, head) and ``_encode``.
-The public methods (``forward``, ``prefill``, ``decode_step``, ``generate``)
+The architecture is ``compute`` (embed, blocks, norm, head; seq2seq: ``_encode``
+and ``_decoder``). The public methods (``forward``, ``prefill``, ``decode_step``, ``generate``)
 are ``levels.common.boundary``'s, the same code as every other level's: they
 check the inputs and plan each pass (which tokens are real, their positions,
 what each query sees: a step per distinct window of the layers,
@@ -167,16 +167,6 @@ class DecoderOnlyTransformer(boundary.DecoderOnlyEdge, _Model):
                 params, "output_projection.weight", (config.vocab_size, config.d_model), **kw
             )
 
-    def _decoder(self, tokens: torch.Tensor, steps: dict, cache, last=None) -> torch.Tensor:
-        """The pass the boundary planned: raw logits ``(B,T,V)`` of checked ``tokens (B,T)`` for
-        ``steps`` (one per window, ``_plan``), and the cache's new positions committed; with
-        ``last`` (a slot per row), ``(B,1,V)`` there only."""
-        step = next(iter(steps.values()))  # what every window's step shares: the positions
-        logits = self.compute(tokens, self._offset(step), self._sees(steps), cache, last)
-        if cache is not None:
-            cache.commit(step)  # only now do the step's keys count
-        return logits
-
     def compute(self, tokens: torch.Tensor, positions, sees: dict, cache=None, last=None):
         """The architecture on checked inputs: embedding, the blocks, the final norm, the head.
 
@@ -245,20 +235,19 @@ class Seq2SeqTransformer(boundary.Seq2SeqEdge, _Model):
 
     # -- the architecture ---------------------------------------------------------
 
-    def _encode(self, src: torch.Tensor, steps: dict) -> torch.Tensor:
-        """The encoder stack on checked inputs: ``src (B,S)`` -> ``memory (B,S,D)``."""
+    def _encode(self, src: torch.Tensor, sees: dict) -> torch.Tensor:
+        """The encoder stack on checked inputs: ``src (B,S)`` -> ``memory (B,S,D)``; ``sees`` as
+        ``compute``'s (without a window, the source's real keys)."""
         x = self.source_embedding(src)  # (B,S,D)
-        sees = self._sees(steps)
         for layer, w in zip(self.encoder.layers, self.config.layer_windows, strict=True):
             mask, window = sees[w]
             x = layer(x, mask=mask, window=window)  # (B,S,D), bidirectional over real tokens
         return self.encoder.norm(x)  # (B,S,D)
 
-    def _decoder(self, tgt, steps: dict, memory, memory_mask, cache) -> torch.Tensor:
-        """Logits ``(B,T,V)`` of checked ``tgt (B,T)`` following the cache's filled positions."""
-        sees = self._sees(steps)
-        step = next(iter(steps.values()))  # what every window's step shares: the positions
-        offset = self._offset(step)
+    def _decoder(self, tgt, positions, sees: dict, memory, memory_mask, cache) -> torch.Tensor:
+        """Logits ``(B,T,V)`` of checked ``tgt (B,T)`` over ``memory (B,S,D)``: ``positions``,
+        ``sees`` and ``cache`` as ``DecoderOnlyTransformer.compute``'s; ``memory_mask`` the
+        source's real keys."""
         x = self.target_embedding(tgt)  # (B,T,D)
         windows = self.config.layer_windows
         for i, (layer, w) in enumerate(zip(self.decoder.layers, windows, strict=True)):
@@ -269,11 +258,8 @@ class Seq2SeqTransformer(boundary.Seq2SeqEdge, _Model):
                 mask=mask,
                 memory_mask=memory_mask,
                 window=window,
-                position_offset=offset,
+                position_offset=positions,
                 cache=cache,
                 index=i,
             )  # (B,T,D)
-        logits = self.output_projection(self.decoder.norm(x))  # (B,T,D) -> (B,T,V)
-        if cache is not None:
-            cache.commit(step)
-        return logits
+        return self.output_projection(self.decoder.norm(x))  # (B,T,D) -> (B,T,V)

@@ -362,8 +362,9 @@ def compile_step(model: nn.Module, batch: int, path: Path) -> None:
 
 
 class CompiledDecode:
-    """A compiled decode step bound to a model and a batch size; called as the model's
-    ``_decoder`` is for one new token per row: ``(ids (B,1), steps, cache) -> (B,1,V)``.
+    """A compiled decode step bound to a model and a batch size; called as the edge's
+    ``_decoder`` is for one new token per row: ``(ids (B,1), steps, cache) -> (B,1,V)``
+    (the caller commits the cache's new position).
 
     ``whole_cache``: every step reads all ``C`` slots, the ones past the new position
     masked (on a GPU: CUDA graphs replay fixed shapes only); otherwise the step reads the
