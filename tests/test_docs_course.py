@@ -476,3 +476,73 @@ def test_the_reading_trace_sorts_functions_by_what_they_do():
     built = reading.trace("level1_numpy", build=True)
     assert set(counted) < set(built)
     assert ("common/params.py", "check_params") in {(f, n) for f, n, *_ in built - counted.keys()}
+
+
+# The architecture options of the families (docs/conventions.md, "Architecture options"),
+# by the config attribute a piece reads to apply each.
+FAMILY_OPTIONS = {
+    "n_kv_heads": "kv_heads",
+    "norm": "norm",
+    "ffn": "ffn",
+    "scale_embeddings": "embedding_scale",
+    "tie_embeddings": "tie_embeddings",
+    "qkv_bias": "has_qkv_bias",
+    "out_bias": "has_out_bias",
+    "attn_scale": "attn_scale",
+    "qk_norm": "qk_norm",
+    "post_norms": "post_norms",
+    "norm_weight_offset": "norm_weight_offset",
+    "window_pattern": "layer_windows",
+    "rope_local_base": "rope_base_of",
+}
+RUNGS = {  # the files a reader reads for a rung's model (levels 1, 3 and 4 reuse these)
+    "level0_loops": ("layers.py", "models.py"),
+    "level2_torch_manual": ("layers.py", "models.py", "norms.py", "kernels.py"),
+}
+
+
+def _option_reads(path: Path):
+    """``(function name, option, the function's code without its docstring)`` for every
+    function of ``path`` that reads a family option off the config."""
+    import ast
+
+    text = path.read_text()
+    lines = text.splitlines()
+    for node in ast.walk(ast.parse(text)):
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        first = node.body[0]
+        doc = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+        code = "\n".join(lines[(first.end_lineno if doc else node.lineno) : node.end_lineno])
+        for option, attribute in FAMILY_OPTIONS.items():
+            if re.search(rf"\b(config|c)\.{attribute}\b", code):
+                yield node.name, option, code
+
+
+@pytest.mark.parametrize("rung", sorted(RUNGS))
+def test_every_family_option_is_marked_where_it_plugs_in(rung):
+    """A reader who skips the lines marked ``# option <name>`` reads the plain pre-norm block;
+    so every function that reads a family option off the config says so, by name."""
+    marked: set[str] = set()
+    unmarked = []
+    for file in RUNGS[rung]:
+        path = ROOT / "levels" / rung / file
+        marked |= set(_named(path.read_text()))
+        for name, option, code in _option_reads(path):
+            if option not in _named(code):
+                unmarked.append(f"{file}:{name} reads {option} unmarked")
+    assert not unmarked
+    assert marked == set(FAMILY_OPTIONS), set(FAMILY_OPTIONS) ^ marked
+
+
+def _named(code: str) -> list[str]:
+    """The options the ``# option a, b: ...`` markers of ``code`` name."""
+    return [o.strip() for m in re.findall(r"# option ([\w, ]+)", code) for o in m.split(",")]
+
+
+def test_option_markers_name_config_fields():
+    fields = {f.name for f in dataclasses.fields(levels.TransformerConfig)}
+    for rung, files in RUNGS.items():
+        for file in files:
+            text = (ROOT / "levels" / rung / file).read_text()
+            assert set(_named(text)) <= fields, (rung, file, set(_named(text)) - fields)

@@ -76,7 +76,7 @@ class LayerNorm(Module):
         self.weight, self.bias = p["weight"], p.get("bias")  # (N,), (N,) or None
 
     def __call__(self, x: Native) -> Native:
-        c = self.config
+        c = self.config  # option norm_weight_offset: the gain is offset + weight (Gemma)
         return self.ops.layer_norm(x, self.weight, self.bias, c.norm_eps, c.norm_weight_offset)
 
 
@@ -89,12 +89,13 @@ class RMSNorm(Module):
         self.weight = self._load(params, prefix, norm_shapes(config, "", width))["weight"]  # (N,)
 
     def __call__(self, x: Native) -> Native:
-        c = self.config
+        c = self.config  # option norm_weight_offset: the gain is offset + weight (Gemma)
         return self.ops.rms_norm(x, self.weight, c.norm_eps, c.norm_weight_offset)
 
 
 def norm_class(config: TransformerConfig) -> type[LayerNorm] | type[RMSNorm]:
     """The norm a model of ``config`` uses (``config.norm``)."""
+    # option norm: RMSNorm (Llama and most models since) instead of LayerNorm
     return RMSNorm if config.norm == "rmsnorm" else LayerNorm
 
 
@@ -117,6 +118,7 @@ class FeedForward(Module):
     def __call__(self, x: Native) -> Native:
         ops = self.ops
         h = ops.linear(x, self.w1, self.b1)  # (..., F)
+        # option ffn: a gated unit, SwiGLU (Llama) or GeGLU (Gemma), instead of GELU
         if self.w_gate is None:
             h = ops.gelu(h)
         else:
@@ -153,20 +155,24 @@ class MultiHeadAttention(Module):
         dtype=None,
     ):
         super().__init__(config, ops=ops, device=device, dtype=dtype)
+        # option n_kv_heads: Hkv key/value heads, each shared by H // Hkv query heads (GQA)
         Dq, Dkv = config.q_width, config.kv_heads * config.d_head
         p = self._load(params, prefix, attention_shapes(config, ""))
+        # option qkv_bias, out_bias: each bias is there when the config says (attention_shapes)
         w, b = p["in_proj_weight"], p.get("in_proj_bias")  # (Dq + 2 Dkv, D), rows [q; k; v]
         rows = (slice(0, Dq), slice(Dq, Dq + Dkv), slice(Dq + Dkv, Dq + 2 * Dkv))
         self.w_q, self.w_k, self.w_v = (w[r] for r in rows)  # (Dq, D), (Dkv, D), (Dkv, D)
         self.b_q, self.b_k, self.b_v = (None,) * 3 if b is None else (b[r] for r in rows)
         self.w_o, self.b_o = p["out_proj.weight"], p.get("out_proj.bias")  # (D, Dq), (D,)
+        # option qk_norm: a norm over each head's Dh features of q and k, before RoPE (Gemma 3)
         self.q_norm = self.k_norm = None
-        if config.qk_norm:  # one norm over each head's Dh features
+        if config.qk_norm:
             Norm, kw = norm_class(config), self._children()
             self.q_norm = Norm(config, params, prefix=f"{prefix}q_norm.", width=config.d_head, **kw)
             self.k_norm = Norm(config, params, prefix=f"{prefix}k_norm.", width=config.d_head, **kw)
         self.rope_base = (config.rope_base if rope_base is None else rope_base) if rope else None
-        self.scale = config.attn_scale  # None: 1 / sqrt(Dh)
+        # option attn_scale: what the scores are multiplied by (Gemma); None: 1 / sqrt(Dh)
+        self.scale = config.attn_scale
         self.n_heads, self.n_kv_heads = config.n_heads, config.kv_heads
 
     def heads(self, x, w, b, n_heads: int, position_offset: int | None, norm=None) -> Native:
@@ -252,6 +258,7 @@ class EncoderLayer(Module):
         )
         self.norm2 = Norm(config, params, prefix=f"{prefix}norm2.", **kw)
         self.ff = FeedForward(config, params, prefix=prefix, **kw)
+        # option post_norms: a norm after each sublayer as well as before it (Gemma 2 and 3)
         self.post_norm1 = self.post_norm2 = None  # identities without config.post_norms
         if config.post_norms:
             self.post_norm1 = Norm(config, params, prefix=f"{prefix}post_norm1.", **kw)
@@ -291,28 +298,10 @@ class DecoderLayer(EncoderLayer):
     the feed-forward's linears (and ``post_norm1..3`` with ``config.post_norms``).
     """
 
-    def __init__(
-        self,
-        config,
-        params,
-        *,
-        prefix="",
-        rope=None,
-        rope_base=None,
-        ops=None,
-        device=None,
-        dtype=None,
-    ):
-        super().__init__(
-            config,
-            params,
-            prefix=prefix,
-            rope=rope,
-            rope_base=rope_base,
-            ops=ops,
-            device=device,
-            dtype=dtype,
-        )
+    def __init__(self, config, params, *, prefix="", **options):
+        """``EncoderLayer``'s arguments (``options``: ``rope``, ``rope_base``, ``ops``,
+        ``device``, ``dtype``), and the cross-attention and its norm."""
+        super().__init__(config, params, prefix=prefix, **options)
         kw = self._children()
         Norm = norm_class(config)
         # Cross-attention never rotates: memory and target positions belong to different sequences.
@@ -320,8 +309,10 @@ class DecoderLayer(EncoderLayer):
             config, params, prefix=f"{prefix}multihead_attn.", **kw
         )
         self.norm3 = Norm(config, params, prefix=f"{prefix}norm3.", **kw)
+        # option post_norms: a norm after each sublayer as well as before it (Gemma 2 and 3)
+        # (post_norm2 follows the cross-attention here, post_norm3 the FFN)
         self.post_norm3 = None
-        if config.post_norms:  # post_norm2 follows the cross-attention here, post_norm3 the FFN
+        if config.post_norms:
             self.post_norm3 = Norm(config, params, prefix=f"{prefix}post_norm3.", **kw)
 
     def __call__(

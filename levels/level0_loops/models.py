@@ -112,6 +112,7 @@ class _Model(Module):
 
     def _layers(self, config, params, prefix: str, Layer) -> list:
         """``Layer`` ``{prefix}{i}.`` for each layer ``i``, each with its RoPE base."""
+        # option window_pattern, rope_local_base: each layer's window and RoPE base (Gemma 3)
         kw = self._children()
         return [
             Layer(config, params, prefix=f"{prefix}{i}.", rope_base=config.rope_base_of(w), **kw)
@@ -138,6 +139,7 @@ class DecoderOnlyTransformer(boundary.DecoderOnlyEdge, _Model):
         self.token_embedding = self._native(params["token_embedding.weight"])  # (V, D)
         self.layers = self._layers(config, params, "layers.", EncoderLayer)
         self.norm = norm_class(config)(config, params, prefix="norm.", **kw)
+        # option tie_embeddings: the head is the embedding itself, or a matrix of its own
         # Tied: logits = h @ E^T with the input embedding E itself (one copy: as Python
         # floats Gemma 3's 262k x 640 table alone is 5 GB); untied: a matrix of its own.
         self.output_projection = self.token_embedding  # (V, D)
@@ -156,8 +158,9 @@ class DecoderOnlyTransformer(boundary.DecoderOnlyEdge, _Model):
         positions for the head -> raw logits ``(B,T,V)`` (``(B,1,V)`` with ``last``).
         """
         ops = self.ops
-        # sqrt(D) (by default) so that the stream starts at unit variance.
+        # option scale_embeddings: times sqrt(D), so the stream starts at unit variance; or 1
         x = ops.embed(self.token_embedding, ids, self.config.embedding_scale)  # (B,T,D)
+        # option window_pattern: each layer sees what its window's step planned (sees[w])
         for i, (layer, w) in enumerate(zip(self.layers, self.config.layer_windows, strict=True)):
             mask, window = sees[w]
             x = layer(
@@ -199,6 +202,7 @@ class Seq2SeqTransformer(boundary.Seq2SeqEdge, _Model):
     def _encode(self, src, sees: dict) -> Native:
         """The encoder stack and its final norm -> memory ``(B,S,D)``, bidirectional over the
         real tokens (``sees`` as ``compute``'s)."""
+        # option scale_embeddings, window_pattern: as in ``compute``
         x = self.ops.embed(self.source_embedding, src, self.config.embedding_scale)  # (B,S,D)
         for layer, w in zip(self.encoder_layers, self.config.layer_windows, strict=True):
             mask, window = sees[w]
@@ -208,6 +212,7 @@ class Seq2SeqTransformer(boundary.Seq2SeqEdge, _Model):
     def _decoder(self, tgt, positions, sees: dict, memory, memory_mask, cache) -> Native:
         """Raw logits ``(B,T,V)`` of checked ``tgt (B,T)`` over ``memory (B,S,D)``: ``positions``,
         ``sees`` and ``cache`` as ``DecoderOnlyTransformer.compute``'s."""
+        # option scale_embeddings, window_pattern: as in ``compute``
         ops = self.ops
         x = ops.embed(self.target_embedding, tgt, self.config.embedding_scale)  # (B,T,D)
         windows = self.config.layer_windows

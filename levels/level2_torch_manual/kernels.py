@@ -49,6 +49,7 @@ class Kernels:
 
     def norm(self, config) -> type:
         """The norm class of ``config.norm``."""
+        # option norm: RMSNorm (Llama and most models since) instead of LayerNorm
         return self.rms_norm if config.norm == "rmsnorm" else self.layer_norm
 
 

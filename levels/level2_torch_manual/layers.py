@@ -86,7 +86,7 @@ def feed_forward_linears(
         "linear1": linear(params, f"{prefix}linear1.", F_, D, **kw),
         "linear2": linear(params, f"{prefix}linear2.", D, F_, **kw),
     }
-    if config.ffn != "gelu":  # a gated unit
+    if config.ffn != "gelu":  # option ffn: a gated unit (SwiGLU, GeGLU)
         linears["linear_gate"] = linear(params, f"{prefix}linear_gate.", F_, D, **kw)
     return linears
 
@@ -120,6 +120,7 @@ class FeedForward(nn.Module):
         self, config: TransformerConfig, params, *, prefix: str = "", device=None, dtype=None
     ):
         super().__init__()
+        # option ffn: the gate ``feed_forward`` applies (GATES)
         self.dropout_p, self.ffn = config.dropout, config.ffn
         for name, layer in feed_forward_linears(
             config, params, prefix, device=device, dtype=dtype
@@ -161,9 +162,11 @@ class MultiHeadAttention(nn.Module):
         if kernels is not None:
             self.kernels = kernels
         D, Dq = config.d_model, config.q_width
+        # option n_kv_heads: Hkv key/value heads, each shared by H // Hkv query heads (GQA)
         self.n_heads, self.n_kv_heads, self.d_head = config.n_heads, config.kv_heads, config.d_head
         rows = Dq + 2 * self.n_kv_heads * self.d_head
         self.rope_base = (config.rope_base if rope_base is None else rope_base) if rope else None
+        # option attn_scale: what the scores are multiplied by (Gemma); None: 1 / sqrt(Dh)
         self.dropout_p, self.scale = config.dropout, config.attn_scale
         kw = {"device": device, "dtype": dtype}
         if rope:
@@ -175,12 +178,14 @@ class MultiHeadAttention(nn.Module):
             self.register_buffer("rope_cos", cos.to(**to), persistent=False)  # (max_seq_len, Dh)
             self.register_buffer("rope_sin", sin.to(**to), persistent=False)  # (max_seq_len, Dh)
         self.in_proj_weight = fetch(params, f"{prefix}in_proj_weight", (rows, D), **kw)
+        # option qkv_bias, out_bias: biases apart from ``bias`` (Qwen2: q, k and v only)
         if config.has_qkv_bias:
             self.in_proj_bias = fetch(params, f"{prefix}in_proj_bias", (rows,), **kw)
         else:
             self.register_parameter("in_proj_bias", None)
         self.out_proj = linear(params, f"{prefix}out_proj.", D, Dq, bias=config.has_out_bias, **kw)
-        self.q_norm = self.k_norm = None  # QK-norm: over each head's Dh features, before RoPE
+        # option qk_norm: a norm over each head's Dh features of q and k, before RoPE (Gemma 3)
+        self.q_norm = self.k_norm = None
         if config.qk_norm:
             Norm, width = self.kernels.norm(config), self.d_head
             self.q_norm = Norm(config, params, prefix=f"{prefix}q_norm.", width=width, **kw)
@@ -327,6 +332,7 @@ class EncoderLayer(nn.Module):
             rope = config.positional == "rope"
         kw = {"device": device, "dtype": dtype}
         Norm = self.kernels.norm(config)
+        # option ffn: the gate ``feed_forward`` applies (GATES)
         self.dropout_p, self.ffn = config.dropout, config.ffn
         self.norm1 = Norm(config, params, prefix=f"{prefix}norm1.", **kw)
         self.self_attn = MultiHeadAttention(
@@ -341,6 +347,7 @@ class EncoderLayer(nn.Module):
         self.norm2 = Norm(config, params, prefix=f"{prefix}norm2.", **kw)
         for name, layer in feed_forward_linears(config, params, prefix, **kw).items():
             setattr(self, name, layer)  # linear1, linear2 (and linear_gate), as PyTorch names them
+        # option post_norms: a norm after each sublayer as well as before it (Gemma 2 and 3)
         self.post_norm1 = self.post_norm2 = None  # identities without config.post_norms
         if config.post_norms:
             self.post_norm1 = Norm(config, params, prefix=f"{prefix}post_norm1.", **kw)
@@ -398,34 +405,17 @@ class DecoderLayer(EncoderLayer):
     ``config.post_norms`` the three outputs pass ``post_norm1``, ``post_norm2``, ``post_norm3``.
     """
 
-    def __init__(
-        self,
-        config: TransformerConfig,
-        params,
-        *,
-        prefix: str = "",
-        device=None,
-        dtype=None,
-        rope: bool | None = None,
-        rope_base: float | None = None,
-        kernels: Kernels | None = None,
-    ):
-        super().__init__(
-            config,
-            params,
-            prefix=prefix,
-            device=device,
-            dtype=dtype,
-            rope=rope,
-            rope_base=rope_base,
-            kernels=kernels,
-        )
-        kw = {"device": device, "dtype": dtype}
+    def __init__(self, config: TransformerConfig, params, *, prefix: str = "", **options):
+        """``EncoderLayer``'s arguments (``options``: ``device``, ``dtype``, ``rope``,
+        ``rope_base``, ``kernels``), and the cross-attention and its norm."""
+        super().__init__(config, params, prefix=prefix, **options)
+        kw = {"device": options.get("device"), "dtype": options.get("dtype")}
         Norm = self.kernels.norm(config)
         self.multihead_attn = MultiHeadAttention(
             config, params, prefix=f"{prefix}multihead_attn.", kernels=self.kernels, **kw
         )
         self.norm3 = Norm(config, params, prefix=f"{prefix}norm3.", **kw)
+        # option post_norms: a norm after each sublayer as well as before it (Gemma 2 and 3)
         self.post_norm3 = None  # post_norm2 follows the cross-attention here, post_norm3 the FFN
         if config.post_norms:
             self.post_norm3 = Norm(config, params, prefix=f"{prefix}post_norm3.", **kw)

@@ -21,7 +21,7 @@ from torch import nn
 from ..common import boundary, checks
 from ..common.config import TransformerConfig
 from ..common.params import check_params, param_shapes
-from .arrays import asarray, dtype_kind, fetch, to_numpy
+from .arrays import asarray, dtype_kind, fetch, linear, to_numpy
 from .kernels import LEVEL2_KERNELS, Kernels
 from .layers import DecoderLayer, EncoderLayer
 
@@ -33,7 +33,8 @@ class _Embedding(nn.Module):
         super().__init__()
         shape = (config.vocab_size, config.d_model)
         self.weight = fetch(params, name, shape, device=device, dtype=dtype)
-        self.scale = config.embedding_scale  # sqrt(D), so the stream starts at unit variance; or 1
+        # option scale_embeddings: times sqrt(D), so the stream starts at unit variance; or 1
+        self.scale = config.embedding_scale
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         # Token ids were checked against [0, V) by the caller; this gather trusts them.
@@ -107,6 +108,7 @@ class _Model(nn.Module):
 
     def _layers(self, config: TransformerConfig, params, prefix: str, Layer, **kw) -> nn.ModuleList:
         """``Layer`` ``{prefix}{i}.`` for each layer ``i``, each with its RoPE base."""
+        # option window_pattern, rope_local_base: each layer's window and RoPE base (Gemma 3)
         return nn.ModuleList(
             Layer(
                 config,
@@ -159,13 +161,10 @@ class DecoderOnlyTransformer(boundary.DecoderOnlyEdge, _Model):
         self.token_embedding = _Embedding(config, params, "token_embedding.weight", **kw)
         self.layers = self._layers(config, params, "layers.", EncoderLayer, **kw)
         self.norm = self.kernels.norm(config)(config, params, prefix="norm.", **kw)
-        if not config.tie_embeddings:  # a head of its own: output_projection.weight (V, D)
-            self.output_projection = nn.Linear(
-                config.d_model, config.vocab_size, bias=False, device="meta"
-            )
-            self.output_projection.weight = fetch(
-                params, "output_projection.weight", (config.vocab_size, config.d_model), **kw
-            )
+        # option tie_embeddings: the head is the embedding itself, or a matrix of its own
+        if not config.tie_embeddings:  # output_projection.weight (V, D)
+            V, D = config.vocab_size, config.d_model
+            self.output_projection = linear(params, "output_projection.", V, D, bias=False, **kw)
 
     def compute(self, tokens: torch.Tensor, positions, sees: dict, cache=None, last=None):
         """The architecture on checked inputs: embedding, the blocks, the final norm, the head.
@@ -177,6 +176,7 @@ class DecoderOnlyTransformer(boundary.DecoderOnlyEdge, _Model):
         per row) keeps only those positions for the head -> logits ``(B,T,V)`` (``(B,1,V)``).
         """
         x = self.token_embedding(tokens)  # (B,T,D)
+        # option window_pattern: each layer sees what its window's step planned (sees[w])
         for i, (layer, w) in enumerate(zip(self.layers, self.config.layer_windows, strict=True)):
             mask, window = sees[w]
             x = layer(
@@ -226,18 +226,15 @@ class Seq2SeqTransformer(boundary.Seq2SeqEdge, _Model):
             self._layers(config, params, "decoder.layers.", DecoderLayer, **emb),
             LN(config, params, prefix="decoder.norm.", **emb),
         )
-        self.output_projection = nn.Linear(
-            config.d_model, config.vocab_size, bias=False, device="meta"
-        )
-        self.output_projection.weight = fetch(
-            params, "output_projection.weight", (config.vocab_size, config.d_model), **emb
-        )
+        V, D = config.vocab_size, config.d_model
+        self.output_projection = linear(params, "output_projection.", V, D, bias=False, **emb)
 
     # -- the architecture ---------------------------------------------------------
 
     def _encode(self, src: torch.Tensor, sees: dict) -> torch.Tensor:
         """The encoder stack on checked inputs: ``src (B,S)`` -> ``memory (B,S,D)``; ``sees`` as
         ``compute``'s (without a window, the source's real keys)."""
+        # option window_pattern: as in ``compute``
         x = self.source_embedding(src)  # (B,S,D)
         for layer, w in zip(self.encoder.layers, self.config.layer_windows, strict=True):
             mask, window = sees[w]
@@ -248,6 +245,7 @@ class Seq2SeqTransformer(boundary.Seq2SeqEdge, _Model):
         """Logits ``(B,T,V)`` of checked ``tgt (B,T)`` over ``memory (B,S,D)``: ``positions``,
         ``sees`` and ``cache`` as ``DecoderOnlyTransformer.compute``'s; ``memory_mask`` the
         source's real keys."""
+        # option window_pattern: as in ``compute``
         x = self.target_embedding(tgt)  # (B,T,D)
         windows = self.config.layer_windows
         for i, (layer, w) in enumerate(zip(self.decoder.layers, windows, strict=True)):

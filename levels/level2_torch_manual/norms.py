@@ -38,6 +38,7 @@ class _Norm(nn.Module):
     ):
         super().__init__()
         self.width = config.d_model if width is None else width
+        # option norm_weight_offset: the gain is offset + weight (Gemma stores offsets from 1)
         self.eps, self.offset = config.norm_eps, config.norm_weight_offset
         self.weight = fetch(params, f"{prefix}weight", (self.width,), device=device, dtype=dtype)
 
