@@ -10,7 +10,8 @@ candidate the table prunes, confirmed over its limit by the compiler), every
 job's compile inputs built, the specialisation rules against Triton's, and the
 prune's decision on synthetic candidates. ``pytest -m extended``: the whole
 matrix (levels/level4_compile/matrix.py), which must compile with nothing over a
-limit that the prune keeps and every measurement equal to shared_memory.py.
+limit that the prune keeps and every measurement equal to shared_memory.py, the
+Ampere family against sm_80, and ``ladder check`` run as a command.
 """
 
 from __future__ import annotations
@@ -184,6 +185,7 @@ def test_a_pruned_candidate_really_is_over_its_limit():
     assert result["shared"] == need
 
 
+@pytest.mark.extended  # six compiles, 4 s: the default run keeps one compile of each kind
 def test_the_ampere_family_compiles_like_sm_80():
     """The prune uses sm_80's measurements for every 8.x GPU (tiles.shared_memory_target):
     the same tiles need the same shared memory on 8.6 (A10, RTX 30xx) and 8.9 (L4, RTX 40xx)."""
@@ -355,6 +357,7 @@ print("ok")
     assert "level4_kernels" not in sys.modules
 
 
+@pytest.mark.extended  # a process compiling a kernel's candidates, 4 s
 def test_the_command_prints_the_kept_configurations(tmp_path):
     """``run`` (``ladder check``) on one kernel, dtype and target: a table per kernel with
     each candidate's shared memory, and the results as JSON."""

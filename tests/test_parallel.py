@@ -120,6 +120,7 @@ def test_a_run_saved_on_two_processes_resumes_on_one(tmp_path):
     np.testing.assert_allclose(resumed, whole, rtol=1e-4, atol=0)
 
 
+@pytest.mark.extended  # two ranks started, one killed, the run ended: 6 s
 def test_a_killed_rank_ends_the_run_with_an_error_and_leaves_no_process(tmp_path):
     env = {**os.environ, "PYTHONPATH": pythonpath(ROOT)}
     run = subprocess.Popen(
