@@ -65,11 +65,6 @@ def attention_dims(
     return B, H, T, S, Dh, v_shape[3]
 
 
-def group_size(q_shape: Sequence[int], k_shape: Sequence[int]) -> int:
-    """``G = H // Hkv``: query head ``h`` reads key/value head ``h // G``."""
-    return int(q_shape[1]) // int(k_shape[1])
-
-
 def check_float_inputs(kinds: Sequence[str], dtypes: Sequence[object]) -> None:
     """Attention computes on real floating-point q, k, v (not integers, bools or complex)."""
     if any(kind != "f" for kind in kinds):

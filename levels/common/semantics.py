@@ -1,4 +1,5 @@
-"""Who may attend whom, by position: the rules of causal and windowed attention.
+"""Who may attend whom, by position: the rules of causal and windowed attention (and which
+key/value head a query head reads, ``group_size``).
 
 Every level reads its masks off these few lines, so the rules are written once:
 level 0 loops over ``key_range`` row by row, level 1 vectorises it into a
@@ -11,6 +12,12 @@ validates the inputs before any of this runs).
 """
 
 from __future__ import annotations
+
+
+def group_size(q_shape, k_shape) -> int:
+    """Grouped-query attention: ``G = H // Hkv`` query heads share each key/value head, and
+    query head ``h`` reads key/value head ``h // G`` (q ``(B,H,T,Dh)``, k ``(B,Hkv,S,Dh)``)."""
+    return int(q_shape[1]) // int(k_shape[1])
 
 
 def causal_offset(T: int, S: int) -> int:

@@ -360,7 +360,7 @@ def attend(q, k, v, *, causal=False, mask=None, scale=None, window=None, return_
     read_mask = None if mask is None else _mask_reader(mask, (B, H, T, S))
     if scale is None:
         scale = 1.0 / math.sqrt(Dh)
-    group = checks.group_size(_shape(q), _shape(k))  # query heads per key/value head
+    group = semantics.group_size(_shape(q), _shape(k))  # query heads per key/value head
 
     out, lse = [], []
     for b in range(B):

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ..common import checks
+from ..common import semantics
 from . import ops
 
 Grads = tuple[np.ndarray | None, ...]
@@ -276,7 +276,7 @@ class Tape:
         # exactly as if it had been left out of the softmax. With grouped-query
         # attention the key/value heads were repeated for every query head of
         # their group, so their gradients are the group's summed (sum_groups).
-        group = checks.group_size(q.shape, k.shape)  # G = H // Hkv
+        group = semantics.group_size(q.shape, k.shape)  # G = H // Hkv
         Dh = q.shape[-1]
         scale = 1.0 / math.sqrt(Dh) if scale is None else scale
         kr, vr = ops.repeat_heads(k, group), ops.repeat_heads(v, group)  # (B,H,S,*)

@@ -290,7 +290,7 @@ def attend(q, k, v, *, causal=False, mask=None, scale=None, window=None, return_
     """``attention`` on inputs it would accept, unchecked: the core the models call (on
     inputs their edge has checked, with masks that leave every query row a key)."""
     q, k, v = (np.asarray(a) for a in (q, k, v))
-    group = checks.group_size(q.shape, k.shape)  # query heads per key/value head
+    group = semantics.group_size(q.shape, k.shape)  # query heads per key/value head
     k, v = repeat_heads(k, group), repeat_heads(v, group)  # (B,H,S,Dh), (B,H,S,Dv)
     weights, lse = attention_weights(q, k, causal=causal, mask=mask, scale=scale, window=window)
     out = weights @ v  # (B,H,T,S) @ (B,H,S,Dv) -> (B,H,T,Dv)

@@ -19,9 +19,14 @@ from ..common.checks import (
     check_mask,
     check_scale,
     check_window,
-    group_size,
 )
-from ..common.semantics import causal_binds, causal_offset, rows_without_keys, window_binds
+from ..common.semantics import (
+    causal_binds,
+    causal_offset,
+    group_size,
+    rows_without_keys,
+    window_binds,
+)
 from .arrays import dtype_kind
 
 

@@ -49,7 +49,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from ..common.checks import group_size
+from ..common.semantics import group_size
 from ..level2_torch_manual.attention import causal_mask, repeat_heads
 from .private import flash_cpu_backward, flash_cpu_forward
 

@@ -153,7 +153,8 @@ class DecoderOnlyTransformer(_Quantizable, level2.DecoderOnlyTransformer):
         return self.decode_report
 
     def _decoder(self, tokens: torch.Tensor, steps: dict, cache, last=None) -> torch.Tensor:
-        step = self._compiled_step(tokens, cache, last)
+        """The edge's pass, or the compiled step where one runs it (``compile=True``)."""
+        step = self._compiled_step(tokens, cache, last) if self.compiled_decode else None
         if step is None:
             return super()._decoder(tokens, steps, cache, last)
         logits = step(tokens, steps, cache)  # (B,1,V)
@@ -162,7 +163,7 @@ class DecoderOnlyTransformer(_Quantizable, level2.DecoderOnlyTransformer):
 
     def _compiled_step(self, tokens: torch.Tensor, cache, last) -> compiled.CompiledDecode | None:
         """The compiled step for this pass: one new token per row into a cache, no gradient."""
-        if not self.compiled_decode or cache is None or last is not None or tokens.shape[1] != 1:
+        if cache is None or last is not None or tokens.shape[1] != 1:
             return None
         if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
             return None  # the compiled step has no backward
