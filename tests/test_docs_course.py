@@ -436,14 +436,16 @@ def test_the_reading_trace_sorts_functions_by_what_they_do():
     a traced rung whose parts add up, with every kind present and the core counted once."""
     import reading
 
-    assert reading.kind_of("common/checks.py", "check_token_ids") == "checks"
+    assert reading.kind_of("common/checks.py", "checked_ids") == "checks"
     assert reading.kind_of("common/semantics.py", "key_range") == "transformer"  # the rule
     assert reading.kind_of("common/checks.py", "attention_dims") == "checks"
     assert reading.kind_of("common/boundary.py", "plan") == "bookkeeping"
     assert reading.kind_of("common/boundary.py", "rows") == "checks"
     assert reading.kind_of("level2_torch_manual/arrays.py", "fetch") == "loading"
     assert reading.kind_of("level2_torch_manual/attention.py", "attention") == "transformer"
-    assert reading.kind_of("level2_torch_manual/models.py", "_last") == "bookkeeping"
+    assert reading.kind_of("level2_torch_manual/arrays.py", "last_position") == "bookkeeping"
+    assert reading.kind_of("level1_numpy/ops.py", "zero_padded") == "bookkeeping"
+    assert reading.kind_of("common/boundary.py", "_ids") == "checks"
     # A level-0 layer's __call__ is its forward; a model's hands over to its forward.
     assert reading.kind_of("level0_loops/layers.py", "__call__") == "transformer"
     assert reading.kind_of("level0_loops/models.py", "__call__") == "bookkeeping"

@@ -417,6 +417,28 @@ def test_token_ids_must_be_integers(level, dtype):
             call()
 
 
+@pytest.mark.torch_only
+def test_a_float_id_tensor_is_refused_by_its_own_dtype(level):
+    """The edge reads ids as numpy, which has no bfloat16: the error still names the tensor's."""
+    dec, _ = _models(level, tiny_config())
+    for dtype in (torch.bfloat16, torch.float16):
+        with raises_before_launch(TypeError, match=rf"got dtype {str(dtype)[6:]}$"):
+            dec.forward(torch.ones((1, 3), dtype=dtype, device=level.device))
+
+
+def test_ragged_rows_of_ids_or_valid_are_one_clear_error(level):
+    """Nested lists whose rows differ in length are refused at every level with the same
+    message (no numpy message about inhomogeneous shapes, no index error inside a layer)."""
+    dec, s2s = _models(level, tiny_config())
+    for call in (
+        lambda: dec.forward([[3, 4, 5], [6, 7]]),
+        lambda: dec.forward([[3, 4], [6, 7]], valid=[[True, True], [True]]),
+        lambda: s2s.forward([[3, 4], [5]], [[3, 4], [6, 7]]),
+    ):
+        with raises_before_launch(ValueError, match="rows of different lengths"):
+            call()
+
+
 def test_generate_checks_its_inputs_with_nothing_to_generate(level):
     config = tiny_config()  # V = 11, max_seq_len = 6
     dec, s2s = _models(level, config)

@@ -30,8 +30,8 @@ lists every function with its kind, so the sorting can be checked):
   ``levels/common/params.py``), the config's derived values;
 * **checks**: input validation (``check_*``, the ids and ``valid`` readers);
 * **bookkeeping**: the public edge (``levels/common/boundary.py``: plans, the
-  cache's book, masks of padding), the generation loop, the array converters
-  and the hooks a model fills in for the edge;
+  cache's book, masks of padding), the generation loop, and the level's array
+  functions the edge converts its inputs and outputs with;
 * **transformer**: everything else: embedding, attention and its rules
   (causal, window), RoPE, norms, the feed-forward, the KV cache's keys and
   values, the head.
@@ -123,11 +123,14 @@ RULES = (
     (r"common/semantics\.py$", r"^rows_without_keys$", "checks"),  # refusing empty rows
     (r"common/semantics\.py$", r".", "transformer"),  # the rules of attention: causal, window
     (r"common/checks\.py$", r".", "checks"),
-    (r"common/boundary\.py$", r"^(rows|_ids|_rows|_one_position)$", "checks"),
+    (r"common/boundary\.py$", r"^(rows|_numpy|_ids|_rows|_one_position)$", "checks"),
     (r"common/(boundary|generation|sampling)\.py$", r".", "bookkeeping"),
-    (r"/(convert|arrays)\.py$", r"^(asarray|to_numpy|dtype_kind)$", "bookkeeping"),
-    (r".", r"^(_ids|_rows|_mask|_offset|_column|_last|_zero_padded|_sees|_plan|_converters"
-     r"|_inference|new_cache|device|commit|_forget|position_offset)$", "bookkeeping"),
+    # The arrays the edge converts with (each level's converters, its zeroing of padded
+    # logits and its last position) and what a model keeps for the edge and its cache.
+    (r"/(convert|arrays|ops)\.py$", r"^(asarray|to_numpy|dtype_kind|zero_padded|last_position)$",
+     "bookkeeping"),
+    (r".", r"^(arrays|_converters|_inference|new_cache|device|commit|_forget|position_offset)$",
+     "bookkeeping"),
     # A model's __call__ hands over to its forward; a level-0 layer's __call__ is its forward
     # (the transformer, as the torch levels' forward methods are).
     (r"/models\.py$", r"^__call__$", "bookkeeping"),

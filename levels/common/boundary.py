@@ -1,10 +1,11 @@
 """The models' public edge, written once for every level: which tokens are real, where each
 sits, what each query may see.
 
-Everything here is bookkeeping on small plain-Python data (``(B, T)`` booleans, a
-length, a position per row), never a level's arithmetic, so one copy serves the
-five rungs: a model checks its inputs and asks for a ``Step`` here, converts the
-step's mask to its own arrays once, and computes. The rules:
+Everything here is bookkeeping on small plain data (the ids and ``valid`` as numpy,
+``(B, T)`` booleans, a length, a position per row), never a level's arithmetic, so one
+copy serves the five rungs: the public methods check the inputs, plan a ``Step``,
+convert what the architecture reads to the level's arrays once (its ``arrays``:
+``to_numpy``, ``asarray``), and call it. The rules:
 
 * **Real tokens.** ``valid (B, T)``, True = a real token, right-padded; without
   it every token is real. Padding is never inferred from token values: in a
@@ -40,6 +41,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
+
+import numpy as np
 
 from . import checks
 from .generation import generate_decoder_only, generate_seq2seq, stream_decoder_only
@@ -234,25 +237,48 @@ class CacheBook:
 
 
 class _Edge:
-    """The public methods of a model, written once: they check the inputs, plan the pass
-    and hand the architecture checked ids and a ``Step`` per window.
+    """The public methods of a model, written once: they read the inputs as numpy, check them,
+    plan the pass and hand the architecture the level's arrays, converted once.
 
-    A level's model class puts this first among its bases and supplies the rest,
-    which is where the levels differ (their arrays, their arithmetic):
+    A level's model supplies:
 
     - ``compute(ids, positions, sees, cache, last)`` (seq2seq: ``_encode`` and ``_decoder``):
       the architecture, on checked ids, with what each layer's queries may see (``_sees``);
-    - ``_ids(tokens, what, ndim)``: ``tokens`` checked (``checks.check_token_ids``), as the
-      level's ids;
-    - ``_rows(ids, valid, what)``: ``valid`` as checked ``Rows`` (``rows``);
-    - ``_mask(step)``: ``step.mask`` in the level's arrays, or None; ``_offset(step)``: the
-      step's first position (``step.offset``) as the level's RoPE takes it;
-    - ``_zero_padded(logits (B,T,V), rows)``: the logits, zero at the padded positions;
-    - ``_column(ids (B,))``: ``(B,1)``; ``_last(logits (B,1,V))``: ``(B,V)``;
-    - ``new_cache(batch)``: an empty cache (a ``CacheBook``);
+    - ``arrays``: the level's array functions: its converters ``to_numpy(x)`` and
+      ``asarray(np_array, device=)``, and ``zero_padded(x (B,T,N), valid)`` and
+      ``last_position(x (B,T,N)) -> (B,N)``;
+    - ``device``, and ``new_cache(batch)``: an empty cache (a ``CacheBook``);
     - ``_inference``: a decorator for the generation loops (torch's ``no_grad``, or
       nothing), and ``_converters()``: what they need to move ids to and from numpy.
     """
+
+    def _numpy(self, x, what: str) -> np.ndarray:
+        """``x`` (the level's arrays, numpy, nested lists) as numpy; ragged rows refused."""
+        try:
+            return np.asarray(self.arrays.to_numpy(x))
+        except ValueError:  # numpy: an inhomogeneous shape
+            raise ValueError(f"{what}: rows of different lengths (not a (B, T) array)") from None
+
+    def _ids(self, tokens, what: str, ndim: int = 2) -> np.ndarray:
+        """``tokens`` checked (``ndim`` axes, none empty, integers in ``[0, V)``) as int64 numpy.
+        An error names the caller's dtype (a torch one, say), not that of numpy's copy."""
+        ids, dtype = self._numpy(tokens, what), getattr(tokens, "dtype", None)
+        return checks.checked_ids(ids, self.config.vocab_size, what=what, ndim=ndim, dtype=dtype)
+
+    def _rows(self, ids: np.ndarray, valid, what: str) -> Rows:
+        """``valid`` for ``ids (B,T)`` as checked ``Rows`` (``rows``; None: every token real)."""
+        if valid is not None:
+            valid = self._numpy(valid, what)
+        return rows(valid, ids.shape, valid is None or valid.dtype == np.bool_, what=what)
+
+    def _one_position(self, tokens, what: str):
+        """A decode step's ``tokens (B,)``, checked -> ``(B,1)`` ids and their ``(B,1)`` validity."""
+        ids = self._ids(tokens, what, ndim=1)[:, None]  # (B,) -> (B,1)
+        return ids, [[True] for _ in range(len(ids))]
+
+    def _converted(self, array: np.ndarray):
+        """A numpy array in the level's arrays, on the model's device."""
+        return self.arrays.asarray(array, device=self.device)
 
     def _plan(self, rows_: Rows, **where) -> dict[int | None, Step]:
         """The pass over ``rows_ (B,T)``: a ``Step`` per distinct window among the layers
@@ -263,17 +289,22 @@ class _Edge:
 
     def _sees(self, steps: dict) -> dict:
         """What each layer's queries may see: ``{window: (mask, window by slot)}``, each mask in
-        the level's arrays, built once per pass for all the layers of its window."""
+        the level's arrays (None: every key), built once per pass for all the layers of its window."""
         return {w: (self._mask(step), step.window) for w, step in steps.items()}
+
+    def _mask(self, step: Step):
+        """``step.mask`` in the level's arrays (None: every key may be seen)."""
+        return None if step.mask is None else self._converted(np.array(step.mask, dtype=bool))
+
+    def _offset(self, step: Step):
+        """The step's first position: an int, or one per row in the level's arrays (ragged)."""
+        return (
+            step.offset if isinstance(step.offset, int) else self._converted(np.array(step.offset))
+        )
 
     def _zeroed(self, logits, rows_: Rows):
         """Logits ``(B,T,V)`` with every padded position exactly zero."""
-        return logits if all_real(rows_) else self._zero_padded(logits, rows_)
-
-    def _one_position(self, tokens, what: str):
-        """A decode step's ``tokens (B,)``, checked -> ``(B,1)`` ids and their ``(B,1)`` validity."""
-        ids = self._column(self._ids(tokens, what, ndim=1))  # (B,) -> (B,1)
-        return ids, [[True] for _ in range(len(ids))]
+        return logits if all_real(rows_) else self.arrays.zero_padded(logits, rows_)
 
 
 class DecoderOnlyEdge(_Edge):
@@ -281,8 +312,8 @@ class DecoderOnlyEdge(_Edge):
     ``stream`` of a decoder-only model over its ``compute(ids, positions, sees, cache, last)``."""
 
     def _decoder(self, ids, steps: dict, cache, last=None):
-        """The planned pass: raw logits ``(B,T,V)`` of checked ``ids (B,T)`` (``(B,1,V)`` at
-        ``last``, a slot per row), and then the cache's new positions committed."""
+        """The planned pass: raw logits ``(B,T,V)`` of checked ``ids (B,T)``, the level's arrays
+        (``(B,1,V)`` at ``last``, a slot per row), and then the cache's new positions committed."""
         step = next(iter(steps.values()))  # what every window's step shares: the positions
         logits = self.compute(ids, self._offset(step), self._sees(steps), cache, last)
         if cache is not None:
@@ -291,10 +322,11 @@ class DecoderOnlyEdge(_Edge):
 
     def logits(self, tokens, *, valid=None, position_offset: int = 0):
         """``(logits (B,T,V), valid (B,T))`` without zeroing the padded positions (for training)."""
-        ids = self._ids(tokens, "tokens", ndim=2)
-        checks.check_position_offset(position_offset, len(ids[0]), self.config.max_seq_len)
+        ids = self._ids(tokens, "tokens")
+        checks.check_position_offset(position_offset, ids.shape[1], self.config.max_seq_len)
         rows_ = self._rows(ids, valid, "valid")
-        return self._decoder(ids, self._plan(rows_, position_offset=position_offset), None), rows_
+        steps = self._plan(rows_, position_offset=position_offset)
+        return self._decoder(self._converted(ids), steps, None), rows_
 
     def forward(self, tokens, *, valid=None, position_offset: int = 0):
         """``tokens (B,T)`` ints, ``valid (B,T)`` bool (default: every token is real) -> ``(B,T,V)``.
@@ -309,32 +341,34 @@ class DecoderOnlyEdge(_Edge):
         """Run the prompt ``tokens (B,T)`` and keep its keys and values: ``(logits (B,T,V), cache)``;
         ``last_only``: the logits of each row's last real token only, ``(B,V)`` (what a
         generator needs)."""
-        ids = self._ids(tokens, "tokens", ndim=2)
+        ids = self._ids(tokens, "tokens")
         rows_ = self._rows(ids, valid, "valid")
-        checks.check_length(len(rows_[0]), self.config.max_seq_len, what="tokens length")
+        checks.check_length(ids.shape[1], self.config.max_seq_len, what="tokens length")
         cache = self.new_cache(len(rows_))
-        steps = self._plan(rows_, cache=cache)
+        steps, ids = self._plan(rows_, cache=cache), self._converted(ids)
         if last_only:
-            return self._last(self._decoder(ids, steps, cache, last_real(rows_))), cache
+            last = self._decoder(ids, steps, cache, last_real(rows_))  # (B,1,V)
+            return self.arrays.last_position(last), cache
         return self._zeroed(self._decoder(ids, steps, cache), rows_), cache
 
     def decode_step(self, tokens, cache):
         """Append one position per row, ``tokens (B,)``, to ``cache`` in place -> logits ``(B,V)``."""
         ids, rows_ = self._one_position(tokens, "tokens")
         cache.check(len(rows_), 1, "tokens")  # raises before anything is written
-        return self._last(self._decoder(ids, self._plan(rows_, cache=cache), cache))  # (B,V)
+        logits = self._decoder(self._converted(ids), self._plan(rows_, cache=cache), cache)
+        return self.arrays.last_position(logits)  # (B,1,V) -> (B,V)
 
     def extend(self, tokens, cache, *, valid=None, last_only: bool = False):
         """Append ``tokens (B,T)`` to ``cache`` in place, as ``prefill`` would have taken them
         after the cache's positions -> logits ``(B,T,V)``, or ``(B,V)`` at each row's last
         real token with ``last_only``. A long prompt in pieces (a server's chunked
         prefill), or a prompt after a prefix already cached."""
-        ids = self._ids(tokens, "tokens", ndim=2)
+        ids = self._ids(tokens, "tokens")
         rows_ = self._rows(ids, valid, "valid")
-        cache.check(len(rows_), len(rows_[0]), "tokens")  # raises before anything is written
-        steps = self._plan(rows_, cache=cache)
+        cache.check(len(rows_), ids.shape[1], "tokens")  # raises before anything is written
+        steps, ids = self._plan(rows_, cache=cache), self._converted(ids)
         if last_only:
-            return self._last(self._decoder(ids, steps, cache, last_real(rows_)))
+            return self.arrays.last_position(self._decoder(ids, steps, cache, last_real(rows_)))
         return self._zeroed(self._decoder(ids, steps, cache), rows_)
 
     def generate(self, prefix, max_new_tokens, **options):
@@ -372,20 +406,21 @@ class Seq2SeqEdge(_Edge):
     def _source(self, src, src_valid):
         """Checked source ids, the encoder's steps (no cache), the cross-attention's mask of
         its real tokens (no window), and its rows."""
-        src = self._ids(src, "source tokens", ndim=2)
+        src = self._ids(src, "source tokens")
         rows_ = self._rows(src, src_valid, "src_valid")
-        checks.check_length(len(rows_[0]), self.config.max_seq_len, what="source length")
-        return src, self._plan(rows_), self._mask(plan(rows_, window=None)), rows_
+        checks.check_length(src.shape[1], self.config.max_seq_len, what="source length")
+        memory_mask = self._mask(plan(rows_, window=None))
+        return self._converted(src), self._plan(rows_), memory_mask, rows_
 
     def _inputs(self, src, tgt_in, src_valid, tgt_valid):
         """Both sequences checked, the target first, so that bad target input fails before
         the source is encoded (before any kernel launch)."""
-        tgt = self._ids(tgt_in, "target tokens", ndim=2)
+        tgt = self._ids(tgt_in, "target tokens")
         rows_ = self._rows(tgt, tgt_valid, "tgt_valid")
-        checks.check_length(len(rows_[0]), self.config.max_seq_len, what="target length")
+        checks.check_length(tgt.shape[1], self.config.max_seq_len, what="target length")
         src, src_steps, memory_mask, src_rows = self._source(src, src_valid)
         checks.check_batch(len(rows_), len(src_rows), what="target tokens for this source")
-        return src, src_steps, memory_mask, tgt, rows_
+        return src, src_steps, memory_mask, self._converted(tgt), rows_
 
     def logits(self, src, tgt_in, *, src_valid=None, tgt_valid=None):
         """``(logits (B,T,V), tgt_valid (B,T))`` without zeroing the padded targets (for training)."""
@@ -420,8 +455,9 @@ class Seq2SeqEdge(_Edge):
         """Append one target position per row, ``tokens (B,)``, to ``cache`` -> logits ``(B,V)``."""
         ids, rows_ = self._one_position(tokens, "target tokens")
         cache.check(len(rows_), 1, "target tokens")
-        steps = self._plan(rows_, cache=cache)
-        return self._last(self._target(ids, steps, None, cache.memory_mask, cache))  # (B,V)
+        steps, ids = self._plan(rows_, cache=cache), self._converted(ids)
+        logits = self._target(ids, steps, None, cache.memory_mask, cache)
+        return self.arrays.last_position(logits)  # (B,1,V) -> (B,V)
 
     def generate(self, src, **options):
         """Decoding from BOS -> ``(B, 1 + n)``; each row stops at its EOS, then pads.

@@ -1,8 +1,8 @@
 """Input validation shared by every level, so the errors are identical everywhere.
 
-These functions look at shapes, dtype kinds and a few plain integers, never at
-a level's array type, so each level calls them with facts read off its own
-arrays: levels 0 and 1 through numpy, the torch levels through torch. Each
+These functions look at shapes, dtype kinds and a few plain integers (and at token
+ids as numpy, which is how the models' edge reads every level's), never at a level's
+array type, so each level calls them with facts read off its own arrays. Each
 message is written once, here. The error table they implement is in
 docs/conventions.md.
 
@@ -14,7 +14,9 @@ is reported as it is).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+
+import numpy as np
 
 EMPTY_ROW_MESSAGE = (
     "a query row has no key it may attend to (check the mask, the padding, the window "
@@ -106,34 +108,22 @@ def check_window(window: int | None) -> None:
         raise ValueError(f"window must be a positive integer (or None), got {window!r}")
 
 
-def check_token_ids(
-    shape: Sequence[int],
-    kind: str,
-    dtype: object,
-    bounds: Callable[[], tuple[int, int]],
-    vocab_size: int,
-    *,
-    what: str = "tokens",
-    ndim: int = 2,
-) -> None:
-    """Token ids: a non-empty ``ndim``-D integer array with every id in ``[0, vocab_size)``.
-
-    ``bounds()`` returns ``(min, max)``; it is called only once the shape and
-    dtype are right (a kernel must never gather out of bounds).
-    """
-    shape = tuple(int(n) for n in shape)
-    if len(shape) != ndim or 0 in shape:
+def checked_ids(
+    ids: np.ndarray, vocab_size: int, *, what: str = "tokens", ndim: int = 2, dtype=None
+) -> np.ndarray:
+    """Token ids as int64: a non-empty ``ndim``-D integer array, every id in ``[0, V)`` (a
+    kernel must never gather out of bounds). Every level's ids come here as numpy; ``dtype``
+    is the caller's, which an error names (numpy's copy of a bfloat16 tensor is float32)."""
+    if ids.ndim != ndim or 0 in ids.shape:
         raise ValueError(
-            f"{what} must be a non-empty {SHAPE_NAMES[ndim]} array of token ids, got shape {shape}"
+            f"{what} must be a non-empty {SHAPE_NAMES[ndim]} array of token ids, "
+            f"got shape {ids.shape}"
         )
-    if kind not in "iu":
-        raise TypeError(
-            f"{what} must be integer token ids, got dtype {str(dtype).replace('torch.', '')}"
-        )
-    lo, hi = bounds()
-    if lo < 0 or hi >= vocab_size:
-        bad = lo if lo < 0 else hi
-        raise ValueError(f"{what}: token id {bad} is outside [0, vocab_size={vocab_size})")
+    if ids.dtype.kind not in "iu":
+        name = str(ids.dtype if dtype is None else dtype).replace("torch.", "")
+        raise TypeError(f"{what} must be integer token ids, got dtype {name}")
+    check_tokens(int(ids.min()), int(ids.max()), vocab_size, what=f"{what}: token id")
+    return ids.astype(np.int64)
 
 
 def check_tokens(lo: int, hi: int, vocab_size: int, *, what: str = "token id") -> None:

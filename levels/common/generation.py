@@ -38,20 +38,6 @@ ToNative = Callable[[np.ndarray], Native]
 ToNumpy = Callable[[Native], np.ndarray]
 
 
-def checked_ids(tokens: np.ndarray, vocab_size: int, what: str) -> np.ndarray:
-    """``tokens (B, L)`` as int64 after the model boundary's checks (shape, dtype, range)."""
-    tokens = np.asarray(tokens)
-    checks.check_token_ids(
-        tokens.shape,
-        tokens.dtype.kind,
-        tokens.dtype,
-        lambda: (int(tokens.min()), int(tokens.max())),
-        vocab_size,
-        what=what,
-    )
-    return tokens.astype(np.int64)
-
-
 def prompt_lengths(valid: np.ndarray | None, shape: tuple[int, int]) -> np.ndarray:
     """``(B,)`` real tokens per row of a right-padded prompt ``valid (B, P)`` (None: all real).
 
@@ -113,7 +99,7 @@ def generate_decoder_only(
     to_numpy = to_numpy or model.ops.to_numpy
     config = model.config
     sampling = Sampling(temperature, top_k, top_p, seed)
-    tokens = checked_ids(to_numpy(prefix), config.vocab_size, "prefix")  # (B, P)
+    tokens = checks.checked_ids(to_numpy(prefix), config.vocab_size, what="prefix")  # (B, P)
     checks.check_new_tokens(max_new_tokens)
     B, P = tokens.shape
     lengths = prompt_lengths(None if valid is None else np.asarray(to_numpy(valid)), (B, P))
@@ -188,7 +174,7 @@ def stream_decoder_only(
     to_numpy = to_numpy or model.ops.to_numpy
     config = model.config
     sampling = Sampling(temperature, top_k, top_p, seed)
-    tokens = checked_ids(np.asarray(prompt)[None], config.vocab_size, "prompt")  # (1, P)
+    tokens = checks.checked_ids(np.asarray(prompt)[None], config.vocab_size, what="prompt")
     checks.check_new_tokens(max_new_tokens)
     for stop in stop_ids:
         _check_token_id("a stop id", stop, config.vocab_size)
@@ -249,7 +235,7 @@ def generate_seq2seq(
         raise ValueError(
             f"1 + max_new_tokens = {1 + max_new_tokens} exceeds max_seq_len={config.max_seq_len}"
         )
-    ids = checked_ids(to_numpy(src), config.vocab_size, "source tokens")  # (B, S)
+    ids = checks.checked_ids(to_numpy(src), config.vocab_size, what="source tokens")  # (B, S)
     checks.check_length(ids.shape[1], config.max_seq_len, what="source length")
     if src_valid is not None:
         valid = np.asarray(to_numpy(src_valid))

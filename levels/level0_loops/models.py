@@ -6,8 +6,8 @@ norm, head; seq2seq: ``_encode`` and ``_decoder``). The public methods
 (``forward``, ``prefill``, ``decode_step``, ``generate``) are ``levels.common.boundary``'s,
 written once for every level: they check the inputs and plan each pass (which
 tokens are real, their positions, what each query sees: a step per distinct
-window of the layers, ``config.layer_windows``); the small methods of
-``_Model`` are this level's side of it.
+window of the layers, ``config.layer_windows``) in numpy, and convert what the
+architecture reads with the level's own ``ops`` (``arrays``).
 
 ``forward`` is a pass without a cache, ``prefill`` a pass into an empty one,
 ``decode_step`` one token into a filled one: the same ``compute``.
@@ -15,7 +15,7 @@ window of the layers, ``config.layer_windows``); the small methods of
 
 from __future__ import annotations
 
-from ..common import boundary, checks
+from ..common import boundary
 from ..common.params import check_params, param_shapes
 from .layers import DecoderLayer, EncoderLayer, Module, Native, norm_class
 
@@ -65,8 +65,9 @@ class KVCache(boundary.CacheBook):
 
 
 class _Model(Module):
-    """What both models share: the parameter check, and what ``boundary``'s public methods
-    ask of a level (its ids, rows, masks, the zeroing of padded logits)."""
+    """What both models share: the parameter check, and the arrays ``boundary``'s public
+    methods convert the inputs with (``ops``: its converters, ``zero_padded``,
+    ``last_position``)."""
 
     kind: str
 
@@ -84,31 +85,9 @@ class _Model(Module):
     def _converters(self) -> dict:
         return {}  # the generation loops default to ``self.ops``' converters
 
-    def _ids(self, tokens, what: str = "tokens", ndim: int = 2):
-        """``tokens`` checked (``ndim`` axes, none empty, every id in ``[0, V)``), as the level's."""
-        facts = self.ops.token_facts(tokens)  # (shape, kind, dtype, bounds)
-        checks.check_token_ids(*facts, self.config.vocab_size, what=what, ndim=ndim)
-        return tokens
-
-    def _rows(self, ids, valid, what: str = "valid") -> boundary.Rows:
-        shape = self.ops.token_facts(ids)[0]
-        is_bool = valid is None or self.ops.token_facts(valid)[1] == "b"
-        return boundary.rows(valid, shape, is_bool, what=what)
-
-    def _mask(self, step: boundary.Step):
-        return None if step.mask is None else self.ops.bools(step.mask)
-
-    def _zero_padded(self, logits, rows: boundary.Rows):
-        return self.ops.zero_padded(logits, rows)
-
-    def _offset(self, step: boundary.Step):
-        return step.offset  # an int, or one per row (a list) once the cache is ragged
-
-    def _column(self, ids):
-        return self.ops.unsqueeze_time(ids)  # (B,) -> (B,1)
-
-    def _last(self, logits):
-        return self.ops.last_position(logits)  # (B,1,V) -> (B,V)
+    @property
+    def arrays(self):
+        return self.ops  # the level's array functions (a training tape records through them)
 
     def _layers(self, config, params, prefix: str, Layer) -> list:
         """``Layer`` ``{prefix}{i}.`` for each layer ``i``, each with its RoPE base."""

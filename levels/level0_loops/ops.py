@@ -56,29 +56,6 @@ def _element_type(x: Nested) -> str:
 # ------------------------------------------------------ what the model boundary asks
 
 
-def token_facts(x: Nested) -> tuple:
-    """``(shape, kind, dtype, bounds)`` of token ids for ``levels.common.checks.check_token_ids``:
-    numpy's one-letter kind of the leaves (``"i"`` ints, ``"f"`` floats, ``"b"`` bools)."""
-    x = x.tolist() if hasattr(x, "tolist") else x  # a numpy array handed to level 0
-    shape = _shape(x)
-    if len(shape) == 2 and any(len(row) != shape[1] for row in x):
-        raise ValueError(f"tokens: rows of different lengths ({[len(row) for row in x]})")
-    leaves = list(_leaves(x))
-    if all(isinstance(t, bool) for t in leaves):
-        kind = "b"
-    elif all(isinstance(t, int) and not isinstance(t, bool) for t in leaves):
-        kind = "i"
-    else:
-        kind = "f" if all(isinstance(t, int | float) for t in leaves) else "O"
-    dtype = {"i": "int64", "f": "float64", "b": "bool"}.get(kind, "object")
-    return shape, kind, dtype, lambda: (min(leaves), max(leaves))
-
-
-def unsqueeze_time(ids: Nested) -> Nested:
-    """A decode step's ids ``(B,)`` -> ``(B,1)``: one new position per row."""
-    return [[t] for t in ids]
-
-
 def last_position(x: Nested) -> Nested:
     """``(B,T,N) -> (B,N)``: each row's last position (a decode step's logits)."""
     return [seq[-1] for seq in x]
@@ -87,11 +64,6 @@ def last_position(x: Nested) -> Nested:
 def at_positions(x: Nested, positions: list[int]) -> Nested:
     """``(B,T,N) -> (B,1,N)``: position ``positions[b]`` of row ``b``."""
     return [[seq[t]] for seq, t in zip(x, positions, strict=True)]
-
-
-def bools(mask: Nested) -> Nested:
-    """A mask of the boundary (nested lists of bools) in this level's arrays: as it is."""
-    return mask
 
 
 def zero_padded(x: Nested, valid: list[list[bool]]) -> Nested:

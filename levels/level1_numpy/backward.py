@@ -54,8 +54,6 @@ class Tape:
     # (nothing flows back through them: ids, masks, zeroed padding).
     asarray = staticmethod(ops.asarray)
     to_numpy = staticmethod(ops.to_numpy)
-    token_facts = staticmethod(ops.token_facts)
-    bools = staticmethod(ops.bools)
 
     def __init__(self, params: Mapping[str, np.ndarray]):
         self._params = dict(params)

@@ -20,17 +20,6 @@ from .convert import asarray, to_numpy  # noqa: F401  (the pieces load parameter
 # ------------------------------------------------------ reshaping and joining
 
 
-def token_facts(x) -> tuple:
-    """``(shape, kind, dtype, bounds)`` of token ids for ``levels.common.checks.check_token_ids``."""
-    x = np.asarray(x)
-    return x.shape, x.dtype.kind, x.dtype, lambda: (int(x.min()), int(x.max()))
-
-
-def unsqueeze_time(ids) -> np.ndarray:
-    """A decode step's ids ``(B,)`` -> ``(B,1)``: one new position per row."""
-    return np.asarray(ids)[:, None]
-
-
 def last_position(x: np.ndarray) -> np.ndarray:
     """``(B,T,N) -> (B,N)``: each row's last position (a decode step's logits)."""
     return x[:, -1]
@@ -39,11 +28,6 @@ def last_position(x: np.ndarray) -> np.ndarray:
 def at_positions(x: np.ndarray, positions: list[int]) -> np.ndarray:
     """``(B,T,N) -> (B,1,N)``: position ``positions[b]`` of row ``b``."""
     return x[np.arange(len(positions)), positions][:, None]
-
-
-def bools(mask) -> np.ndarray:
-    """A mask of the boundary (nested lists of bools) as a numpy bool array."""
-    return np.asarray(mask, dtype=bool)
 
 
 def zero_padded(x: np.ndarray, valid) -> np.ndarray:

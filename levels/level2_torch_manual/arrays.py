@@ -78,10 +78,24 @@ def to_numpy(x) -> np.ndarray:
     """A tensor back to numpy (detached, on the CPU). bfloat16, which numpy lacks, comes back as float32."""
     if not isinstance(x, torch.Tensor):
         return np.asarray(x)
-    x = x.detach().cpu()
+    if x.requires_grad:
+        x = x.detach()
+    if x.device.type != "cpu":
+        x = x.cpu()
     if x.dtype == torch.bfloat16:
         x = x.float()
     return x.numpy()
+
+
+def zero_padded(x: torch.Tensor, valid: list[list[bool]]) -> torch.Tensor:
+    """``x (B,T,N)``, exactly zero (and of zero gradient) at the padded positions (``valid`` False)."""
+    padded = ~torch.tensor(valid, dtype=torch.bool, device=x.device)  # (B,T)
+    return x.masked_fill(padded[..., None], 0.0)  # (B,T,N)
+
+
+def last_position(x: torch.Tensor) -> torch.Tensor:
+    """``(B,T,N) -> (B,N)``: each row's last position (a decode step's logits)."""
+    return x[:, -1]
 
 
 def dtype_kind(dtype: torch.dtype) -> str:

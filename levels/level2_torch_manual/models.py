@@ -5,8 +5,9 @@ and ``_decoder``). The public methods (``forward``, ``prefill``, ``decode_step``
 are ``levels.common.boundary``'s, the same code as every other level's: they
 check the inputs and plan each pass (which tokens are real, their positions,
 what each query sees: a step per distinct window of the layers,
-``config.layer_windows``); the small methods of ``_Model`` are this level's
-side of it (ids and masks as tensors on the model's device). ``forward`` is a
+``config.layer_windows``) in numpy, and convert what the architecture reads
+with this level's ``arrays.py`` (ids, masks and positions as tensors on the
+model's device). ``forward`` is a
 pass without a cache, ``prefill`` a pass into an empty one, ``decode_step``
 one token into a filled one.
 """
@@ -18,10 +19,11 @@ from functools import partial
 import torch
 from torch import nn
 
-from ..common import boundary, checks
+from ..common import boundary
 from ..common.config import TransformerConfig
 from ..common.params import check_params, param_shapes
-from .arrays import asarray, dtype_kind, fetch, linear, to_numpy
+from . import arrays as level_arrays
+from .arrays import asarray, fetch, linear, to_numpy
 from .kernels import LEVEL2_KERNELS, Kernels
 from .layers import DecoderLayer, EncoderLayer
 
@@ -55,6 +57,7 @@ class _Model(nn.Module):
     """What both models share: the parameter check, the kernels, the checks of the inputs."""
 
     kernels: Kernels = LEVEL2_KERNELS
+    arrays = level_arrays  # what boundary's public methods convert the inputs with (arrays.py)
 
     def __init__(self, config: TransformerConfig, params, kind: str, *, dtype, kernels):
         super().__init__()
@@ -79,33 +82,6 @@ class _Model(nn.Module):
         """An empty KV cache of capacity ``max_seq_len`` for ``batch`` rows."""
         return self.kernels.kv_cache(self.config, batch, device=self.device, dtype=self.dtype)
 
-    def _ids(self, tokens, what: str = "tokens", ndim: int = 2) -> torch.Tensor:
-        """``tokens`` as checked int64 ids on the model's device: ``ndim`` axes, none empty,
-        all in ``[0, V)`` (the range check waits for the device once: one ``aminmax``). Any
-        integer dtype is taken as ids, as int64 (a uint8 tensor is never a boolean index)."""
-        if not isinstance(tokens, torch.Tensor):
-            tokens = asarray(tokens, device=self.device)
-
-        def bounds() -> tuple[int, int]:
-            lo, hi = torch.aminmax(tokens)
-            return int(lo), int(hi)
-
-        facts = (tokens.shape, dtype_kind(tokens.dtype), tokens.dtype, bounds)
-        checks.check_token_ids(*facts, self.config.vocab_size, what=what, ndim=ndim)
-        return tokens.to(device=self.device, dtype=torch.long)
-
-    def _rows(self, tokens: torch.Tensor, valid, what: str = "valid") -> boundary.Rows:
-        if valid is not None and not isinstance(valid, torch.Tensor):
-            valid = asarray(valid)
-        is_bool = valid is None or valid.dtype == torch.bool
-        return boundary.rows(valid, tuple(tokens.shape), is_bool, what=what)
-
-    def _mask(self, step: boundary.Step) -> torch.Tensor | None:
-        """The step's mask on the device, built once for every layer (None: see every key)."""
-        if step.mask is None:
-            return None
-        return torch.tensor(step.mask, dtype=torch.bool, device=self.device)
-
     def _layers(self, config: TransformerConfig, params, prefix: str, Layer, **kw) -> nn.ModuleList:
         """``Layer`` ``{prefix}{i}.`` for each layer ``i``, each with its RoPE base."""
         # option window_pattern, rope_local_base: each layer's window and RoPE base (Gemma 3)
@@ -120,23 +96,6 @@ class _Model(nn.Module):
             )
             for i, w in enumerate(config.layer_windows)
         )
-
-    def _zero_padded(self, logits: torch.Tensor, valid: boundary.Rows) -> torch.Tensor:
-        """Logits ``(B,T,V)``, exactly zero (and of zero gradient) at padded positions."""
-        padded = ~torch.tensor(valid, dtype=torch.bool, device=logits.device)  # (B,T)
-        return logits.masked_fill(padded[..., None], 0.0)  # (B,T,V)
-
-    def _offset(self, step: boundary.Step) -> int | torch.Tensor:
-        """The step's first position: an int, or ``(B,)`` on the device when ragged."""
-        if isinstance(step.offset, int):
-            return step.offset
-        return torch.tensor(step.offset, device=self.device)
-
-    def _column(self, ids: torch.Tensor) -> torch.Tensor:
-        return ids.reshape(-1, 1)  # (B,) -> (B,1)
-
-    def _last(self, logits: torch.Tensor) -> torch.Tensor:
-        return logits[:, 0]  # (B,1,V) -> (B,V)
 
 
 class DecoderOnlyTransformer(boundary.DecoderOnlyEdge, _Model):
