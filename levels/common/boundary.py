@@ -298,9 +298,9 @@ class _Edge:
 
     def _offset(self, step: Step):
         """The step's first position: an int, or one per row in the level's arrays (ragged)."""
-        return (
-            step.offset if isinstance(step.offset, int) else self._converted(np.array(step.offset))
-        )
+        if isinstance(step.offset, int):
+            return step.offset
+        return self._converted(np.array(step.offset))  # (B,)
 
     def _zeroed(self, logits, rows_: Rows):
         """Logits ``(B,T,V)`` with every padded position exactly zero."""
