@@ -97,6 +97,11 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "no_lowp: no float16/bfloat16 run (no PyTorch baseline to hold it to)"
     )
+    config.addinivalue_line(
+        "markers",
+        "interpreter_extended(*ids): these parameter ids of level 4's cases run in the "
+        "extended run when level 4 runs under Triton's interpreter (the CPU)",
+    )
     # `ladder chat` at level 3 compiles its decode step by default: a few minutes once per
     # model shape and code version, which the tests of chat's behaviour do not need. They
     # run eager (and so do the commands they spawn); the tests of the compiled step ask for
@@ -108,6 +113,23 @@ def pytest_configure(config):
     torch.set_num_threads(1)
     if config.getoption("--device") == "cuda" and not torch.cuda.is_available():
         raise pytest.UsageError("--device cuda was asked for, but torch sees no CUDA device")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Level 4 on the CPU runs in Triton's interpreter, seconds a case: a test may send some
+    of its level-4 cases (``interpreter_extended("hot", ...)``, by parameter id) to the
+    extended run, which CI also makes, and keep the rest in the default suite. (This hook
+    runs before pytest's own, which then deselects them by ``-m``.)"""
+    if config.getoption("--device") != "cpu":
+        return
+    for item in items:
+        marker = item.get_closest_marker("interpreter_extended")
+        callspec = getattr(item, "callspec", None)
+        if marker is None or callspec is None:
+            continue
+        level = callspec.params.get("_level_dtype", (None,))[0]
+        if level == "level4_triton_kernel" and set(marker.args) & set(callspec.id.split("-")):
+            item.add_marker(pytest.mark.extended)
 
 
 def _dtypes_for(name: str, device: str, *, best_only: bool, lowp: bool) -> tuple[str, ...]:
