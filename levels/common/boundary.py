@@ -53,15 +53,14 @@ Rows = list[list[bool]]  # (B, T) booleans as plain lists
 # ----------------------------------------------------------------------------- inputs
 
 
-def rows(valid: Any, shape: Sequence[int], is_bool: bool, *, what: str = "valid") -> Rows:
-    """``valid (B, T)`` (nested lists, a numpy array or a tensor) as checked plain lists;
+def rows(valid: np.ndarray | None, shape: Sequence[int], *, what: str = "valid") -> Rows:
+    """``valid (B, T)`` (as numpy: the edge reads every level's so) as checked plain lists;
     None: every token real. Every row needs a real token, and its padding comes last."""
     B, T = shape
     if valid is None:
         return [[True] * T for _ in range(B)]
-    shape_of = tuple(getattr(valid, "shape", (len(valid), len(valid[0]) if len(valid) else 0)))
-    checks.check_valid_shape(shape_of, tuple(shape), is_bool, what=what)
-    out = valid.tolist() if hasattr(valid, "tolist") else [list(row) for row in valid]
+    checks.check_valid_shape(valid.shape, tuple(shape), valid.dtype == np.bool_, what=what)
+    out = valid.tolist()
     if not all(any(row) for row in out):
         raise ValueError(f"{what}: {checks.NO_VALID_TOKEN_MESSAGE}")
     if any(not a and b for row in out for a, b in pairwise(row)):
@@ -267,9 +266,7 @@ class _Edge:
 
     def _rows(self, ids: np.ndarray, valid, what: str) -> Rows:
         """``valid`` for ``ids (B,T)`` as checked ``Rows`` (``rows``; None: every token real)."""
-        if valid is not None:
-            valid = self._numpy(valid, what)
-        return rows(valid, ids.shape, valid is None or valid.dtype == np.bool_, what=what)
+        return rows(None if valid is None else self._numpy(valid, what), ids.shape, what=what)
 
     def _one_position(self, tokens, what: str):
         """A decode step's ``tokens (B,)``, checked -> ``(B,1)`` ids and their ``(B,1)`` validity."""
@@ -404,13 +401,13 @@ class Seq2SeqEdge(_Edge):
         return logits
 
     def _source(self, src, src_valid):
-        """Checked source ids, the encoder's steps (no cache), the cross-attention's mask of
-        its real tokens (no window), and its rows."""
+        """Checked source ids, what the encoder's layers see (no cache), the cross-attention's
+        mask of its real tokens (no window), and its rows."""
         src = self._ids(src, "source tokens")
         rows_ = self._rows(src, src_valid, "src_valid")
         checks.check_length(src.shape[1], self.config.max_seq_len, what="source length")
         memory_mask = self._mask(plan(rows_, window=None))
-        return self._converted(src), self._plan(rows_), memory_mask, rows_
+        return self._converted(src), self._sees(self._plan(rows_)), memory_mask, rows_
 
     def _inputs(self, src, tgt_in, src_valid, tgt_valid):
         """Both sequences checked, the target first, so that bad target input fails before
@@ -418,14 +415,14 @@ class Seq2SeqEdge(_Edge):
         tgt = self._ids(tgt_in, "target tokens")
         rows_ = self._rows(tgt, tgt_valid, "tgt_valid")
         checks.check_length(tgt.shape[1], self.config.max_seq_len, what="target length")
-        src, src_steps, memory_mask, src_rows = self._source(src, src_valid)
+        src, src_sees, memory_mask, src_rows = self._source(src, src_valid)
         checks.check_batch(len(rows_), len(src_rows), what="target tokens for this source")
-        return src, src_steps, memory_mask, self._converted(tgt), rows_
+        return src, src_sees, memory_mask, self._converted(tgt), rows_
 
     def logits(self, src, tgt_in, *, src_valid=None, tgt_valid=None):
         """``(logits (B,T,V), tgt_valid (B,T))`` without zeroing the padded targets (for training)."""
-        src, src_steps, memory_mask, tgt, rows_ = self._inputs(src, tgt_in, src_valid, tgt_valid)
-        memory = self._encode(src, self._sees(src_steps))  # (B,S,D)
+        src, src_sees, memory_mask, tgt, rows_ = self._inputs(src, tgt_in, src_valid, tgt_valid)
+        memory = self._encode(src, src_sees)  # (B,S,D)
         return self._target(tgt, self._plan(rows_), memory, memory_mask, None), rows_
 
     def forward(self, src, tgt_in, *, src_valid=None, tgt_valid=None):
@@ -435,8 +432,8 @@ class Seq2SeqEdge(_Edge):
 
     def encode(self, src, *, src_valid=None):
         """``src (B,S)`` ids, ``src_valid (B,S)`` (default: every token is real) -> memory ``(B,S,D)``."""
-        src, steps, _, _ = self._source(src, src_valid)
-        return self._encode(src, self._sees(steps))
+        src, sees, _, _ = self._source(src, src_valid)
+        return self._encode(src, sees)
 
     def prefill(self, src, tgt_in, *, src_valid=None, tgt_valid=None):
         """Encode ``src`` once and run ``tgt_in (B,T)``: ``(logits (B,T,V), cache)``.
@@ -444,11 +441,11 @@ class Seq2SeqEdge(_Edge):
         The cache keeps each decoder layer's cross-attention keys and values (of
         the encoded source) and its self-attention keys and values.
         """
-        src, src_steps, memory_mask, tgt, rows_ = self._inputs(src, tgt_in, src_valid, tgt_valid)
+        src, src_sees, memory_mask, tgt, rows_ = self._inputs(src, tgt_in, src_valid, tgt_valid)
         cache = self.new_cache(len(rows_))
         cache.memory_mask = memory_mask
         steps = self._plan(rows_, cache=cache)
-        memory = self._encode(src, self._sees(src_steps))  # (B,S,D)
+        memory = self._encode(src, src_sees)  # (B,S,D)
         return self._zeroed(self._target(tgt, steps, memory, memory_mask, cache), rows_), cache
 
     def decode_step(self, tokens, cache):

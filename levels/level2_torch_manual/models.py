@@ -54,7 +54,8 @@ class _Stack(nn.Module):
 
 
 class _Model(nn.Module):
-    """What both models share: the parameter check, the kernels, the checks of the inputs."""
+    """What both models share: the parameter check, the kernels, and the arrays ``boundary``'s
+    public methods convert the inputs with."""
 
     kernels: Kernels = LEVEL2_KERNELS
     arrays = level_arrays  # what boundary's public methods convert the inputs with (arrays.py)
