@@ -99,8 +99,9 @@ def pytest_configure(config):
     )
     config.addinivalue_line(
         "markers",
-        "interpreter_extended(*ids): these parameter ids of level 4's cases run in the "
-        "extended run when level 4 runs under Triton's interpreter (the CPU)",
+        "interpreter_extended(*ids): level 4's cases (those with one of these parameter ids; "
+        "none named: all of them) run in the extended run when level 4 runs under Triton's "
+        "interpreter (the CPU)",
     )
     # `ladder chat` at level 3 compiles its decode step by default: a few minutes once per
     # model shape and code version, which the tests of chat's behaviour do not need. They
@@ -117,9 +118,11 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     """Level 4 on the CPU runs in Triton's interpreter, seconds a case: a test may send some
-    of its level-4 cases (``interpreter_extended("hot", ...)``, by parameter id) to the
-    extended run, which CI also makes, and keep the rest in the default suite. (This hook
-    runs before pytest's own, which then deselects them by ``-m``.)"""
+    of its level-4 cases (``interpreter_extended("hot", ...)``, by parameter id; with no id,
+    all of them) to the extended run, which CI also makes, and keep the rest in the default
+    suite. A case is level 4's when the level it is parametrised by (``case``'s, or a
+    parameter's value) is. (This hook runs before pytest's own, which then deselects them
+    by ``-m``.)"""
     if config.getoption("--device") != "cpu":
         return
     for item in items:
@@ -127,8 +130,10 @@ def pytest_collection_modifyitems(config, items):
         callspec = getattr(item, "callspec", None)
         if marker is None or callspec is None:
             continue
-        level = callspec.params.get("_level_dtype", (None,))[0]
-        if level == "level4_triton_kernel" and set(marker.args) & set(callspec.id.split("-")):
+        params = callspec.params
+        levels = [params.get("_level_dtype", (None,))[0], *params.values()]
+        level4 = any(isinstance(v, str) and v == "level4_triton_kernel" for v in levels)
+        if level4 and (not marker.args or set(marker.args) & set(callspec.id.split("-"))):
             item.add_marker(pytest.mark.extended)
 
 

@@ -167,8 +167,9 @@ def _problem(case, variant, seed=0):
 
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("variant", list(VARIANTS))
-# Level 4's interpreted sampled runs (8 cases, 14 s): extended; its greedy ones stay.
-@pytest.mark.interpreter_extended("sampled", "hot")
+# Level 4's interpreted sampled runs (8 cases, 14 s) and Gemma's greedy one (3 s): extended;
+# its other greedy ones stay (test_properties.py decodes Gemma's options at level 4 too).
+@pytest.mark.interpreter_extended("sampled", "hot", "gemma")
 def test_batched_prompts_of_different_lengths_equal_each_row_alone(case, variant, mode):
     config, params, prefix, valid, lengths, n = _problem(case, variant)
     model = case.build("DecoderOnlyTransformer", config, params)

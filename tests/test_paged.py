@@ -38,12 +38,15 @@ def _scattered_pool(config, dtype, blocks=24, block_size=4) -> BlockPool:
     return pool
 
 
-# Level 4 (the interpreter, 15 s a run) with the window only: it has both code paths.
+# Level 4 with the window only: it has both code paths. Under Triton's interpreter its run
+# (6 s) is extended; test_the_paged_kernel_reads_through_the_table... keeps the kernel's own
+# check in the default run.
 ROWS_CASES = [(n, d, w) for n, d in LEVELS for w in ([3] if n.startswith("level4") else [None, 3])]
 
 
 @pytest.mark.parametrize(("name", "dtype", "window"), ROWS_CASES,
                          ids=[f"{n}-window{w}" for n, _, w in ROWS_CASES])  # fmt: skip
+@pytest.mark.interpreter_extended()
 def test_paged_rows_decode_as_each_row_alone(name, dtype, window, monkeypatch):
     """Three prompts of 9, 2 and 5 tokens prefilled in one right-padded pass into scattered
     blocks (block size 4: rows end mid-block and cross blocks while decoding), decoded

@@ -254,6 +254,9 @@ def eos_problem(tiny: bool):
     return config, params, src, src_valid, n
 
 
+# Level 4 under the interpreter (2 s): extended. Its seq2seq decoding stays in the default run
+# (test_kv_cache_seq2seq); the stopping is the generation loop every level shares.
+@pytest.mark.interpreter_extended()
 def test_generate_seq2seq_stops_at_eos(case):
     config, params, src, src_valid, n = eos_problem(case.tiny)
     model = case.build("Seq2SeqTransformer", config, params)
