@@ -293,7 +293,7 @@ def test_seq2seq_samples_with_a_seed_and_rows_stay_independent(case):
         (
             {"valid": np.array([[True, False, True], [True, True, True]])},
             ValueError,
-            "right-padded",
+            r"right-padded.*\(row\(s\) \[0\]\)",
         ),
         ({"valid": np.zeros((2, 3), bool)}, ValueError, "valid"),
         ({"valid": np.ones((2, 2), bool)}, ValueError, "shape"),

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -53,27 +52,12 @@ Rows = list[list[bool]]  # (B, T) booleans as plain lists
 # ----------------------------------------------------------------------------- inputs
 
 
-def rows(valid: np.ndarray | None, shape: Sequence[int], *, what: str = "valid") -> Rows:
-    """``valid (B, T)`` (as numpy: the edge reads every level's so) as checked plain lists;
-    None: every token real. Every row needs a real token, and its padding comes last."""
-    B, T = shape
-    if valid is None:
-        return [[True] * T for _ in range(B)]
-    checks.check_valid_shape(valid.shape, tuple(shape), valid.dtype == np.bool_, what=what)
-    out = valid.tolist()
-    if not all(any(row) for row in out):
-        raise ValueError(f"{what}: {checks.NO_VALID_TOKEN_MESSAGE}")
-    if any(not a and b for row in out for a, b in pairwise(row)):
-        raise ValueError(f"{what}: {checks.LEFT_PADDING_MESSAGE}")
-    return out
-
-
 def all_real(valid: Rows) -> bool:
     return all(all(row) for row in valid)
 
 
 def last_real(valid: Rows) -> list[int]:
-    """Each row's last real slot (``rows`` made sure every row has one)."""
+    """Each row's last real slot (``checks.checked_valid`` made sure every row has one)."""
     return [max(i for i, real in enumerate(row) if real) for row in valid]
 
 
@@ -265,8 +249,10 @@ class _Edge:
         return checks.checked_ids(ids, self.config.vocab_size, what=what, ndim=ndim, dtype=dtype)
 
     def _rows(self, ids: np.ndarray, valid, what: str) -> Rows:
-        """``valid`` for ``ids (B,T)`` as checked ``Rows`` (``rows``; None: every token real)."""
-        return rows(None if valid is None else self._numpy(valid, what), ids.shape, what=what)
+        """``valid`` for ``ids (B,T)`` as checked ``Rows`` (``checked_valid``; None: every token real)."""
+        return checks.checked_valid(
+            None if valid is None else self._numpy(valid, what), ids.shape, what=what
+        )
 
     def _one_position(self, tokens, what: str):
         """A decode step's ``tokens (B,)``, checked -> ``(B,1)`` ids and their ``(B,1)`` validity."""

@@ -175,6 +175,28 @@ def check_valid_shape(
         )
 
 
+def checked_valid(
+    valid: np.ndarray | None, shape: Sequence[int], *, what: str = "valid"
+) -> list[list[bool]]:
+    """``valid (B, T)`` (as numpy: the edge and the generation loops read every level's so) as
+    checked plain lists; None: every token real. Every row needs a real token, and its
+    padding comes last (sequences are right-padded)."""
+    B, T = shape
+    if valid is None:
+        return [[True] * T for _ in range(B)]
+    check_valid_shape(valid.shape, shape, valid.dtype == np.bool_, what=what)
+    lengths = valid.sum(axis=1)  # (B,) real tokens a row
+    if not lengths.all():
+        raise ValueError(f"{what}: {NO_VALID_TOKEN_MESSAGE}")
+    # A right-padded row is True on its first lengths[b] slots and False after them.
+    unpadded = (valid != (np.arange(T) < lengths[:, None])).any(axis=1)  # (B,)
+    if unpadded.any():
+        raise ValueError(
+            f"{what}: {LEFT_PADDING_MESSAGE} (row(s) {np.flatnonzero(unpadded).tolist()})"
+        )
+    return valid.tolist()
+
+
 def check_new_tokens(max_new_tokens: object) -> int:
     """``max_new_tokens`` of ``generate``: an integer >= 0."""
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):

@@ -38,28 +38,6 @@ ToNative = Callable[[np.ndarray], Native]
 ToNumpy = Callable[[Native], np.ndarray]
 
 
-def prompt_lengths(valid: np.ndarray | None, shape: tuple[int, int]) -> np.ndarray:
-    """``(B,)`` real tokens per row of a right-padded prompt ``valid (B, P)`` (None: all real).
-
-    Every row needs a real token, and padding only after its real tokens
-    (the project's convention), else a ``ValueError``.
-    """
-    B, P = shape
-    if valid is None:
-        return np.full(B, P, dtype=np.int64)
-    checks.check_valid_shape(valid.shape, shape, valid.dtype == np.bool_, what="valid")
-    lengths = valid.sum(axis=1)  # (B,)
-    if not (lengths > 0).all():
-        raise ValueError(f"valid: {checks.NO_VALID_TOKEN_MESSAGE}")
-    if not (valid == (np.arange(P)[None, :] < lengths[:, None])).all():
-        rows = np.flatnonzero((valid != (np.arange(P) < lengths[:, None])).any(axis=1))
-        raise ValueError(
-            f"valid: prompts must be right-padded (real tokens first, then padding); "
-            f"row(s) {rows.tolist()} are not"
-        )
-    return lengths.astype(np.int64)
-
-
 def _check_token_id(name: str, value: object, vocab_size: int) -> None:
     """A special token (``bos_id``, ``eos_id``) is one integer id in ``[0, vocab_size)``."""
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
@@ -102,7 +80,8 @@ def generate_decoder_only(
     tokens = checks.checked_ids(to_numpy(prefix), config.vocab_size, what="prefix")  # (B, P)
     checks.check_new_tokens(max_new_tokens)
     B, P = tokens.shape
-    lengths = prompt_lengths(None if valid is None else np.asarray(to_numpy(valid)), (B, P))
+    valid = None if valid is None else np.asarray(to_numpy(valid))
+    lengths = np.sum(checks.checked_valid(valid, (B, P)), axis=1)  # (B,) real tokens a prompt
     if eos_id is not None:
         _check_token_id("eos_id", eos_id, config.vocab_size)
     longest = int(lengths.max())
@@ -237,9 +216,8 @@ def generate_seq2seq(
         )
     ids = checks.checked_ids(to_numpy(src), config.vocab_size, what="source tokens")  # (B, S)
     checks.check_length(ids.shape[1], config.max_seq_len, what="source length")
-    if src_valid is not None:
-        valid = np.asarray(to_numpy(src_valid))
-        checks.check_valid_shape(valid.shape, ids.shape, valid.dtype == np.bool_, what="src_valid")
+    if src_valid is not None:  # checked whole before the first step (the encoder checks it too)
+        checks.checked_valid(np.asarray(to_numpy(src_valid)), ids.shape, what="src_valid")
     B = ids.shape[0]
     generators = sampling.generators(B)
     pad = config.pad_id
