@@ -249,10 +249,11 @@ class _Edge:
         return checks.checked_ids(ids, self.config.vocab_size, what=what, ndim=ndim, dtype=dtype)
 
     def _rows(self, ids: np.ndarray, valid, what: str) -> Rows:
-        """``valid`` for ``ids (B,T)`` as checked ``Rows`` (``checked_valid``; None: every token real)."""
-        return checks.checked_valid(
-            None if valid is None else self._numpy(valid, what), ids.shape, what=what
-        )
+        """``valid`` for ``ids (B,T)`` as checked ``Rows``; None: every token is real."""
+        B, T = ids.shape
+        if valid is None:
+            return [[True] * T for _ in range(B)]
+        return checks.checked_valid(self._numpy(valid, what), ids.shape, what=what)
 
     def _one_position(self, tokens, what: str):
         """A decode step's ``tokens (B,)``, checked -> ``(B,1)`` ids and their ``(B,1)`` validity."""

@@ -176,14 +176,12 @@ def check_valid_shape(
 
 
 def checked_valid(
-    valid: np.ndarray | None, shape: Sequence[int], *, what: str = "valid"
+    valid: np.ndarray, shape: Sequence[int], *, what: str = "valid"
 ) -> list[list[bool]]:
     """``valid (B, T)`` (as numpy: the edge and the generation loops read every level's so) as
-    checked plain lists; None: every token real. Every row needs a real token, and its
-    padding comes last (sequences are right-padded)."""
-    B, T = shape
-    if valid is None:
-        return [[True] * T for _ in range(B)]
+    checked plain lists. Every row needs a real token, and its padding comes last
+    (sequences are right-padded)."""
+    T = shape[1]
     check_valid_shape(valid.shape, shape, valid.dtype == np.bool_, what=what)
     lengths = valid.sum(axis=1)  # (B,) real tokens a row
     if not lengths.all():

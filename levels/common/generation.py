@@ -80,8 +80,10 @@ def generate_decoder_only(
     tokens = checks.checked_ids(to_numpy(prefix), config.vocab_size, what="prefix")  # (B, P)
     checks.check_new_tokens(max_new_tokens)
     B, P = tokens.shape
-    valid = None if valid is None else np.asarray(to_numpy(valid))
-    lengths = np.sum(checks.checked_valid(valid, (B, P)), axis=1)  # (B,) real tokens a prompt
+    if valid is None:
+        lengths = np.full(B, P)  # (B,) real tokens a prompt
+    else:
+        lengths = np.sum(checks.checked_valid(np.asarray(to_numpy(valid)), (B, P)), axis=1)
     if eos_id is not None:
         _check_token_id("eos_id", eos_id, config.vocab_size)
     longest = int(lengths.max())
