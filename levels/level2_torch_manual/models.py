@@ -1,15 +1,14 @@
 """The two models: decoder-only (tied logits) and encoder-decoder (seq2seq).
 
 The architecture is ``compute`` (embed, blocks, norm, head; seq2seq: ``_encode``
-and ``_decoder``). The public methods (``forward``, ``prefill``, ``decode_step``, ``generate``)
-are ``levels.common.boundary``'s, the same code as every other level's: they
-check the inputs and plan each pass (which tokens are real, their positions,
-what each query sees: a step per distinct window of the layers,
-``config.layer_windows``) in numpy, and convert what the architecture reads
-with this level's ``arrays.py`` (ids, masks and positions as tensors on the
-model's device). ``forward`` is a
-pass without a cache, ``prefill`` a pass into an empty one, ``decode_step``
-one token into a filled one.
+and ``_decoder``). The public methods (``forward``, ``prefill``, ``decode_step``,
+``generate``) are ``levels.common.boundary``'s, the same code as every other
+level's: they check the inputs and plan each pass (which tokens are real, their
+positions, what each query sees: a step per distinct window of the layers,
+``config.layer_windows``) in numpy, and convert what the architecture reads with
+this level's ``arrays.py`` (ids, masks and positions as tensors on the model's
+device). ``forward`` is a pass without a cache, ``prefill`` a pass into an empty
+one, ``decode_step`` one token into a filled one.
 """
 
 from __future__ import annotations
