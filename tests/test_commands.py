@@ -159,6 +159,11 @@ def _lacks(*parts: str) -> Callable[[list[str]], bool]:
     return lambda ids: bool(ids) and not any(p in i for p in parts for i in ids)
 
 
+# A file of the default run only: none of its cases is extended, real_model or manual (level
+# 4's interpreted cases of other files may be extended: tests/conftest.py).
+DEFAULT_ONLY = "tests/test_attention.py::"
+
+
 def _both(*checks: Callable[[list[str]], bool]) -> Callable[[list[str]], bool]:
     return lambda ids: all(check(ids) for check in checks)
 
@@ -237,9 +242,9 @@ COMMANDS: dict[str, list[tuple[str, Check]]] = {
     ],
     "docs/testing.md": [
         ("python -m pytest", Collect("every level, all but the extended checks", _both(_has(*LEVELS), _lacks(*EXTENDED_TESTS)))),
-        ("python -m pytest -m extended", Collect("the compile matrix, real models at every level", _both(_has(*EXTENDED_TESTS, "test_slow_levels_on_a_short_prompt[level0_loops"), _lacks("tests/test_properties.py::")))),
-        ("python -m pytest -m real_model", Collect("the real models, extended or not", _both(_has("tests/test_real_gemma.py::", "tests/test_real_models.py::"), _lacks("tests/test_properties.py::")))),
-        ("python -m pytest -m manual", Collect("every command the docs show, and Gemma at level 0", _both(_has("test_every_command_runs_in_the_release_run", "tests/test_real_gemma.py::test_slow_levels_on_a_short_prompt[level0_loops"), _lacks("tests/test_properties.py::", "level4_triton_kernel")))),
+        ("python -m pytest -m extended", Collect("the compile matrix, real models at every level", _both(_has(*EXTENDED_TESTS, "test_slow_levels_on_a_short_prompt[level0_loops"), _lacks(DEFAULT_ONLY)))),
+        ("python -m pytest -m real_model", Collect("the real models, extended or not", _both(_has("tests/test_real_gemma.py::", "tests/test_real_models.py::"), _lacks(DEFAULT_ONLY)))),
+        ("python -m pytest -m manual", Collect("every command the docs show, and Gemma at level 0", _both(_has("test_every_command_runs_in_the_release_run", "tests/test_real_gemma.py::test_slow_levels_on_a_short_prompt[level0_loops"), _lacks(DEFAULT_ONLY, "level4_triton_kernel")))),
         ("python -m pytest -k level3_sdpa_flash", Collect("one level", lambda ids: bool(ids) and all("level3_sdpa_flash" in i for i in ids))),
         ("python -m pytest tests/test_properties.py", Collect("one family of checks", _in_file("tests/test_properties.py"))),
         ("python -m pytest tests/test_docs.py", Collect("the docs", _in_file("tests/test_docs.py"))),
