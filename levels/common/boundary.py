@@ -86,11 +86,9 @@ class Step:
         return not all_real(self.valid)
 
 
-def key_mask(keys: Rows, T: int, window: int | None) -> list | None:
-    """Key validity ``keys (B,S)`` -> a mask ``(B,1,1,S)`` (``(B,1,T,S)`` under a window,
-    letting a padded query see its window's padded keys); None when every key is real."""
-    if all_real(keys):
-        return None
+def key_mask(keys: Rows, T: int, window: int | None) -> list:
+    """Key validity ``keys (B,S)``, some of them padding -> a mask ``(B,1,1,S)``
+    (``(B,1,T,S)`` under a window, letting a padded query see its window's padded keys)."""
     if window is None:
         return [[[row]] for row in keys]
     S = len(keys[0])
@@ -129,11 +127,13 @@ def plan(
 ) -> Step:
     """The ``Step`` of ``valid (B,T)`` new tokens: after ``cache``'s filled slots, or alone
     starting at ``position_offset`` (a shard of a longer sequence)."""
-    if cache is None:
-        return Step(valid, 0, position_offset, window, key_mask(valid, len(valid[0]), window))
+    if cache is None:  # no mask when every key is real
+        mask = None if all_real(valid) else key_mask(valid, len(valid[0]), window)
+        return Step(valid, 0, position_offset, window, mask)
     if cache.padded or not all_real(valid):
         return _after_padding(valid, window, cache)
-    return Step(valid, cache.length, cache.position_offset(), window, None)  # every key real
+    # Every key real: no mask, and the cache is not ragged, so the next position is its length.
+    return Step(valid, cache.length, cache.length, window, None)
 
 
 def _after_padding(valid: Rows, window: int | None, cache: CacheBook) -> Step:
