@@ -428,12 +428,18 @@ def test_a_float_id_tensor_is_refused_by_its_own_dtype(level):
 
 def test_ragged_rows_of_ids_or_valid_are_one_clear_error(level):
     """Nested lists whose rows differ in length are refused at every level with the same
-    message (no numpy message about inhomogeneous shapes, no index error inside a layer)."""
+    message (no numpy message about inhomogeneous shapes, no index error inside a layer),
+    by the models' edge and by the generation loops alike."""
     dec, s2s = _models(level, tiny_config())
     for call in (
         lambda: dec.forward([[3, 4, 5], [6, 7]]),
         lambda: dec.forward([[3, 4], [6, 7]], valid=[[True, True], [True]]),
         lambda: s2s.forward([[3, 4], [5]], [[3, 4], [6, 7]]),
+        # generate reads its prompts itself (the shared loops), with the same message
+        lambda: dec.generate([[3, 4, 5], [6, 7]], 1),
+        lambda: dec.generate([[3, 4], [6, 7]], 1, valid=[[True, True], [True]]),
+        lambda: s2s.generate([[3, 4], [5]], max_new_tokens=1),
+        lambda: s2s.generate([[3, 4], [5, 6]], src_valid=[[True, True], [True]], max_new_tokens=1),
     ):
         with raises_before_launch(ValueError, match="rows of different lengths"):
             call()

@@ -235,17 +235,11 @@ class _Edge:
       nothing), and ``_converters()``: what they need to move ids to and from numpy.
     """
 
-    def _numpy(self, x, what: str) -> np.ndarray:
-        """``x`` (the level's arrays, numpy, nested lists) as numpy; ragged rows refused."""
-        try:
-            return np.asarray(self.arrays.to_numpy(x))
-        except ValueError:  # numpy: an inhomogeneous shape
-            raise ValueError(f"{what}: rows of different lengths (not a (B, T) array)") from None
-
     def _ids(self, tokens, what: str, ndim: int = 2) -> np.ndarray:
         """``tokens`` checked (``ndim`` axes, none empty, integers in ``[0, V)``) as int64 numpy.
         An error names the caller's dtype (a torch one, say), not that of numpy's copy."""
-        ids, dtype = self._numpy(tokens, what), getattr(tokens, "dtype", None)
+        ids = checks.as_numpy(self.arrays.to_numpy, tokens, what=what)
+        dtype = getattr(tokens, "dtype", None)
         return checks.checked_ids(ids, self.config.vocab_size, what=what, ndim=ndim, dtype=dtype)
 
     def _rows(self, ids: np.ndarray, valid, what: str) -> Rows:
@@ -253,7 +247,8 @@ class _Edge:
         B, T = ids.shape
         if valid is None:
             return [[True] * T for _ in range(B)]
-        return checks.checked_valid(self._numpy(valid, what), ids.shape, what=what)
+        valid = checks.as_numpy(self.arrays.to_numpy, valid, what=what)
+        return checks.checked_valid(valid, ids.shape, what=what)
 
     def _one_position(self, tokens, what: str):
         """A decode step's ``tokens (B,)``, checked -> ``(B,1)`` ids and their ``(B,1)`` validity."""

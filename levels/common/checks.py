@@ -14,7 +14,7 @@ is reported as it is).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -106,6 +106,15 @@ def check_window(window: int | None) -> None:
         return
     if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
         raise ValueError(f"window must be a positive integer (or None), got {window!r}")
+
+
+def as_numpy(to_numpy: Callable, x, *, what: str) -> np.ndarray:
+    """``x`` (a level's array, numpy, or nested lists) as numpy, by the level's ``to_numpy``;
+    rows of different lengths are refused with one message at every level."""
+    try:
+        return np.asarray(to_numpy(x))
+    except ValueError:  # numpy: an inhomogeneous shape
+        raise ValueError(f"{what}: rows of different lengths (not a (B, T) array)") from None
 
 
 def checked_ids(

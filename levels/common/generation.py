@@ -77,13 +77,15 @@ def generate_decoder_only(
     to_numpy = to_numpy or model.ops.to_numpy
     config = model.config
     sampling = Sampling(temperature, top_k, top_p, seed)
-    tokens = checks.checked_ids(to_numpy(prefix), config.vocab_size, what="prefix")  # (B, P)
+    prefix_np = checks.as_numpy(to_numpy, prefix, what="prefix")
+    tokens = checks.checked_ids(prefix_np, config.vocab_size, what="prefix")  # (B, P)
     checks.check_new_tokens(max_new_tokens)
     B, P = tokens.shape
     if valid is None:
         lengths = np.full(B, P)  # (B,) real tokens a prompt
     else:
-        lengths = np.sum(checks.checked_valid(np.asarray(to_numpy(valid)), (B, P)), axis=1)
+        valid_np = checks.as_numpy(to_numpy, valid, what="valid")
+        lengths = np.sum(checks.checked_valid(valid_np, (B, P)), axis=1)
     if eos_id is not None:
         _check_token_id("eos_id", eos_id, config.vocab_size)
     longest = int(lengths.max())
@@ -216,10 +218,12 @@ def generate_seq2seq(
         raise ValueError(
             f"1 + max_new_tokens = {1 + max_new_tokens} exceeds max_seq_len={config.max_seq_len}"
         )
-    ids = checks.checked_ids(to_numpy(src), config.vocab_size, what="source tokens")  # (B, S)
+    src_np = checks.as_numpy(to_numpy, src, what="source tokens")
+    ids = checks.checked_ids(src_np, config.vocab_size, what="source tokens")  # (B, S)
     checks.check_length(ids.shape[1], config.max_seq_len, what="source length")
     if src_valid is not None:  # checked whole before the first step (the encoder checks it too)
-        checks.checked_valid(np.asarray(to_numpy(src_valid)), ids.shape, what="src_valid")
+        src_valid_np = checks.as_numpy(to_numpy, src_valid, what="src_valid")
+        checks.checked_valid(src_valid_np, ids.shape, what="src_valid")
     B = ids.shape[0]
     generators = sampling.generators(B)
     pad = config.pad_id
