@@ -233,7 +233,7 @@ def _level_calls(subject: Subject, config, params, ids, fmt: str, phase: str):
     last = subject.asarray(np.array([ids[-1]]))
 
     def decode():
-        kv.rewind(len(ids) - 1)
+        kv.rollback(len(ids) - 1)
         token, first = last, None
         for _ in range(NEW_TOKENS):
             logits = subject.to_numpy(model.decode_step(token, kv))  # (1, V)

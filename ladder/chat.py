@@ -323,36 +323,6 @@ def _rate(n: int, seconds: float) -> str:
     return f"{n / seconds:.1f} tok/s" if seconds > 0 else "-"
 
 
-class Holdback:
-    """Text to print, minus what could still become a stop string (and what follows one)."""
-
-    def __init__(self, stops: list[str]):
-        self.stops, self.text, self.shown, self.stopped = [s for s in stops if s], "", 0, False
-
-    def add(self, piece: str) -> str:
-        """Add decoded text; -> what may be printed now."""
-        self.text += piece
-        for stop in self.stops:
-            at = self.text.find(stop)
-            if at >= 0:
-                self.text, self.stopped = self.text[:at], True
-        if self.stopped:
-            return self._release(len(self.text))
-        # Hold back the longest tail that is the start of a stop string.
-        keep = max(
-            (n for s in self.stops for n in range(1, len(s)) if self.text.endswith(s[:n])),
-            default=0,
-        )
-        return self._release(len(self.text) - keep)
-
-    def _release(self, upto: int) -> str:
-        out, self.shown = self.text[self.shown : upto], max(self.shown, upto)
-        return out
-
-    def finish(self) -> str:
-        return self._release(len(self.text))
-
-
 class PromptTooLong(UsageError):
     """A prompt that leaves no room in the context for the answer asked; the message says
     what the user can change."""
@@ -397,7 +367,7 @@ def _too_long(loaded: Loaded, n_prompt: int, args) -> str:
 def answer(loaded: Loaded, ids: list[int], args, out=None) -> tuple[str, Speed]:
     """Stream the model's continuation of ``ids`` to ``out`` (stdout); -> ``(text, speed)``."""
     out = out or sys.stdout
-    from levels.tokenizer import StreamDecoder
+    from levels.tokenizer import Holdback, StreamDecoder
 
     new = new_tokens(loaded, len(ids), args)
     decoder, holdback = StreamDecoder(loaded.tokenizer), Holdback(args.stop)

@@ -418,16 +418,19 @@ def context_parallel(
     if sharded_attention is None:
         raise ValueError(f"method must be 'ring' or 'allgather', got {method!r}")
 
-    def across_ranks(q, k, v, *, causal=False, mask=None, window=None, dropout_p=0.0):
-        if window is not None:
-            raise ValueError("context parallelism here has no sliding window")
+    if getattr(model.config, "window", None) is not None:
+        raise ValueError("context parallelism here has no sliding window")
+
+    def across_ranks(q, k, v, *, mask=None, dropout_p=0.0, **_):
         if dropout_p > 0.0:
             raise ValueError("context parallelism here has no attention dropout")
-        # mask: the layer's key padding (B,1,1,S), this shard's keys; the sharded
-        # attention takes it as it is and refuses any other shape.
-        return sharded_attention(
-            q, k, v, causal=causal, mask=mask, group=group, attention=attention
-        )
+        # The model's mask is this shard's own, (B,1,T,T) by position: causal, its padded
+        # keys hidden. Across the ranks the rule is the same, causal by the global index
+        # (each shard is contiguous, its positions rank * T/W + t) over the real keys,
+        # which the mask's diagonal marks (a real token sees itself, a padded one not;
+        # slot 0 of a shard of padding alone is marked too, seen only by padded queries).
+        real = mask.diagonal(dim1=-2, dim2=-1)[:, :, None, :]  # (B,1,1,T)
+        return sharded_attention(q, k, v, causal=True, mask=real, group=group, attention=attention)
 
     hooked = [m for m in model.modules() if hasattr(m, "kernels")]
     saved = [(m, m.__dict__.get("kernels")) for m in hooked]  # instance values, if any

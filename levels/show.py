@@ -64,7 +64,7 @@ PIECES: dict[str, dict[str, tuple[Source, ...] | Reuse]] = {
     "layer_norm": {
         "level0_loops": (Source("level0_loops/ops.py", "layer_norm"),),
         "level1_numpy": (Source("level1_numpy/ops.py", "layer_norm"),),
-        "level2_torch_manual": (Source("level2_torch_manual/norms.py", "LayerNorm.forward"),),
+        "level2_torch_manual": (Source("level2_torch_manual/models.py", "LayerNorm.forward"),),
         "level3_sdpa_flash": Reuse("level2_torch_manual", "level 3 changes only attention"),
         "level4_triton_kernel": (
             Source("level4_triton_kernel/fused_layer_norm.py", "_layer_norm_fwd_kernel"),
@@ -73,15 +73,18 @@ PIECES: dict[str, dict[str, tuple[Source, ...] | Reuse]] = {
     "rope": {
         "level0_loops": (Source("level0_loops/ops.py", "rope"),),
         "level1_numpy": (Source("level1_numpy/ops.py", "rope"),),
-        "level2_torch_manual": (Source("level2_torch_manual/layers.py", "rope"),),
+        "level2_torch_manual": (
+            Source("level2_torch_manual/models.py", "Rotary.forward"),
+            Source("level2_torch_manual/models.py", "apply_rope"),
+        ),
         "level3_sdpa_flash": Reuse("level2_torch_manual", "the modules are level 2's"),
         "level4_triton_kernel": Reuse("level2_torch_manual", "the modules are level 2's"),
     },
     "kv_cache": {
         "level0_loops": (Source("level0_loops/models.py", "KVCache"),),
         "level1_numpy": Reuse("level0_loops", "level 1's classes are level 0's with numpy ops"),
-        "level2_torch_manual": (Source("level2_torch_manual/cache.py", "KVCache"),),
-        "level3_sdpa_flash": (Source("level2_torch_manual/cache.py", "StaticKVCache"),),
+        "level2_torch_manual": (Source("level2_torch_manual/models.py", "KVCache"),),
+        "level3_sdpa_flash": (Source("level3_sdpa_flash/models.py", "StaticKVCache"),),
         "level4_triton_kernel": Reuse("level3_sdpa_flash", "its KERNELS use level 3's cache"),
     },
 }

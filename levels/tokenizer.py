@@ -384,3 +384,33 @@ class StreamDecoder:
         before, text = self._decode(self._window[: self._printed]), self._decode(self._window)
         self._window, self._printed = [], 0
         return text[len(before) :]
+
+
+class Holdback:
+    """Text to print, minus what could still become a stop string (and what follows one)."""
+
+    def __init__(self, stops: list[str]):
+        self.stops, self.text, self.shown, self.stopped = [s for s in stops if s], "", 0, False
+
+    def add(self, piece: str) -> str:
+        """Add decoded text; -> what may be printed now."""
+        self.text += piece
+        for stop in self.stops:
+            at = self.text.find(stop)
+            if at >= 0:
+                self.text, self.stopped = self.text[:at], True
+        if self.stopped:
+            return self._release(len(self.text))
+        # Hold back the longest tail that is the start of a stop string.
+        keep = max(
+            (n for s in self.stops for n in range(1, len(s)) if self.text.endswith(s[:n])),
+            default=0,
+        )
+        return self._release(len(self.text) - keep)
+
+    def _release(self, upto: int) -> str:
+        out, self.shown = self.text[self.shown : upto], max(self.shown, upto)
+        return out
+
+    def finish(self) -> str:
+        return self._release(len(self.text))

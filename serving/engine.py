@@ -27,6 +27,12 @@ request). Each turn of the worker's loop:
    the weights once for all of them (most of a step's cost at these sizes:
    docs/decoding.md). Each row keeps its own positions, so it decodes as it would alone.
 
+Each pass calls the model's plain pass, ``model.transformer(ids, positions, cache)``,
+with inputs made as a model runner makes them: the ids from the token lists the engine
+holds and each sequence's positions from its count, as tensors on the model's device.
+Nothing is checked per step (a request's tokens come from the tokenizer, and its length
+is checked when it is submitted) and no id goes back to numpy between steps.
+
 When the pool has no block for a step, the newest requests are **preempted**: their
 blocks are freed and they wait first in line; admitted again, they compute their
 prompt and the tokens they had taken (a prefix-cache hit, mostly) and go on where they
@@ -311,8 +317,9 @@ class _Batch:
             n = min(len(answer.todo), budget)
             if not self._room([answer], n):
                 continue
-            ids = self._tensor([answer.todo[:n]])  # (1,n)
-            logits = self._pass([answer], partial(self.model.extend, ids, last_only=True))  # (1,V)
+            ids, positions = self._inputs([answer.todo[:n]], [answer.seq.count])  # (1,n) each
+            pass_ = partial(self.model.transformer, ids, positions, last=True)  # (1,1,V)
+            logits = self._pass([answer], pass_)
             if logits is None:
                 continue
             budget -= n
@@ -328,8 +335,10 @@ class _Batch:
         if not decoding or not self._room(decoding, 1):
             return
         decoding = [a for a in decoding if a in self.active]  # some may have been preempted
-        tokens = self._tensor([a.todo[0] for a in decoding])  # (B,)
-        logits = self._pass(decoding, partial(self.model.decode_step, tokens))  # (B,V)
+        ids, positions = self._inputs(
+            [[a.todo[0]] for a in decoding], [a.seq.count for a in decoding]
+        )
+        logits = self._pass(decoding, partial(self.model.transformer, ids, positions))  # (B,1,V)
         if logits is None:
             return
         self.engine.steps += 1
@@ -339,10 +348,11 @@ class _Batch:
             self._take(answer, logits[i : i + 1])
 
     def _pass(self, answers: list[_Answer], step: Callable) -> Any:
-        """``step(cache)`` over the answers' sequences -> its logits as numpy, or None (failed:
-        each of them told and finished). The full blocks it filled are published."""
+        """``step(cache=)`` over the answers' sequences -> its logits ``(B,V)`` as numpy, or None
+        (failed: each of them told and finished). The full blocks it filled are published."""
         try:
-            logits = self.engine.loaded.level.to_numpy(step(self.cache([a.seq for a in answers])))
+            logits = step(cache=self.cache([a.seq for a in answers]))[:, -1]  # (B,V)
+            logits = self.engine.loaded.level.to_numpy(logits)
         except Exception as exc:  # these requests' failure, not the engine's
             for answer in answers:
                 answer.deliver(exc)
@@ -393,10 +403,15 @@ class _Batch:
         self.pool.free(answer.seq)
         self.active.remove(answer)
 
-    def _tensor(self, ids: list) -> Any:
+    def _inputs(self, ids: list[list[int]], starts: list[int]) -> tuple[Any, Any]:
+        """The plain pass's inputs, as a model runner makes them: ``ids (B,T)`` from the token
+        lists the engine holds, and their positions, row ``b`` from ``starts[b]`` on (a
+        sequence's count: its slots are its positions), made on the model's device."""
         import torch
 
-        return torch.tensor(ids, device=self.model.device)
+        device = self.model.device
+        positions = [range(start, start + len(row)) for start, row in zip(starts, ids, strict=True)]
+        return torch.tensor(ids, device=device), torch.tensor(positions, device=device)
 
 
 class _Answer:
@@ -404,8 +419,7 @@ class _Answer:
     (held back where a stop string could still begin), its sampling and its timings."""
 
     def __init__(self, loaded: Any, request: Request, deliver: Deliver, queued_s: float):
-        from ladder.chat import Holdback
-        from levels.tokenizer import StreamDecoder
+        from levels.tokenizer import Holdback, StreamDecoder
 
         self.request, self.deliver, self.queued_s = request, deliver, queued_s
         self.stop_ids = loaded.stop_ids

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from levels.common import boundary
+from levels.common import public, semantics
 from levels.common.params import subset
 
 LOW_PRECISION = ("float16", "bfloat16")
@@ -170,13 +170,28 @@ class Case:
         out = np.asarray(self.module.to_numpy(x))
         return out.astype(np.float64) if np.issubdtype(out.dtype, np.floating) else out
 
-    def sees(self, valid, window=None) -> dict:
-        """What a block is told its queries may see over the real keys ``valid (B,S)``
-        (self-attention: ``S = T``) under ``window``: the ``mask`` and ``window`` keywords,
-        planned by ``levels.common.boundary`` as the models plan a pass."""
-        step = boundary.plan(np.asarray(valid).tolist(), window=window)
-        mask = None if step.mask is None else self.arr(np.array(step.mask))
-        return {"mask": mask, "window": step.window}
+    def sees(self, valid, window=None, *, causal=True) -> tuple:
+        """A block's self-attention inputs over the right-padded ``valid (B,T)``, in the level's
+        arrays: the tokens' positions ``(B,T)`` and what each query may see ``(B,1,T,T)``,
+        made as the models make them (``public.positions_of``, ``semantics.visible``)."""
+        positions = public.positions_of(np.asarray(valid))
+        mask = semantics.visible(positions, positions, window, causal=causal)
+        return self.arr(positions), self.arr(mask)
+
+    def attention(self, mha, x, kv=None, *, mask=None, positions=None) -> object:
+        """A ``MultiHeadAttention`` piece on numpy inputs: self-attention of ``x (B,T,D)`` at
+        ``positions (B,T)`` (None: unrotated), or cross-attention to ``kv (B,S,D)``; ``mask``
+        broadcastable to ``(B,H,T,S)``, True = may attend."""
+        mask = None if mask is None else self.arr(mask)
+        if kv is not None:
+            return mha.attend(mha.queries(self.arr(x)), *mha.keys_values(self.arr(kv)), mask)
+        return mha(self.arr(x), None if positions is None else self.arr(positions), mask)
+
+    def cross(self, valid, memory_valid) -> object:
+        """What each target query ``valid (B,T)`` may see of a source ``memory_valid (B,S)``:
+        ``(B,1,T,S)`` in the level's arrays, as the seq2seq models make it."""
+        q, k = (public.positions_of(np.asarray(v)) for v in (valid, memory_valid))
+        return self.arr(semantics.visible(q, k, causal=False))
 
     def build(self, cls_name: str, config, params, **kwargs):
         """``module.<cls_name>(config, params, ...)`` in the case's dtype and device."""

@@ -203,7 +203,7 @@ def test_mha_vs_nn_multihead_attention(case, cross, bias):
     expected, baseline = _torch_in(case, run_torch)
     mask = attn_allowed[None, None] & key_valid[:, None, None, :]  # (B,1,T,S), True = may attend
     mha = case.build("MultiHeadAttention", config, params, prefix=prefix)
-    out = mha(case.arr(x), case.arr(kv) if cross else None, mask=case.arr(mask))
+    out = case.attention(mha, x, kv if cross else None, mask=mask)
     case.assert_close(out, expected, what="MHA vs nn.MultiheadAttention", baseline=baseline)
 
 
@@ -229,7 +229,7 @@ def test_encoder_layer_vs_torch(case, causal, bias):
 
     expected, baseline = _torch_in(case, run_torch)
     layer = case.build("EncoderLayer", config, params, prefix=prefix)
-    out = case.np(layer(case.arr(x), **case.sees(valid, config.window), causal=causal))
+    out = case.np(layer(case.arr(x), *case.sees(valid, config.window, causal=causal)))
     # Padded positions of a layer's output are unspecified: compare real ones.
     case.assert_close(
         out[valid],
@@ -264,13 +264,9 @@ def test_decoder_layer_vs_torch(case, bias):
 
     expected, baseline = _torch_in(case, run_torch)
     layer = case.build("DecoderLayer", config, params, prefix=prefix)
+    positions, mask = case.sees(valid, config.window)
     out = case.np(
-        layer(
-            case.arr(x),
-            case.arr(memory),
-            **case.sees(valid, config.window),
-            memory_mask=case.sees(memory_valid)["mask"],
-        )
+        layer(case.arr(x), positions, mask, case.arr(memory), case.cross(valid, memory_valid))
     )
     case.assert_close(
         out[valid],

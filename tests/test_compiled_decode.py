@@ -2,7 +2,7 @@
 
 The compiled step is the model's own code traced at fixed shapes, so it must give the
 eager step's logits (float32: within summation-order rounding) and its greedy tokens, for
-every batch layout the boundary plans: prompts of different lengths (a ragged cache),
+every batch layout: prompts of different lengths (a ragged cache, its padding at position -1),
 local and global layers (a mask per window), and the cache's last slot (decoded eagerly).
 
 Compiling takes tens of seconds a model (inductor, then the C++ compiler), so the checks
@@ -20,6 +20,7 @@ from _helpers import GEMMA_OPTIONS
 
 import levels
 from levels import TransformerConfig, init_params
+from levels.common import semantics
 from levels.level3_sdpa_flash import compiled
 
 level3 = levels.load("level3_sdpa_flash")
@@ -80,24 +81,30 @@ def test_without_a_compiler_decoding_is_eager_and_says_why(monkeypatch, tmp_path
     assert not (tmp_path / "compiled").exists()  # nothing compiled, nothing cached
 
 
-def test_the_step_inputs_follow_the_plan():
-    """A mask per distinct window, by slot where nothing is padded (the window's last W keys)
-    and from the plan's mask where a row is padded; positions per row once ragged."""
+def test_the_step_reads_the_positions_the_cache_holds():
+    """The compiled step's inputs after a ragged prompt: each row's own next position, the
+    slot after the cache's filled ones, and every key's position (padding at -1), from
+    which the step builds each window's mask as the eager pass does."""
     model = _model(GEMMA)
     with torch.no_grad():
         _, cache = model.prefill(torch.tensor(PROMPTS), valid=torch.tensor(VALID))
-    step = compiled.CompiledDecode(model, 2, run=None, report=None)
-    ids = torch.tensor([[1], [2]])
-    ids_, positions, slot, masks, keys, values = step.inputs(
-        ids, model._plan([[True]] * 2, cache=cache), cache
-    )
-    assert positions.tolist() == [6, 3] and slot.tolist() == [6]  # ragged: its own positions
-    assert len(masks) == 2 and all(m.shape == (2, 1, 1, 7) for m in masks)
-    local, whole = (m[:, 0, 0] for m in masks)  # GEMMA: layer 0 local (window 3), layer 1 global
-    assert whole.tolist() == [[True] * 7, [True] * 3 + [False] * 3 + [True]]
+    seen = {}
+
+    def run(*inputs):
+        seen["inputs"] = inputs
+        return torch.zeros(2, GEMMA.vocab_size)
+
+    step = compiled.CompiledDecode(model, 2, run=run, report=None)
+    positions = torch.tensor(cache.next_positions())[:, None]  # (B,1)
+    assert step(torch.tensor([[1], [2]]), positions, cache).shape == (2, 1, GEMMA.vocab_size)
+    ids, positions, slot, key_positions, keys, values = seen["inputs"]
+    assert positions.tolist() == [[6], [3]] and slot.tolist() == [6]  # ragged: its own positions
+    assert key_positions.tolist() == [[0, 1, 2, 3, 4, 5, 6], [0, 1, 2, -1, -1, -1, 3]]
+    assert cache.length == 7 and len(keys) == len(values) == GEMMA.n_layers
+    assert keys[0].shape == (2, 1, 20, 6)  # a layer of the cache, written in place at the slot
+    local = semantics.visible(positions, key_positions, 3)[:, 0, 0]  # GEMMA's layer 0: window 3
     # Row 1's new token is at position 3: its window holds positions 1, 2, 3 (slots 1, 2, 6).
     assert local.tolist() == [[False] * 4 + [True] * 3, [False, True, True] + [False] * 3 + [True]]
-    assert len(keys) == len(values) == GEMMA.n_layers and keys[0].shape == (2, 1, 20, 6)
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ import dataclasses
 import itertools
 import json
 import re
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -431,6 +432,25 @@ def test_the_induction_head_data_is_what_training_gives(tmp_path):
 # ----------------------------------------------------------------------------- reading.py --trace
 
 
+def test_a_decode_step_reads_through_the_plain_model():
+    """What a reader follows, held where the model is plain (docs/tools/reading.py): one
+    decode step of a 2-layer decoder at levels 2 and 3 enters at most 45 functions in at most
+    6 files, at most 6 of them before ``Transformer.forward``; one forward and one decode
+    step at levels 0, 2 and 3 are at least 70% the transformer's own lines."""
+    import reading
+
+    for level in ("level2_torch_manual", "level3_sdpa_flash"):
+        entered = reading.hops(level)
+        names = [name for _, name, _ in entered]
+        assert len(entered) <= 45 and len({f for f, _, _ in entered}) <= 6, entered
+        assert names.index("Transformer.forward") <= 6, names
+    for level in ("level0_loops", "level2_torch_manual", "level3_sdpa_flash"):
+        lines = defaultdict(int)
+        for (_, _, first, last), kind in reading.trace(level).items():
+            lines[kind] += last - first + 1
+        assert lines["transformer"] >= 0.7 * sum(lines.values()), (level, dict(lines))
+
+
 def test_the_reading_trace_sorts_functions_by_what_they_do():
     """docs/tools/reading.py --trace: the rules on functions whose kind is not in doubt, and
     a traced rung whose parts add up, with every kind present and the core counted once."""
@@ -446,19 +466,32 @@ def test_the_reading_trace_sorts_functions_by_what_they_do():
     assert reading.kind_of("level2_torch_manual/arrays.py", "last_position") == "bookkeeping"
     assert reading.kind_of("level1_numpy/ops.py", "zero_padded") == "bookkeeping"
     assert reading.kind_of("common/boundary.py", "_ids") == "checks"
+    assert reading.kind_of("common/public.py", "ids_of") == "checks"
+    assert reading.kind_of("common/public.py", "check_room") == "checks"
+    assert reading.kind_of("common/public.py", "positions_of") == "bookkeeping"
+    assert reading.kind_of("common/public.py", "decode_step") == "bookkeeping"
+    assert reading.kind_of("level2_torch_manual/models.py", "next_positions") == "bookkeeping"
+    assert reading.kind_of("common/semantics.py", "visible") == "transformer"  # the rule
+    assert (
+        reading.kind_of("level2_torch_manual/models.py", "extend") == "transformer"
+    )  # keys' positions
     # A level-0 layer's __call__ is its forward; a model's hands over to its forward.
     assert reading.kind_of("level0_loops/layers.py", "__call__") == "transformer"
     assert reading.kind_of("level0_loops/models.py", "__call__") == "bookkeeping"
     assert reading.kind_of("level1_numpy/ops.py", "linear") == "transformer"  # x @ W^T + b
     assert reading.kind_of("level2_torch_manual/arrays.py", "linear") == "loading"  # nn.Linear
-    # The edge runs a planned pass and commits the cache; level 3's picks the compiled step.
+    # Until 2026-12-06 the edge ran a planned pass and committed the cache; level 3's picks
+    # the compiled step (``_compiled_or_plain`` now).
     assert reading.kind_of("common/boundary.py", "_decoder") == "bookkeeping"
     assert reading.kind_of("level3_sdpa_flash/models.py", "_decoder") == "bookkeeping"
+    assert reading.kind_of("level3_sdpa_flash/models.py", "_compiled_or_plain") == "bookkeeping"
     assert reading.kind_of("level2_torch_manual/models.py", "compute") == "transformer"
     assert reading.kind_of("level0_loops/models.py", "compute") == "transformer"
     assert reading.kind_of("level0_loops/models.py", "_decoder") == "transformer"  # seq2seq's
     counted = reading.trace("level1_numpy")
-    assert set(counted.values()) == set(reading.KINDS)
+    # A forward and a decode step load nothing; building the model does.
+    assert set(counted.values()) == set(reading.KINDS) - {"loading"}
+    assert "loading" in set(reading.trace("level1_numpy", build=True).values())
     names = {(file, name) for file, name, *_ in counted}
     # The layers attend on checked inputs: the checked entry point is not on the model's path.
     assert ("level1_numpy/ops.py", "attend") in names
@@ -466,7 +499,7 @@ def test_the_reading_trace_sorts_functions_by_what_they_do():
     assert ("level1_numpy/ops.py", "check_attention") not in names
     at_level_2 = {name for file, name, *_ in reading.trace("level2_torch_manual")}
     assert "attend" in at_level_2 and not {"attention", "check_attention"} & at_level_2
-    assert ("common/boundary.py", "decode_step") in names  # the decode step was traced
+    assert ("common/public.py", "decode_step") in names  # the decode step was traced
     assert all(first <= last for _, _, first, last in counted)
     spans = sorted((f, a, b) for f, _, a, b in counted)
     assert all(not (f == g and c <= b) for (f, a, b), (g, c, d) in itertools.pairwise(spans))
@@ -499,7 +532,7 @@ FAMILY_OPTIONS = {
 }
 RUNGS = {  # the files a reader reads for a rung's model (levels 1, 3 and 4 reuse these)
     "level0_loops": ("layers.py", "models.py"),
-    "level2_torch_manual": ("layers.py", "models.py", "norms.py", "kernels.py"),
+    "level2_torch_manual": ("models.py", "kernels.py"),
 }
 
 

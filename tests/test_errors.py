@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import types
 
 import numpy as np
 import pytest
@@ -245,6 +246,8 @@ def _snapshot(value):
         return (type(value).__name__, [_snapshot(v) for v in value])
     if isinstance(value, dict):
         return ("dict", {k: _snapshot(v) for k, v in value.items()})
+    if isinstance(value, types.ModuleType):  # the level's ops: code, not the cache's state
+        return ("value", value.__name__)
     if hasattr(value, "__dict__"):
         return ("object", _snapshot(vars(value)))
     return ("value", value)

@@ -341,21 +341,23 @@ def test_stream_is_generate_one_token_at_a_time(case):
 
 
 @pytest.mark.best_dtype
-def test_a_rewound_cache_decodes_as_if_the_later_positions_never_were(case):
+def test_a_rolled_back_cache_decodes_as_if_the_later_positions_never_were(case):
+    """Setting a cache's length back (what speculative decoding does with a rejected guess)
+    forgets the slots after it, also in a ragged batch, whose short row holds padding."""
     config = small_config(case.tiny)
     params = init_params(config, "decoder_only", seed=33, scheme="random")
     model = case.build("DecoderOnlyTransformer", config, params)
     prompt = random_tokens(np.random.default_rng(34), config, 2, 4)
-    _, cache = model.prefill(case.arr(prompt))
-    first = case.np(model.decode_step(case.arr(np.array([5, 6])), cache))
-    model.decode_step(case.arr(np.array([7, 8])), cache)
-    cache.rewind(4)
-    assert cache.length == 4
-    again = case.np(model.decode_step(case.arr(np.array([5, 6])), cache))
-    np.testing.assert_array_equal(again, first)  # the same arithmetic on the same numbers
-    with pytest.raises(ValueError, match="cannot rewind"):
-        cache.rewind(9)
-    valid = np.array([[True] * 4, [True, True, False, False]])
-    _, ragged = model.prefill(case.arr(prompt), valid=case.arr(valid))
-    with pytest.raises(ValueError, match="padding cannot be rewound"):
-        ragged.rewind(2)
+    for valid in (None, np.array([[True] * 4, [True, True, False, False]])):
+        kw = {} if valid is None else {"valid": case.arr(valid)}
+        _, cache = model.prefill(case.arr(prompt), **kw)
+        first = case.np(model.decode_step(case.arr(np.array([5, 6])), cache))
+        model.decode_step(case.arr(np.array([7, 8])), cache)
+        model.decode_step(case.arr(np.array([9, 1])), cache)
+        cache.rollback(4)
+        assert cache.length == 4
+        again = case.np(model.decode_step(case.arr(np.array([5, 6])), cache))
+        np.testing.assert_array_equal(again, first)  # the same arithmetic on the same numbers
+        for bad in (9, -1, 2.0, True):
+            with pytest.raises(ValueError, match="cannot roll a cache of 5 slots back"):
+                cache.rollback(bad)

@@ -240,7 +240,8 @@ def test_rope_backward_is_the_inverse_rotation(offset):
     x = rng.normal(size=(B, H, T, Dh))
     g_out = rng.normal(size=(B, H, T, Dh))
     tape = _on_tape({"x": x})
-    grads = tape.backward(tape.rope(x, offset, base), g_out)
+    positions = offset + np.arange(T)[None].repeat(B, 0)  # (B, T)
+    grads = tape.backward(tape.rope(x, positions, base), g_out)
 
     xt = torch.tensor(x, requires_grad=True)
     theta = base ** (-torch.arange(0, Dh, 2, dtype=torch.float64) / Dh)  # (Dh/2,)

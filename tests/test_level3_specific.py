@@ -340,10 +340,10 @@ def test_cache_is_allocated_once_and_written_in_place():
     _, ref_cache = ref.prefill(tokens[:, :8])
     for layer in range(cfg.n_layers):
         torch.testing.assert_close(
-            cache.k[layer, :, :, :8], ref_cache._k[layer], atol=F64_TOL, rtol=0
+            cache.k[layer, :, :, :8], ref_cache.keys[layer], atol=F64_TOL, rtol=0
         )
         torch.testing.assert_close(
-            cache.v[layer, :, :, :8], ref_cache._v[layer], atol=F64_TOL, rtol=0
+            cache.v[layer, :, :, :8], ref_cache.values[layer], atol=F64_TOL, rtol=0
         )
 
 
@@ -361,13 +361,17 @@ def test_a_new_cache_is_zeros_of_its_dtype_and_writable(dtype):
     assert cache.k.sum().item() == 1.5 and not cache.v.view(torch.uint8).any()
 
 
-def test_appended_views_share_the_buffer():
+def test_updated_views_share_the_buffer():
     cfg = small_config()
     cache = level3.StaticKVCache(cfg, 2, dtype=F64)
+    keys = cache.extend(torch.tensor([[0, 1, 2], [0, 1, -1]]))  # the pass's positions first
+    assert keys.tolist() == [[0, 1, 2], [0, 1, -1]] and cache.length == 3
     k_new = torch.randn(2, cfg.n_heads, 3, cfg.d_head, dtype=F64)
-    k, v = cache.append(0, k_new, k_new)
+    k, v = cache.update(0, k_new, k_new)
     assert k.untyped_storage().data_ptr() == cache.k.untyped_storage().data_ptr()
-    assert torch.equal(k, k_new) and cache.length == 0  # nothing counts until advance()
+    assert torch.equal(k, k_new)
+    cache.rollback(1)  # forgotten slots read as padding again, in the whole buffer
+    assert cache.positions[:, 1:].eq(-1).all() and cache.next_positions().tolist() == [1, 1]
 
 
 def test_decoding_reads_only_the_filled_prefix():
@@ -387,11 +391,11 @@ def test_overflow_raises_and_leaves_the_cache_bit_identical():
     _, cache = model.prefill(tokens[:, : cfg.max_seq_len - 1])
     model.decode_step(tokens[:, -1], cache)  # fills the last slot
     assert cache.length == cache.capacity == cfg.max_seq_len
-    before = (cache.k.clone(), cache.v.clone(), [list(r) for r in cache.valid], cache.length)
+    before = (cache.k.clone(), cache.v.clone(), cache.positions.clone(), cache.length)
     with pytest.raises(ValueError, match="overflow"):
         model.decode_step(tokens[:, 0], cache)
     assert torch.equal(cache.k, before[0]) and torch.equal(cache.v, before[1])
-    assert cache.valid == before[2] and cache.length == before[3]
+    assert torch.equal(cache.positions, before[2]) and cache.length == before[3]
 
 
 # ---------------------------------------------------------------- bucketing

@@ -108,7 +108,8 @@ def test_seq2seq_matches_reference(case, variant):
 @pytest.mark.best_dtype
 def test_logits_are_forward_without_the_zeroing(case):
     """``logits`` (what a training loss reads) is ``forward`` before the padded positions are
-    zeroed, with ``valid`` back as lists, at every level: the public methods are one code."""
+    zeroed, with ``valid`` back as a numpy ``(B,T)`` bool array, at every level: the public
+    methods are one code."""
     config = model_config(case)
     params = init_params(config, "decoder_only", seed=15, scheme="random")
     tokens, valid = decoder_batch(config, case.tiny, seed=5)
@@ -117,7 +118,7 @@ def test_logits_are_forward_without_the_zeroing(case):
     out = case.np(logits)
     expected = ref.decoder_only_forward(config, params, tokens, valid=valid)
     case.assert_close(out[valid], expected[valid], what="decoder-only logits at real positions")
-    assert rows == valid.tolist()
+    assert isinstance(rows, np.ndarray) and rows.dtype == bool and np.array_equal(rows, valid)
     assert (out[~valid] != 0).any(), "logits leaves the padded positions as computed"
 
     params = init_params(config, "seq2seq", seed=16, scheme="random")
@@ -131,7 +132,7 @@ def test_logits_are_forward_without_the_zeroing(case):
         config, params, src, tgt, src_valid=src_valid, tgt_valid=tgt_valid
     )
     case.assert_close(out[tgt_valid], expected[tgt_valid], what="seq2seq logits at real targets")
-    assert rows == tgt_valid.tolist()
+    assert isinstance(rows, np.ndarray) and np.array_equal(rows, tgt_valid)
 
 
 @pytest.mark.best_dtype

@@ -15,6 +15,7 @@ import reference as ref
 from _helpers import random_mask, right_padded
 
 from levels import TransformerConfig, init_params
+from levels.common import semantics
 
 pytestmark = pytest.mark.no_lowp
 
@@ -83,6 +84,19 @@ def test_feed_forward(case, bias):
     case.assert_close(ff(case.arr(x)), ref.feed_forward(params, prefix, x), what="FeedForward")
 
 
+def _attention(case, mha, x, kv, *, causal, mask, offset=0):
+    """``mha`` on ``x (B,T,D)``: self-attention at positions ``offset + t``, what each query
+    may see made from them (causal) and ``mask``; or cross-attention to ``kv`` under ``mask``."""
+    if kv is not None:
+        return case.attention(mha, x, kv, mask=mask)
+    B, T = x.shape[:2]
+    positions = offset + np.arange(T)[None].repeat(B, 0)  # (B,T)
+    seen = semantics.visible(positions, positions) if causal else None  # (B,1,T,T)
+    if mask is not None:
+        seen = mask if seen is None else seen & mask
+    return case.attention(mha, x, mask=seen, positions=positions)
+
+
 MHA_CASES = {
     # name: (cross, causal, masked, rope, position_offset)
     "self": (False, False, False, False, 0),
@@ -121,10 +135,7 @@ def test_multi_head_attention(case, kind, bias):
         rope_base=config.rope_base if rope else None,
         position_offset=offset,
     )
-    kwargs = {"causal": causal, "position_offset": offset}
-    if mask is not None:
-        kwargs["mask"] = case.arr(mask)
-    out = mha(case.arr(x), None if kv is None else case.arr(kv), **kwargs)
+    out = _attention(case, mha, x, kv, causal=causal, mask=mask, offset=offset)
     case.assert_close(out, expected, what=f"MultiHeadAttention {kind}")
 
 
@@ -138,7 +149,7 @@ def test_encoder_layer(case, causal, bias):
     x = rng.normal(size=(B, T, config.d_model))
     valid = right_padded([T, T - 2], T)
     layer = case.build("EncoderLayer", config, params, prefix="encoder.layers.0.")
-    out = case.np(layer(case.arr(x), **case.sees(valid, config.window), causal=causal))
+    out = case.np(layer(case.arr(x), *case.sees(valid, config.window, causal=causal)))
     expected = ref.encoder_layer(config, params, "encoder.layers.0.", x, valid=valid, causal=causal)
     # Padded positions of a layer's output are not specified (only the models
     # promise zeros there), so only real positions are compared.
@@ -156,13 +167,9 @@ def test_decoder_layer(case, bias):
     valid = right_padded([T, T - 1], T)
     memory_valid = right_padded([S - 2, S], S)
     layer = case.build("DecoderLayer", config, params, prefix="decoder.layers.0.")
+    positions, mask = case.sees(valid, config.window)
     out = case.np(
-        layer(
-            case.arr(x),
-            case.arr(memory),
-            **case.sees(valid, config.window),
-            memory_mask=case.sees(memory_valid)["mask"],
-        )
+        layer(case.arr(x), positions, mask, case.arr(memory), case.cross(valid, memory_valid))
     )
     expected = ref.decoder_layer(
         config, params, "decoder.layers.0.", x, memory, valid=valid, memory_valid=memory_valid
@@ -226,8 +233,7 @@ def test_grouped_query_attention(case, kind):
         params, prefix, x, kv, n_heads=config.n_heads, n_kv_heads=1, mask=mask, causal=causal,
         rope_base=config.rope_base if rope else None,
     )  # fmt: skip
-    kwargs = {"causal": causal} | ({} if mask is None else {"mask": case.arr(mask)})
-    out = mha(case.arr(x), None if kv is None else case.arr(kv), **kwargs)
+    out = _attention(case, mha, x, kv, causal=causal, mask=mask)
     case.assert_close(out, expected, what=f"grouped-query MultiHeadAttention {kind}")
 
 
@@ -242,14 +248,16 @@ def test_layers_with_a_sliding_window(case, causal):
     x = rng.normal(size=(B, T, config.d_model))
     valid = right_padded([T, 1], T)  # the second row: one real token, then padding
     layer = case.build("EncoderLayer", config, params, prefix="encoder.layers.0.")
-    out = case.np(layer(case.arr(x), **case.sees(valid, config.window), causal=causal))
+    out = case.np(layer(case.arr(x), *case.sees(valid, config.window, causal=causal)))
     expected = ref.encoder_layer(config, params, "encoder.layers.0.", x, valid=valid, causal=causal)
     case.assert_close(
         out[valid], expected[valid], what="EncoderLayer with a window (real positions)"
     )
     memory = rng.normal(size=(B, S, config.d_model))
     layer = case.build("DecoderLayer", config, params, prefix="decoder.layers.0.")
-    out = case.np(layer(case.arr(x), case.arr(memory), **case.sees(valid, config.window)))
+    positions, mask = case.sees(valid, config.window)
+    full = np.ones((B, S), dtype=bool)  # every source token real
+    out = case.np(layer(case.arr(x), positions, mask, case.arr(memory), case.cross(valid, full)))
     expected = ref.decoder_layer(config, params, "decoder.layers.0.", x, memory, valid=valid)
     case.assert_close(
         out[valid], expected[valid], what="DecoderLayer with a window (real positions)"
@@ -324,10 +332,7 @@ def test_attention_with_wide_heads_qk_norm_and_a_scale(case, kind):
         params, prefix, x, kv, mask=mask, causal=causal, position_offset=offset,
         rope_base=base if rope else None, **ref._attention_options(config, params, prefix),
     )  # fmt: skip
-    kwargs = {"causal": causal, "position_offset": offset}
-    if mask is not None:
-        kwargs["mask"] = case.arr(mask)
-    out = mha(case.arr(x), None if kv is None else case.arr(kv), **kwargs)
+    out = _attention(case, mha, x, kv, causal=causal, mask=mask, offset=offset)
     case.assert_close(out, expected, what=f"MultiHeadAttention, Gemma's options, {kind}")
 
 
@@ -346,16 +351,14 @@ def test_blocks_with_post_norms_local_and_global(case, layer):
     sees = case.sees(valid, window)
     prefix = f"encoder.layers.{layer}."
     block = case.build("EncoderLayer", config, params, prefix=prefix, **base)
-    out = case.np(block(case.arr(x), **sees, causal=True))
+    out = case.np(block(case.arr(x), *sees))
     expected = ref.encoder_layer(config, params, prefix, x, valid=valid, causal=True, layer=layer)
     case.assert_close(out[valid], expected[valid], what=f"EncoderLayer {prefix} (post-norms)")
     memory = rng.normal(size=(B, S, config.d_model))
     memory_valid = right_padded([S - 2, S], S)
     prefix = f"decoder.layers.{layer}."
     block = case.build("DecoderLayer", config, params, prefix=prefix, **base)
-    out = case.np(
-        block(case.arr(x), case.arr(memory), **sees, memory_mask=case.sees(memory_valid)["mask"])
-    )
+    out = case.np(block(case.arr(x), *sees, case.arr(memory), case.cross(valid, memory_valid)))
     expected = ref.decoder_layer(
         config, params, prefix, x, memory, valid=valid, memory_valid=memory_valid, layer=layer
     )

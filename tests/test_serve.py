@@ -507,6 +507,55 @@ def test_a_long_prompt_is_prefilled_in_pieces_while_the_others_decode():
     assert engine.prefills >= 2 + 6  # the two short prompts, and six pieces of the long one
 
 
+def test_the_engine_decodes_without_reading_its_ids_back(monkeypatch):
+    """The batching loop calls the plain pass, ``model.transformer(ids, positions, cache)``,
+    with ids and positions it made as tensors from what it holds, as a model runner does:
+    no id goes back to numpy or to the host between steps, and no public method (which
+    reads the ids on the host to check them) runs."""
+    from types import SimpleNamespace
+
+    import torch
+
+    import levels
+    from levels import TransformerConfig, init_params
+    from levels.common import public
+    from serving.engine import Engine, Finished, Request
+
+    level = levels.load("level2_torch_manual")
+    config = TransformerConfig(vocab_size=40, d_model=16, n_heads=4, n_kv_heads=2, n_layers=2,
+                               d_ff=32, max_seq_len=48)  # fmt: skip
+    model = level.DecoderOnlyTransformer(config, init_params(config, "decoder_only", seed=1))
+    loaded = SimpleNamespace(model=model, level=level, tokenizer=_Letters(), stop_ids=(7,))
+    engine = Engine(loaded, max_batch=2, start=False)
+    passed, copied, plain = [], [], model.transformer
+
+    def transformer(ids, positions, cache=None, last=False):
+        passed.append(ids)
+        return plain(ids, positions, cache, last)
+
+    monkeypatch.setattr(model, "transformer", transformer)
+    for name in ("numpy", "tolist", "cpu", "item", "__array__"):  # every way to the host
+        original = getattr(torch.Tensor, name)
+
+        def spy(self, *args, _original=original, _name=name, **kwargs):
+            if any(self is ids for ids in passed):
+                copied.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, spy)
+    monkeypatch.setattr(public, "ids_of", lambda *a, **k: pytest.fail("a public method ran"))
+    done = []
+    for prompt in ([10, 11, 12], [13, 14]):
+        request = Request(prompt, 5, temperature=0.0)
+        engine.submit(request, lambda e: done.append(e) if isinstance(e, Finished) else None)
+    for _ in range(20):
+        engine.turn()
+    assert len(done) == 2 and engine.steps >= 4  # both answered, decoding together
+    assert any(tuple(ids.shape) == (2, 1) for ids in passed)  # a step of two rows
+    assert all(isinstance(ids, torch.Tensor) and ids.dtype == torch.long for ids in passed)
+    assert copied == []
+
+
 def test_a_preempted_request_resumes_from_its_own_blocks_turn_by_turn():
     """The engine stepped by hand (``start=False``), deterministic: a pool of six blocks of
     four, three requests, four prompt positions a turn. The newest request is preempted

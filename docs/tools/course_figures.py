@@ -31,6 +31,7 @@ does; its sidecar digest then ties the PNG to the file and the drawing code.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -165,8 +166,8 @@ def record_rope_pair(out: Path) -> None:
     qv, kv = [1.0, 0.0] + [0.0] * 6, [0.6, 0.8] + [0.0] * 6
     placed = {
         f"{m},{n}": {
-            "q": ops.rope([[[qv]]], m, base)[0][0][0][:2],
-            "k": ops.rope([[[kv]]], n, base)[0][0][0][:2],
+            "q": ops.rope([[[qv]]], [[m]], base)[0][0][0][:2],
+            "k": ops.rope([[[kv]]], [[n]], base)[0][0][0][:2],
         }
         for m, n in ((2, 0), (7, 5))
     }
@@ -175,8 +176,8 @@ def record_rope_pair(out: Path) -> None:
         {
             "made_by": "record_rope_pair",
             "base": base,
-            "pair0": {"positions": fast, "points": _rounded([ops.rope([[[vec]]], m, base)[0][0][0][0:2] for m in fast])},
-            "pair3": {"positions": slow, "points": _rounded([ops.rope([[[vec]]], m, base)[0][0][0][6:8] for m in slow])},
+            "pair0": {"positions": fast, "points": _rounded([ops.rope([[[vec]]], [[m]], base)[0][0][0][0:2] for m in fast])},
+            "pair3": {"positions": slow, "points": _rounded([ops.rope([[[vec]]], [[m]], base)[0][0][0][6:8] for m in slow])},
             "placed": _rounded(placed),
         },
     )  # fmt: skip
@@ -267,7 +268,7 @@ def record_kv_cache(out: Path) -> None:
 
     model = L2.DecoderOnlyTransformer(
         config, init_params(config, "decoder_only", seed=0),
-        kernels=L2.Kernels(attention=recording),
+        kernels=dataclasses.replace(L2.LEVEL2_KERNELS, attention=recording),
     )  # fmt: skip
     record = {"made_by": "record_kv_cache", "prompt": 3, "new": 4}
     with torch.no_grad():

@@ -78,7 +78,7 @@ def _matrices(model, level: str) -> list:
 
 
 def decode_step(model, level: str, ids) -> Callable[[], None]:
-    """One decode step of ``model`` after the prompt ``ids[:-1]``, as a call that rewinds
+    """One decode step of ``model`` after the prompt ``ids[:-1]``, as a call that rolls back
     the cache first, so that every call is the same step (the prompt is prefilled once)."""
     L = levels.load(level)
     with torch.no_grad():
@@ -86,7 +86,7 @@ def decode_step(model, level: str, ids) -> Callable[[], None]:
     token = L.asarray(np.array([ids[-1]]))
 
     def step():
-        cache.rewind(len(ids) - 1)
+        cache.rollback(len(ids) - 1)
         with torch.no_grad():
             model.decode_step(token, cache)
 

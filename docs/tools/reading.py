@@ -3,6 +3,8 @@
     python docs/tools/reading.py            # a table: level, files, lines
     python docs/tools/reading.py --files    # and the files themselves
     python docs/tools/reading.py --split    # the rung's own, the earlier rungs', the shared
+    python docs/tools/reading.py --trace    # what one forward and one decode_step run, by kind
+    python docs/tools/reading.py --hops     # one decode_step's functions, in order (levels 2, 3)
 
 Starting from ``levels/<rung>/__init__.py``, every ``levels`` module reached by an
 import statement (at any depth, lazily imported ones included) is one file a reader
@@ -15,6 +17,11 @@ rung (``levels/common/generation.py``, ``sampling.py``: read once, not per rung)
 the earlier rungs it builds on (level 0's classes under level 1, level 2's under
 levels 3 and 4: read already by a reader who climbs in order), and the shared
 modules of ``levels/common`` (read once for the whole ladder).
+
+``--hops`` lists what one ``decode_step`` of a 2-layer decoder (``TRACE_CONFIG``, its
+prompt prefilled beforehand) enters, in order: each function of ``levels`` at its first
+entry, with its file and line, then the count, the files, and how many were entered
+before the plain ``Transformer.forward`` (the public method and its checks).
 
 ``--trace`` measures what a reader follows rather than what the imports reach:
 one small decoder-only model (``TRACE_CONFIG``), built from its parameters,
@@ -29,9 +36,10 @@ lists every function with its kind, so the sorting can be checked):
 * **loading**: the parameters into modules (``fetch``, ``linear``, the shapes of
   ``levels/common/params.py``), the config's derived values;
 * **checks**: input validation (``check_*``, the ids and ``valid`` readers);
-* **bookkeeping**: the public edge (``levels/common/boundary.py``: plans, the
-  cache's book, masks of padding), the generation loop, and the level's array
-  functions the edge converts its inputs and outputs with;
+* **bookkeeping**: the public methods (``levels/common/public.py``: positions from
+  ``valid``, zeroing the padded outputs; until 2026-12-06 ``levels/common/boundary.py``,
+  its plans and the cache's book), the generation loop, and the level's array
+  functions they convert inputs and outputs with;
 * **transformer**: everything else: embedding, attention and its rules
   (causal, window), RoPE, norms, the feed-forward, the KV cache's keys and
   values, the head.
@@ -124,7 +132,8 @@ RULES = (
     (r"common/semantics\.py$", r".", "transformer"),  # the rules of attention: causal, window
     (r"common/checks\.py$", r".", "checks"),
     (r"common/boundary\.py$", r"^(rows|_numpy|_ids|_rows|_one_position)$", "checks"),
-    (r"common/(boundary|generation|sampling)\.py$", r".", "bookkeeping"),
+    (r"common/public\.py$", r"^(as_numpy|ids_of|valid_of|outside)$", "checks"),  # the input readers
+    (r"common/(boundary|public|generation|sampling)\.py$", r".", "bookkeeping"),
     # The arrays the edge converts with (each level's converters, its zeroing of padded
     # logits and its last position) and what a model keeps for the edge and its cache.
     (r"/(convert|arrays|ops)\.py$", r"^(asarray|to_numpy|dtype_kind|zero_padded|last_position)$",
@@ -134,12 +143,15 @@ RULES = (
     (r".", r"^(arrays|_converters|_inference|new_cache|device|commit|_forget|position_offset"
      r"|_ids|_rows|_mask|_offset|_column|_last|_zero_padded|token_facts|unsqueeze_time|bools)$",
      "bookkeeping"),
+    # Where a cache's rows stand for the public decode_step (the positions it derives), and
+    # the generation loops' switch of autograd.
+    (r".", r"^(next_positions|inference)$", "bookkeeping"),
     # A model's __call__ hands over to its forward; a level-0 layer's __call__ is its forward
     # (the transformer, as the torch levels' forward methods are).
     (r"/models\.py$", r"^__call__$", "bookkeeping"),
     # Level 3's _decoder picks the compiled step or the edge's pass (a seq2seq model's
     # _decoder is the architecture of its decoder stack).
-    (r"level3_\w+/models\.py$", r"^(_decoder|_compiled_step)$", "bookkeeping"),
+    (r"level3_\w+/models\.py$", r"^(_decoder|_compiled_step|_compiled_or_plain)$", "bookkeeping"),
     (r"common/(params|config)\.py$|/(convert|arrays)\.py$", r".", "loading"),
     (r"/ops\.py$", r"^linear$", "transformer"),  # levels 0 and 1's x @ W^T + b, not a loader
     (r".", r"^(_layers|feed_forward_linears|_linears?|_params?|_tensor|_array|fetch"
@@ -218,6 +230,62 @@ def trace(level_name: str, build: bool = False) -> dict[tuple[str, str, int, int
     }
 
 
+def hops(level_name: str) -> list[tuple[str, str, int]]:
+    """The functions of ``levels`` that one ``decode_step`` of ``TRACE_CONFIG`` enters at
+    ``level_name``, each at its first entry, in order: ``(file, qualified name, line)``
+    (comprehensions and lambdas are part of what contains them)."""
+    import numpy as np
+
+    import levels
+    from levels import TransformerConfig, init_params
+
+    level = levels.load(level_name)
+    config = TransformerConfig(**TRACE_CONFIG)
+    model = level.DecoderOnlyTransformer(config, init_params(config, "decoder_only", seed=0))
+    _, cache = model.prefill(level.asarray(np.array([[3, 1, 4, 1, 5]])))
+    next_token = level.asarray(np.array([2]))
+    entered: dict = {}
+
+    def tracer(frame, event, arg):
+        code = frame.f_code
+        if event == "call" and code.co_filename.startswith(str(LEVELS)):
+            if not code.co_name.startswith("<"):
+                entered.setdefault(code, None)
+        return None
+
+    sys.settrace(tracer)
+    try:
+        model.decode_step(next_token, cache)
+    finally:
+        sys.settrace(None)
+    return [
+        (str(Path(code.co_filename).relative_to(LEVELS)), code.co_qualname, code.co_firstlineno)
+        for code in entered
+    ]
+
+
+def hops_listing(names=("level2_torch_manual", "level3_sdpa_flash")) -> list[str]:
+    """The ``--hops`` listing, one block per rung."""
+    out = []
+    for name in names:
+        entered = hops(name)
+        plain = next(
+            (i for i, (_, qual, _) in enumerate(entered) if qual.endswith("Transformer.forward")),
+            len(entered),
+        )
+        out.append(f"{name}: one decode_step of a 2-layer decoder")
+        out += [
+            f"  {i + 1:3d}  {file}:{line}  {qual}" for i, (file, qual, line) in enumerate(entered)
+        ]
+        files = sorted({file for file, _, _ in entered})
+        out.append(
+            f"  {len(entered)} functions in {len(files)} files ({', '.join(files)}); "
+            f"{plain} entered before the plain Transformer.forward"
+        )
+        out.append("")
+    return out
+
+
 def trace_table(names=TRACE_LEVELS, functions: bool = False, build: bool = False) -> list[str]:
     """The ``--trace`` table, in Markdown (with the build, ``build``), and with ``functions``
     every function's line."""
@@ -246,6 +314,10 @@ def trace_table(names=TRACE_LEVELS, functions: bool = False, build: bool = False
 
 
 def main(argv: list[str]) -> None:
+    if "--hops" in argv:
+        rungs = [a for a in argv if a in TRACE_LEVELS]
+        print("\n".join(hops_listing(rungs or ("level2_torch_manual", "level3_sdpa_flash"))))
+        return
     if "--trace" in argv:
         print("\n".join(trace_table(functions="--functions" in argv, build="--build" in argv)))
         return

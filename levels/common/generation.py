@@ -1,48 +1,46 @@
-"""Generation, written once for every level.
+"""Generation, written once for every level: loops over the plain model.
 
-A level's ``generate`` hands this loop its model and two converters; the loop
-itself works on numpy token arrays, so the only per-level work inside it is
-the model call. It asks the model for logits in one of two ways:
+A level's ``generate`` (``levels.common.public``) hands this loop its model. The loop
+checks every argument once, before the first model call (also when there is nothing to
+generate), with the same messages at every level, then calls the plain pass
+``model.transformer(ids, positions, cache)`` itself, with positions it keeps: each
+row's next position is its prompt's real length plus the tokens it has taken. It asks
+for logits in one of two ways:
 
-* ``use_cache=False``: run the full ``forward`` over everything generated so
-  far and read the last position (quadratic in the length, but obviously right);
-* ``use_cache=True``: ``prefill`` the prefix once, then feed one token at a
-  time to ``decode_step``, which attends over the KV cache.
+* ``use_cache=False``: run the pass over everything generated so far and read each
+  row's last real position (quadratic in the length, but obviously right);
+* ``use_cache=True``: run the prompt once into a new cache, then one token a row at a
+  time against it.
 
-The two must give identical tokens; the test suite holds every level to that.
-Every argument is checked before the first model call (also when there is
-nothing to generate), with the same messages at every level. Tokens are
-chosen by ``levels.common.sampling`` (greedy by default: ties in the argmax
-go to the lowest token id) from float64 copies of the logits, so every level
-picks the same tokens from the same logits.
+The two must give identical tokens; the test suite holds every level to that. Tokens
+are chosen by ``levels.common.sampling`` (greedy by default: ties in the argmax go to
+the lowest token id) from float64 copies of the logits, so every level picks the same
+tokens from the same logits.
 
-Prompts of different lengths share one batch: right-padded, with ``valid``.
-The cache holds one slot per step for every row, so a short row's new tokens
-sit after its padding; its positions count real tokens only
-(``levels.common.boundary``), which is what makes each row equal the row
-generated alone.
+Prompts of different lengths share one batch: right-padded, with ``valid``. A short
+row's padding takes cache slots with position ``-1`` (never seen) and its new tokens
+come after them at the positions after its own last real token, which is what makes
+each row equal the row generated alone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from . import checks
+from . import public
 from .sampling import Sampling, pick
 
 Native = Any  # a level's array type (nested lists, np.ndarray, torch.Tensor)
-ToNative = Callable[[np.ndarray], Native]
-ToNumpy = Callable[[Native], np.ndarray]
 
 
 def _check_token_id(name: str, value: object, vocab_size: int) -> None:
     """A special token (``bos_id``, ``eos_id``) is one integer id in ``[0, vocab_size)``."""
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
         raise TypeError(f"{name} must be an integer token id, got {value!r}")
-    checks.check_tokens(int(value), int(value), vocab_size, what=name)
+    public.check_tokens(int(value), int(value), vocab_size, what=name)
 
 
 def generate_decoder_only(
@@ -57,8 +55,6 @@ def generate_decoder_only(
     top_p: float | None = None,
     seed: int | list[int] | None = None,
     eos_id: int | None = None,
-    to_native: ToNative | None = None,
-    to_numpy: ToNumpy | None = None,
 ) -> Native:
     """Continue every row of ``prefix (B, P)`` by ``max_new_tokens`` tokens.
 
@@ -71,21 +67,14 @@ def generate_decoder_only(
     greedy). With ``eos_id``, a row stops after producing it and is filled
     with ``pad_id``; without, every row gets ``max_new_tokens`` tokens. The
     longest prompt plus ``max_new_tokens`` must fit in ``max_seq_len``.
-    ``to_native`` / ``to_numpy`` default to ``model.ops.asarray`` / ``model.ops.to_numpy``.
     """
-    to_native = to_native or model.ops.asarray
-    to_numpy = to_numpy or model.ops.to_numpy
     config = model.config
     sampling = Sampling(temperature, top_k, top_p, seed)
-    prefix_np = checks.as_numpy(to_numpy, prefix, what="prefix")
-    tokens = checks.checked_ids(prefix_np, config.vocab_size, what="prefix")  # (B, P)
-    checks.check_new_tokens(max_new_tokens)
+    tokens = public.ids_of(model, prefix, "prefix")  # (B, P)
+    public.check_new_tokens(max_new_tokens)
     B, P = tokens.shape
-    if valid is None:
-        lengths = np.full(B, P)  # (B,) real tokens a prompt
-    else:
-        valid_np = checks.as_numpy(to_numpy, valid, what="valid")
-        lengths = np.sum(checks.checked_valid(valid_np, (B, P)), axis=1)
+    real = public.valid_of(model, valid, (B, P))  # (B, P)
+    lengths = real.sum(axis=1)  # (B,) real tokens a prompt: each row's next position
     if eos_id is not None:
         _check_token_id("eos_id", eos_id, config.vocab_size)
     longest = int(lengths.max())
@@ -95,39 +84,46 @@ def generate_decoder_only(
             f"max_seq_len={config.max_seq_len}"
         )
     generators = sampling.generators(B)
-    rows = np.arange(B)
     out = np.full((B, P + max_new_tokens), config.pad_id, dtype=np.int64)  # (B, P + N)
-    real = np.arange(P)[None, :] < lengths[:, None]  # (B, P)
     out[:, :P] = np.where(real, tokens, config.pad_id)
-    tokens = tokens[:, :longest]  # trailing columns of padding only: never computed
+    real = real[:, :longest]  # trailing columns of padding only: never computed
     done = np.zeros(B, dtype=bool)
+    native, to_numpy = _converters(model)
 
-    def next_logits(step: int, cache) -> tuple[np.ndarray, Any]:
-        """``(B, V)`` logits of each row's next token, and the cache."""
-        if use_cache and step == 0:
-            # The logits of each row's last real token only (B, V): the head, the largest
-            # product, runs once a row instead of once a prompt position.
-            valid = to_native(real[:, :longest])
-            logits, cache = model.prefill(to_native(tokens), valid=valid, last_only=True)
-            return to_numpy(logits), cache
-        if use_cache:
-            return to_numpy(model.decode_step(to_native(last_tokens), cache)), cache
-        # Without a cache, everything so far, each row right-padded after its own tokens.
-        width = longest + step
-        seq_valid = np.arange(width)[None, :] < (lengths + step)[:, None]  # (B, width)
-        logits = model.forward(to_native(out[:, :width]), valid=to_native(seq_valid))
-        return to_numpy(logits)[rows, lengths + step - 1], None
+    def pass_(ids: np.ndarray, positions: np.ndarray, cache=None, last=True) -> np.ndarray:
+        """``(B, V)`` logits, float64 numpy, of each row's last real position (or of the
+        single new one)."""
+        logits = model.transformer(native(ids), native(positions), cache, last=last)
+        return to_numpy(logits)[:, -1].astype(np.float64)
 
-    cache = None
-    for step in range(max_new_tokens):
-        logits, cache = next_logits(step, cache)  # (B, V)
-        last_tokens = np.where(done, config.pad_id, pick(logits, sampling, generators, ~done))
-        out[rows, lengths + step] = last_tokens  # (B,); a finished row writes its padding
-        if eos_id is not None:
-            done |= last_tokens == eos_id
-            if done.all():
-                break
-    return to_native(out)
+    with model.arrays.inference():
+        cache = model.new_cache(B) if use_cache and max_new_tokens else None
+        for step in range(max_new_tokens):
+            if cache is None:  # everything so far, each row right-padded after its own tokens
+                width = longest + step
+                seen = np.arange(width)[None, :] < (lengths + step)[:, None]  # (B, width)
+                logits = pass_(out[:, :width], public.positions_of(seen))
+            elif step == 0:  # the prompt; the head runs on each row's last real token only
+                logits = pass_(out[:, :longest], public.positions_of(real), cache)
+            else:  # each row's newest token, at the position after its last
+                newest = (lengths + step - 1)[:, None]  # (B, 1): its place in out, and position
+                logits = pass_(np.take_along_axis(out, newest, 1), newest, cache, last=False)
+            chosen = np.where(done, config.pad_id, pick(logits, sampling, generators, ~done))
+            out[np.arange(B), lengths + step] = chosen  # (B,); a finished row writes its padding
+            if eos_id is not None:
+                done |= chosen == eos_id
+                if done.all():
+                    break
+    return native(out)
+
+
+def _converters(model):
+    """The model's conversions: numpy to its arrays on its device, and back."""
+
+    def native(array: np.ndarray) -> Native:
+        return model.arrays.asarray(array, device=model.device)
+
+    return native, model.arrays.to_numpy
 
 
 def stream_decoder_only(
@@ -140,43 +136,45 @@ def stream_decoder_only(
     top_p: float | None = None,
     seed: int | None = None,
     stop_ids: tuple[int, ...] = (),
-    to_native: ToNative | None = None,
-    to_numpy: ToNumpy | None = None,
 ) -> Iterator[int]:
     """Continue one prompt ``(P,)`` token by token: yield each new id as soon as it is chosen.
 
     The tokens are ``generate``'s for the same prompt and options (one row,
     the KV cache, the same sampling): this is that loop with the batch taken
     out and each token handed over at once, for a chat that prints them as
-    they come. The first ``next()`` runs the prefill; each later one a decode
+    they come. The first ``next()`` runs the prompt; each later one a decode
     step. It ends after ``max_new_tokens`` tokens, or after yielding a token
     of ``stop_ids`` (the model's end-of-turn ids); a caller may stop earlier
-    (a stop string in the text). Arguments are checked before any model call.
+    (a stop string in the text). Arguments are checked before any model call;
+    the model runs without autograd during each step, not between them.
     """
-    to_native = to_native or model.ops.asarray
-    to_numpy = to_numpy or model.ops.to_numpy
     config = model.config
     sampling = Sampling(temperature, top_k, top_p, seed)
-    tokens = checks.checked_ids(np.asarray(prompt)[None], config.vocab_size, what="prompt")
-    checks.check_new_tokens(max_new_tokens)
+    tokens = public.ids_of(model, np.asarray(prompt)[None], "prompt")  # (1, P)
+    public.check_new_tokens(max_new_tokens)
     for stop in stop_ids:
         _check_token_id("a stop id", stop, config.vocab_size)
-    if tokens.shape[1] + max_new_tokens > config.max_seq_len:
+    P = tokens.shape[1]
+    if P + max_new_tokens > config.max_seq_len:
         raise ValueError(
-            f"prompt length {tokens.shape[1]} + max_new_tokens {max_new_tokens} exceeds "
+            f"prompt length {P} + max_new_tokens {max_new_tokens} exceeds "
             f"max_seq_len={config.max_seq_len}"
         )
     if max_new_tokens == 0:
         return
     generators = sampling.generators(1)
-    logits, cache = model.prefill(to_native(tokens), last_only=True)
-    last = to_numpy(logits)  # (1, V): the head on the prompt's last position only
+    native, to_numpy = _converters(model)
+    cache = model.new_cache(1)
+    ids, positions = tokens, np.arange(P)[None]  # (1, P): the prompt
     for step in range(max_new_tokens):
+        with model.arrays.inference():
+            logits = model.transformer(native(ids), native(positions), cache, last=step == 0)
+            last = to_numpy(logits)[:, -1].astype(np.float64)  # (1, V)
         token = int(pick(last, sampling, generators)[0])
         yield token
-        if token in stop_ids or step == max_new_tokens - 1:
+        if token in stop_ids:
             return
-        last = to_numpy(model.decode_step(to_native(np.array([token])), cache))  # (1, V)
+        ids, positions = np.array([[token]]), np.array([[P + step]])  # (1, 1)
 
 
 def generate_seq2seq(
@@ -192,8 +190,6 @@ def generate_seq2seq(
     top_k: int | None = None,
     top_p: float | None = None,
     seed: int | list[int] | None = None,
-    to_native: ToNative | None = None,
-    to_numpy: ToNumpy | None = None,
 ) -> Native:
     """Decode from BOS for every row of ``src (B, S)``; each row stops at its EOS.
 
@@ -203,9 +199,9 @@ def generate_seq2seq(
     ``max_seq_len - 1``, the longest target that fits; ``bos_id`` and
     ``eos_id`` default to the config's. ``temperature``, ``top_k``, ``top_p``
     and ``seed`` choose the tokens as for the decoder-only model (greedy by default).
+    The source is encoded once; each step runs the decoder over the target so far
+    (``use_cache=False``) or over its newest token against the cache.
     """
-    to_native = to_native or model.ops.asarray
-    to_numpy = to_numpy or model.ops.to_numpy
     config = model.config
     sampling = Sampling(temperature, top_k, top_p, seed)
     bos_id = config.bos_id if bos_id is None else bos_id
@@ -213,45 +209,35 @@ def generate_seq2seq(
     for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
         _check_token_id(name, value, config.vocab_size)
     max_new_tokens = config.max_seq_len - 1 if max_new_tokens is None else max_new_tokens
-    checks.check_new_tokens(max_new_tokens)
+    public.check_new_tokens(max_new_tokens)
     if 1 + max_new_tokens > config.max_seq_len:
         raise ValueError(
             f"1 + max_new_tokens = {1 + max_new_tokens} exceeds max_seq_len={config.max_seq_len}"
         )
-    src_np = checks.as_numpy(to_numpy, src, what="source tokens")
-    ids = checks.checked_ids(src_np, config.vocab_size, what="source tokens")  # (B, S)
-    checks.check_length(ids.shape[1], config.max_seq_len, what="source length")
-    if src_valid is not None:  # checked whole before the first step (the encoder checks it too)
-        src_valid_np = checks.as_numpy(to_numpy, src_valid, what="src_valid")
-        checks.checked_valid(src_valid_np, ids.shape, what="src_valid")
+    ids = public.ids_of(model, src, "source tokens")  # (B, S)
+    public.check_length(ids.shape[1], config.max_seq_len, what="source length")
+    src_real = public.valid_of(model, src_valid, ids.shape, "src_valid")  # (B, S)
     B = ids.shape[0]
     generators = sampling.generators(B)
-    pad = config.pad_id
     out = np.full((B, 1), bos_id, dtype=np.int64)  # (B, 1)
     done = np.zeros(B, dtype=bool)
-    cache = None
-    for _ in range(max_new_tokens):
-        if done.all():
-            break
-        if use_cache and cache is None:
-            logits, cache = model.prefill(
-                src,
-                to_native(out),
-                src_valid=src_valid,
-                tgt_valid=to_native(np.ones_like(out, bool)),
-            )
-            last = to_numpy(logits)[:, -1]
-        elif use_cache:
-            last = to_numpy(model.decode_step(to_native(out[:, -1]), cache))
-        else:
-            logits = model.forward(
-                src,
-                to_native(out),
-                src_valid=src_valid,
-                tgt_valid=to_native(np.ones_like(out, bool)),
-            )
-            last = to_numpy(logits)[:, -1]
-        nxt = np.where(done, pad, pick(last, sampling, generators, ~done))
-        done |= nxt == eos_id
-        out = np.concatenate([out, nxt[:, None]], axis=1)
-    return to_native(out)
+    native, to_numpy = _converters(model)
+    with model.arrays.inference():
+        src_positions = native(public.positions_of(src_real))  # (B, S)
+        memory = model.memory(native(ids), src_positions)  # (B, S, D)
+        cache = model.new_cache(B) if use_cache else None
+        for step in range(max_new_tokens):
+            if done.all():
+                break
+            if cache is None:  # the whole target so far
+                ids_, positions = out, np.arange(step + 1)[None].repeat(B, 0)
+            else:  # the newest token; the memory's keys are in the cache after the first step
+                ids_, positions = out[:, -1:], np.full((B, 1), step)
+            logits = model.transformer(
+                native(ids_), native(positions), memory, src_positions, cache
+            )  # (B, T, V)
+            last = to_numpy(logits)[:, -1].astype(np.float64)  # (B, V)
+            nxt = np.where(done, config.pad_id, pick(last, sampling, generators, ~done))
+            done |= nxt == eos_id
+            out = np.concatenate([out, nxt[:, None]], axis=1)
+    return native(out)

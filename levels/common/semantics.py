@@ -1,17 +1,59 @@
-"""Who may attend whom, by position: the rules of causal and windowed attention (and which
-key/value head a query head reads, ``group_size``).
+"""Who may attend whom: the rules of attention, written once for every level.
 
-Every level reads its masks off these few lines, so the rules are written once:
-level 0 loops over ``key_range`` row by row, level 1 vectorises it into a
-``(T, S)`` matrix, the torch levels build the same matrix on the device, and
-level 4's kernel skips the key tiles outside it. Queries sit bottom-right: with
-``T`` queries and ``S`` keys, query ``i`` is placed at ``d = i + (S - T)``, so
-the last query sees the last key (what decoding against a cache needs).
-Plain integers in, plain integers out: no array type, no check (``checks.py``
-validates the inputs before any of this runs).
+Two rules, one for each caller:
+
+* **The models' rule, by position** (``sees`` and ``visible``): each token carries its
+  position (``-1`` for padding), and every cache keeps its keys' positions beside them.
+  A query at ``q`` may see a key at ``k`` when the key is real (``k >= 0``), not in the
+  future (``k <= q``; an encoder sees both ways) and, under a sliding window ``W``,
+  within it (``q - k < W``). Nothing here asks where a key sits in memory: a cache slot
+  need not equal a position, so prompts of different lengths share a batch and a
+  rejected guess is forgotten by moving a length back. A padded query (``q < 0``) sees
+  its row's first key, so that no row of scores is empty; its output is zeroed by the
+  caller. ``sees`` is the rule for one pair (level 0 loops over it); ``visible``
+  applies it to whole arrays (numpy and torch alike), the mask every other level builds.
+* **The attention core's rule, by place** (``key_range`` and the helpers after it): the
+  public ``attention(q, k, v, causal=, window=)`` of the SPEC places its ``T`` queries
+  bottom-right among ``S`` keys (query ``i`` at ``d = i + (S - T)``, so the last query
+  sees the last key). Level 0 loops over ``key_range`` row by row, level 1 vectorises
+  it, the torch levels build the matrix on the device, and level 4's kernel skips the
+  key tiles outside it.
+
+Plain integers (or arrays) in, the same out: no check (``checks.py`` and
+``levels.common.public`` validate the inputs before any of this runs).
 """
 
 from __future__ import annotations
+
+
+def sees(q: int, k: int, window: int | None = None, *, causal: bool = True) -> bool:
+    """May a query at position ``q`` see a key at position ``k``? (``-1``: padding.)
+
+    The key must be real, not after the query (``causal``; an encoder's queries see
+    both ways) and, with a ``window``, fewer than ``W`` positions away. A padded query
+    sees nothing by this rule: ``visible`` gives it its row's first key.
+    """
+    if k < 0 or q < 0:
+        return False
+    if causal and k > q:
+        return False
+    return window is None or abs(q - k) < window
+
+
+def visible(q_pos, k_pos, window: int | None = None, *, causal: bool = True):
+    """``sees`` for every query and key of a batch: ``q_pos (B,T)``, ``k_pos (B,S)`` integer
+    arrays (numpy or torch) -> ``(B,1,T,S)`` bool, True = may attend, one mask for every
+    head. A padded query (``q_pos < 0``) sees its row's first key (slot 0), so that every
+    row of scores keeps a key; its output is zeroed by the caller."""
+    q = q_pos[:, None, :, None]  # (B,1,T,1)
+    k = k_pos[:, None, None, :]  # (B,1,1,S)
+    seen = (k >= 0) & (q >= 0)  # both real: (B,1,T,S)
+    if causal:
+        seen = seen & (k <= q)
+    if window is not None:
+        seen = seen & (abs(q - k) < window)
+    seen[..., 0] = seen[..., 0] | (q[..., 0] < 0)  # a padded query: its row's first key
+    return seen
 
 
 def group_size(q_shape, k_shape) -> int:

@@ -131,15 +131,15 @@ class FeedForward(Module):
 class MultiHeadAttention(Module):
     """``nn.MultiheadAttention`` with PyTorch's parameter layout, optionally with RoPE and GQA.
 
-    ``mha(x, kv=None, *, mask=None, causal=False, window=None, position_offset=0,
-    cache=None, index=0)``: ``x (B,T,D)`` attends to ``kv (B,S,D)`` (None: to
-    itself) -> ``(B,T,D)``. ``in_proj_weight (H Dh + 2 Hkv Dh, D)`` holds rows
-    ``[q; k; v]``: ``H`` query heads, ``Hkv`` key/value heads (``H Dh = D`` unless
-    ``config.head_dim`` says otherwise). With ``config.qk_norm`` each head of q and k
-    is normalised (``q_norm``, ``k_norm``) before RoPE. With ``rope=True`` queries and
-    keys are rotated at positions ``position_offset + t``, by ``rope_base`` (None:
-    ``config.rope_base``). With a ``cache`` (self-attention), the new keys and values
-    go into layer ``index`` of the cache and the queries attend over everything it holds.
+    ``mha(x, positions, mask, cache=None, index=0)``: self-attention of ``x (B,T,D)``
+    -> ``(B,T,D)``. ``positions (B,T)`` are what RoPE rotates by; ``mask`` says what the
+    queries may see, ``(B,1,T,S)``, True = may attend; with a ``cache`` the new keys and
+    values go into layer ``index`` of it, and the queries attend over all it holds.
+    ``in_proj_weight (H Dh + 2 Hkv Dh, D)`` holds rows ``[q; k; v]``: ``H`` query heads,
+    ``Hkv`` key/value heads (``H Dh = D`` unless ``config.head_dim`` says otherwise). With
+    ``config.qk_norm`` each head of q and k is normalised (``q_norm``, ``k_norm``) before
+    RoPE. ``rope=True`` rotates q and k by ``rope_base`` (None: ``config.rope_base``).
+    Cross-attention is ``attend(queries(x), *keys_values(memory), mask)``, unrotated.
     """
 
     def __init__(
@@ -175,64 +175,55 @@ class MultiHeadAttention(Module):
         self.scale = config.attn_scale
         self.n_heads, self.n_kv_heads = config.n_heads, config.kv_heads
 
-    def heads(self, x, w, b, n_heads: int, position_offset: int | None, norm=None) -> Native:
+    def __call__(self, x, positions=None, mask=None, cache=None, index=0):
+        q = self.queries(x, positions)  # (B,H,T,Dh)
+        k, v = self.keys_values(x, positions)  # (B,Hkv,T,Dh) each
+        if cache is not None:
+            k, v = cache.update(index, k, v)  # (B,Hkv,S,Dh): every key the cache holds
+        return self.attend(q, k, v, mask)
+
+    def heads(self, x, w, b, n_heads: int, positions=None, norm=None) -> Native:
         """``x (B,L,D)`` projected by ``w``, split into ``n_heads`` heads ``(B,n,L,Dh)``,
-        each normalised by ``norm`` (QK-norm) and then rotated, when RoPE is on and
-        ``position_offset`` is given."""
+        each normalised by ``norm`` (QK-norm) and then rotated to ``positions (B,L)``,
+        when RoPE is on and they are given."""
         ops = self.ops
         h = ops.split_heads(ops.linear(x, w, b), n_heads)  # (B,L,n*Dh) -> (B,n,L,Dh)
         if norm is not None:
             h = norm(h)  # (B,n,L,Dh), over each head's Dh features
-        if self.rope_base is None or position_offset is None:
+        if self.rope_base is None or positions is None:
             return h
-        return ops.rope(h, position_offset, self.rope_base)
+        return ops.rope(h, positions, self.rope_base)
 
-    def keys_values(self, source: Native) -> tuple[Native, Native]:
-        """``source (B,S,D)`` -> ``k, v (B,Hkv,S,Dh)``, unrotated (cross-attention's memory)."""
+    def queries(self, x, positions=None) -> Native:
+        """``x (B,T,D)`` -> ``q (B,H,T,Dh)``, normed (QK-norm) and rotated to ``positions``."""
+        return self.heads(x, self.w_q, self.b_q, self.n_heads, positions, self.q_norm)
+
+    def keys_values(self, source, positions=None) -> tuple[Native, Native]:
+        """``source (B,S,D)`` -> ``k, v (B,Hkv,S,Dh)``; k normed and rotated to ``positions``
+        (None: unrotated, as cross-attention's memory is)."""
         return (
-            self.heads(source, self.w_k, self.b_k, self.n_kv_heads, None, self.k_norm),
-            self.heads(source, self.w_v, self.b_v, self.n_kv_heads, None),
+            self.heads(source, self.w_k, self.b_k, self.n_kv_heads, positions, self.k_norm),
+            self.heads(source, self.w_v, self.b_v, self.n_kv_heads),
         )
 
-    def attend(self, q, k, v, *, mask=None, causal=False, window=None) -> Native:
+    def attend(self, q, k, v, mask=None) -> Native:
         """``q (B,H,T,Dh)``, ``k, v (B,Hkv,S,Dh)`` -> ``(B,T,D)``: the core, heads merged, out_proj."""
         ops = self.ops
-        o = ops.attend(q, k, v, causal=causal, mask=mask, scale=self.scale, window=window)
+        o = ops.attend(q, k, v, mask=mask, scale=self.scale)  # (B,H,T,Dh)
         return ops.linear(ops.merge_heads(o), self.w_o, self.b_o)  # (B,H,T,Dh) -> (B,T,D)
-
-    def __call__(
-        self,
-        x,
-        kv=None,
-        *,
-        mask=None,
-        causal=False,
-        window=None,
-        position_offset=0,
-        cache=None,
-        index=0,
-    ):
-        source = x if kv is None else kv
-        offset = position_offset
-        q = self.heads(x, self.w_q, self.b_q, self.n_heads, offset, self.q_norm)  # (B,H,T,Dh)
-        k = self.heads(source, self.w_k, self.b_k, self.n_kv_heads, offset, self.k_norm)
-        v = self.heads(source, self.w_v, self.b_v, self.n_kv_heads, None)  # (B,Hkv,S,Dh) each
-        if cache is not None:
-            k, v = cache.append(index, k, v)  # (B,Hkv,length+T,Dh)
-        return self.attend(q, k, v, mask=mask, causal=causal, window=window)
 
 
 class EncoderLayer(Module):
-    """A pre-norm ``nn.TransformerEncoderLayer``; also the decoder-only model's block (causal).
+    """A pre-norm ``nn.TransformerEncoderLayer``; also the decoder-only model's block.
 
-    ``layer(x, *, mask=None, causal=False, window=None, position_offset=0, cache=None,
-    index=0)``: ``x (B,T,D)`` -> ``(B,T,D)``. ``mask`` (True = may attend, broadcastable
-    to ``(B,H,T,S)``) and ``window`` are what the model's step says the queries may see
-    (``levels.common.boundary``). Reads ``{prefix}norm1``, ``self_attn``, ``norm2`` and
-    the feed-forward's linears (and with ``config.post_norms`` ``post_norm1`` and
-    ``post_norm2``, applied to each sublayer's output). Self-attention uses RoPE when
-    ``config.positional == "rope"`` (``rope=`` overrides), with base ``rope_base``
-    (None: ``config.rope_base``; a model passes each layer's, ``config.rope_base_of``).
+    ``layer(x, positions, mask, cache=None, index=0)``: ``x (B,T,D)`` -> ``(B,T,D)``,
+    ``x + SelfAttn(norm1(x))`` then ``x + FFN(norm2(x))``; ``positions``, ``mask`` and
+    ``cache`` as ``MultiHeadAttention``'s (the mask says causal or not: the model built
+    it). Reads ``{prefix}norm1``, ``self_attn``, ``norm2`` and the feed-forward's linears
+    (and with ``config.post_norms`` ``post_norm1`` and ``post_norm2``, applied to each
+    sublayer's output). Self-attention uses RoPE when ``config.positional == "rope"``
+    (``rope=`` overrides), with base ``rope_base`` (None: ``config.rope_base``; a model
+    passes each layer's, ``config.rope_base_of``).
     """
 
     def __init__(
@@ -264,38 +255,25 @@ class EncoderLayer(Module):
             self.post_norm1 = Norm(config, params, prefix=f"{prefix}post_norm1.", **kw)
             self.post_norm2 = Norm(config, params, prefix=f"{prefix}post_norm2.", **kw)
 
-    def __call__(
-        self, x, *, mask=None, causal=False, window=None, position_offset=0, cache=None, index=0
-    ):
-        """``x + SelfAttn(norm1(x))``, then ``x + FFN(norm2(x))``; ``cache`` as in ``MultiHeadAttention``."""
-        x = self._self_attention(x, mask, causal, window, position_offset, cache, index)
+    def __call__(self, x, positions=None, mask=None, cache=None, index=0):
+        h = self.self_attn(self.norm1(x), positions, mask, cache, index)  # (B,T,D)
+        x = self._residual(x, h, self.post_norm1)
         return self._residual(x, self.ff(self.norm2(x)), self.post_norm2)  # (B,T,D)
 
     def _residual(self, x, h, post_norm) -> Native:
         """``x + h``, or ``x + post_norm(h)`` with ``config.post_norms``: ``(B,T,D)``."""
         return self.ops.add(x, h if post_norm is None else post_norm(h))
 
-    def _self_attention(self, x, mask, causal, window, position_offset, cache, index):
-        """``x + SelfAttn(norm1(x))``: ``(B,T,D)``."""
-        h = self.self_attn(
-            self.norm1(x),
-            mask=mask,
-            causal=causal,
-            window=window,
-            position_offset=position_offset,
-            cache=cache,
-            index=index,
-        )
-        return self._residual(x, h, self.post_norm1)  # (B,T,D)
-
 
 class DecoderLayer(EncoderLayer):
     """A pre-norm ``nn.TransformerDecoderLayer``: causal self-attention, cross-attention, FFN.
 
-    ``layer(x, memory, *, mask=None, memory_mask=None, window=None, ...)``: ``x (B,T,D)``,
+    ``layer(x, positions, mask, memory, memory_mask, cache=None, index=0)``: ``x (B,T,D)``,
     ``memory (B,S,D)``, ``memory_mask`` the real source keys ``(B,1,1,S)`` -> ``(B,T,D)``.
     Reads ``{prefix}norm1``, ``self_attn``, ``norm2``, ``multihead_attn``, ``norm3`` and
-    the feed-forward's linears (and ``post_norm1..3`` with ``config.post_norms``).
+    the feed-forward's linears (and ``post_norm1..3`` with ``config.post_norms``). With a
+    ``cache`` the memory's keys and values are computed on the first call and kept in
+    ``cache.cross[index]`` (``memory`` may then be None).
     """
 
     def __init__(self, config, params, *, prefix="", **options):
@@ -315,31 +293,14 @@ class DecoderLayer(EncoderLayer):
         if config.post_norms:
             self.post_norm3 = Norm(config, params, prefix=f"{prefix}post_norm3.", **kw)
 
-    def __call__(
-        self,
-        x,
-        memory,
-        *,
-        mask=None,
-        memory_mask=None,
-        window=None,
-        position_offset=0,
-        cache=None,
-        index=0,
-    ):
-        """``x + SelfAttn(norm1(x))``, ``x + CrossAttn(norm2(x), memory)``, ``x + FFN(norm3(x))``.
-
-        With a ``cache`` the memory's keys and values are computed on the first
-        call and kept in ``cache.cross[index]`` (``memory`` may then be None).
-        """
-        x = self._self_attention(x, mask, True, window, position_offset, cache, index)  # (B,T,D)
+    def __call__(self, x, positions, mask, memory, memory_mask, cache=None, index=0):
+        h = self.self_attn(self.norm1(x), positions, mask, cache, index)  # (B,T,D)
+        x = self._residual(x, h, self.post_norm1)
         cross = self.multihead_attn
-        if cache is not None and cache.cross[index] is not None:
-            k, v = cache.cross[index]  # (B,Hkv,S,Dh) each
-        else:
+        if cache is None:
             k, v = cross.keys_values(memory)  # (B,Hkv,S,Dh) each
-            if cache is not None:
-                cache.cross[index] = (k, v)
-        q = cross.heads(self.norm2(x), cross.w_q, cross.b_q, cross.n_heads, None, cross.q_norm)
-        x = self._residual(x, cross.attend(q, k, v, mask=memory_mask), self.post_norm2)  # (B,T,D)
+        else:  # computed once a generation
+            k, v = cache.memory_keys(index, lambda: cross.keys_values(memory))
+        h = cross.attend(cross.queries(self.norm2(x)), k, v, memory_mask)  # (B,T,D)
+        x = self._residual(x, h, self.post_norm2)
         return self._residual(x, self.ff(self.norm3(x)), self.post_norm3)  # (B,T,D)

@@ -1,93 +1,92 @@
-"""The two models at level 0, their KV cache, and incremental decoding.
+"""The two models at level 0 and their KV cache.
 
-Like ``layers.py`` these compute through ``self.ops``; level 1 subclasses
-them with numpy's. The architecture is the method ``compute`` (embed, blocks,
-norm, head; seq2seq: ``_encode`` and ``_decoder``). The public methods
-(``forward``, ``prefill``, ``decode_step``, ``generate``) are ``levels.common.boundary``'s,
-written once for every level: they check the inputs and plan each pass (which
-tokens are real, their positions, what each query sees: a step per distinct
-window of the layers, ``config.layer_windows``) in numpy, and convert what the
-architecture reads with the level's own ``ops`` (``arrays``).
+Like ``layers.py`` these compute through ``self.ops``; level 1 subclasses them with
+numpy's. Each model is two layers, read in this order:
 
-``forward`` is a pass without a cache, ``prefill`` a pass into an empty one,
-``decode_step`` one token into a filled one: the same ``compute``.
+* **the transformer** (``Transformer``, ``EncoderDecoder``): token ids and each token's
+  position in, logits out, its inputs trusted. Embed, the blocks, the final norm, the
+  head. What a query may see is built here, from the positions, once per distinct
+  window of the layers (``config.layer_windows``: Gemma 3's local and global layers
+  need two);
+* **the public methods** (``DecoderOnlyTransformer``, ``Seq2SeqTransformer``):
+  ``forward(tokens, *, valid=None)``, ``prefill``, ``decode_step``, ``generate`` and
+  the rest, the same functions at every level (``levels.common.public``): they check
+  the inputs, make the positions and call the transformer.
 """
 
 from __future__ import annotations
 
-from ..common import boundary
+from ..common import public
+from ..common.cache import Cache
 from ..common.params import check_params, param_shapes
 from .layers import DecoderLayer, EncoderLayer, Module, Native, norm_class
 
 
-class KVCache(boundary.CacheBook):
-    """What incremental decoding keeps between steps; capacity ``max_seq_len``.
+class KVCache(Cache):
+    """What incremental decoding keeps between steps: for each layer the keys and values of
+    the slots filled so far, ``(B,Hkv,length,Dh)``, and every slot's position ``(B,length)``
+    (``-1``: padding), in the level's arrays; capacity ``max_seq_len`` slots.
 
-    Per layer the self-attention keys and values decoded so far, each
-    ``(B,Hkv,length,Dh)`` in the level's arrays, grown by appending
-    (``ops.concat``); ``cross[i]``: decoder layer ``i``'s cross-attention
-    ``(k, v)`` of the encoded source, computed once. The positions, their
-    validity and the length are ``boundary.CacheBook``'s. Appended keys stay
-    pending until ``commit``, so a step that fails half-way leaves the cache as it was.
+    A pass calls ``extend(positions)`` once (the new slots' positions: the cache now holds
+    them), then each layer ``update(index, k, v)``. ``rollback`` (setting the length back)
+    and an encoder-decoder's memory keys are ``levels.common.cache.Cache``'s.
     """
 
     def __init__(self, config, batch: int, *, ops):
         super().__init__(config, batch)
-        self._concat = ops.concat  # (B,Hkv,length,Dh) + (B,Hkv,T,Dh) along time
-        self._first = ops.first_positions  # (B,Hkv,S,Dh) -> (B,Hkv,n,Dh)
-        self._kv: list[tuple[Native, Native] | None] = [None] * config.n_layers
-        self._pending: dict[int, tuple[Native, Native]] = {}
+        self.ops = ops
+        self.positions: Native = None  # (B, length), once a pass has filled a slot
+        self.keys: list[Native] = [None] * config.n_layers  # (B,Hkv,length,Dh) each
+        self.values: list[Native] = [None] * config.n_layers
 
-    def append(self, index: int, k_new: Native, v_new: Native) -> tuple[Native, Native]:
-        """Layer ``index``'s keys and values over the cached and the new positions."""
-        past = self._kv[index]
-        if past is None:
-            k, v = k_new, v_new  # (B,Hkv,T,Dh)
-        else:
-            k = self._concat(past[0], k_new, axis=2)  # (B,Hkv,length+T,Dh)
-            v = self._concat(past[1], v_new, axis=2)
-        self._pending[index] = (k, v)
+    def extend(self, positions: Native) -> Native:
+        """Take ``T`` new slots at ``positions (B,T)`` -> every slot's position ``(B,length+T)``."""
+        if self.length:  # after the slots kept (a rollback's are dropped)
+            positions = self.ops.concat(self._kept(self.positions, 1), positions, axis=1)
+        self.positions, self.length = positions, len(positions[0])
+        return positions
+
+    def update(self, index: int, k: Native, v: Native) -> tuple[Native, Native]:
+        """Layer ``index``'s keys and values of the new slots, ``(B,Hkv,T,Dh)`` -> of every slot,
+        ``(B,Hkv,length,Dh)``."""
+        if self.length > len(k[0][0]):  # after the slots before this pass
+            k = self.ops.concat(self._kept(self.keys[index], 2, len(k[0][0])), k, axis=2)
+            v = self.ops.concat(self._kept(self.values[index], 2, len(v[0][0])), v, axis=2)
+        self.keys[index], self.values[index] = k, v
         return k, v
 
-    def _forget(self, length: int) -> None:
-        """Cut every layer's keys and values to their first ``length`` positions."""
-        cut = self._first
-        self._kv = [
-            None if kv is None else (cut(kv[0], length), cut(kv[1], length)) for kv in self._kv
-        ]
+    def _kept(self, x: Native, axis: int, new: int = 0) -> Native:
+        """``x`` cut to the slots before a pass of ``new`` along ``axis``, where a rollback left
+        it longer (as it is otherwise: no copy)."""
+        kept = self.length - new
+        held = len(x[0]) if axis == 1 else len(x[0][0])
+        return x if held == kept else self.ops.prefix(x, kept, axis=axis)
 
-    def commit(self, step: boundary.Step) -> None:
-        """Every layer has run: its keys now count as cached."""
-        for index, kv in self._pending.items():
-            self._kv[index] = kv
-        self._pending.clear()
-        super().commit(step)
+    def next_positions(self):
+        """Each row's next position, ``(B,)`` numpy: after its largest one (0 when empty)."""
+        if not self.length:
+            return self.ops.to_numpy([0] * self.batch)
+        positions = self.ops.prefix(self.positions, self.length, axis=1)
+        return self.ops.to_numpy(self.ops.next_positions(positions))
 
 
-class _Model(Module):
-    """What both models share: the parameter check, and the arrays ``boundary``'s public
-    methods convert the inputs with (``ops``: its converters, ``zero_padded``,
-    ``last_position``)."""
+class _Plain(Module):
+    """What both transformers share: the parameter check, and a stack of layers."""
 
     kind: str
 
     def __init__(self, config, params, *, ops=None, device=None, dtype=None):
         check_params(params, param_shapes(config, self.kind))  # every problem, named, up front
         super().__init__(config, ops=ops, device=device, dtype=dtype)
-
-    def __call__(self, *args, **kwargs):
-        return self.forward(*args, **kwargs)
-
-    @staticmethod
-    def _inference(run):
-        return run  # no autograd to switch off around the generation loops
-
-    def _converters(self) -> dict:
-        return {}  # the generation loops default to ``self.ops``' converters
+        # option window_pattern: each layer's window (None: every key), one per layer
+        self.windows = config.layer_windows
 
     @property
     def arrays(self):
-        return self.ops  # the level's array functions (a training tape records through them)
+        return self.ops  # the level's array functions, which the public methods convert with
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
 
     def _layers(self, config, params, prefix: str, Layer) -> list:
         """``Layer`` ``{prefix}{i}.`` for each layer ``i``, each with its RoPE base."""
@@ -98,17 +97,21 @@ class _Model(Module):
             for i, w in enumerate(config.layer_windows)
         ]
 
+    def _masks(self, positions, keys, causal: bool = True) -> list:
+        """What each layer's queries may see, ``(B,1,T,S)``, by the positions of the queries
+        ``(B,T)`` and the keys ``(B,S)``: built once for each distinct window."""
+        windows = self.windows  # each layer's (Gemma 3's local and global layers)
+        built = {w: self.ops.visible(positions, keys, w, causal=causal) for w in set(windows)}
+        return [built[w] for w in windows]
+
     def new_cache(self, batch: int) -> KVCache:
         """An empty KV cache of capacity ``max_seq_len`` for ``batch`` rows."""
         return KVCache(self.config, batch, ops=self.ops)
 
 
-class DecoderOnlyTransformer(boundary.DecoderOnlyEdge, _Model):
-    """A GPT-style decoder-only transformer (causal pre-norm blocks, tied logits by default).
-
-    ``forward(tokens (B,T), *, valid=None) -> logits (B,T,V)``, ``prefill``,
-    ``decode_step``, ``generate`` and ``stream``. Dropout is not applied (inference only).
-    """
+class Transformer(_Plain):
+    """The decoder-only transformer: embedding, causal pre-norm blocks, final norm, logits
+    (tied to the embedding by default). Dropout is not applied (inference only)."""
 
     kind = "decoder_only"
 
@@ -116,6 +119,8 @@ class DecoderOnlyTransformer(boundary.DecoderOnlyEdge, _Model):
         super().__init__(config, params, ops=ops, device=device, dtype=dtype)
         kw = self._children()
         self.token_embedding = self._native(params["token_embedding.weight"])  # (V, D)
+        # option scale_embeddings: times sqrt(D), so the stream starts at unit variance; or 1
+        self.embedding_scale = config.embedding_scale
         self.layers = self._layers(config, params, "layers.", EncoderLayer)
         self.norm = norm_class(config)(config, params, prefix="norm.", **kw)
         # option tie_embeddings: the head is the embedding itself, or a matrix of its own
@@ -125,43 +130,27 @@ class DecoderOnlyTransformer(boundary.DecoderOnlyEdge, _Model):
         if not config.tie_embeddings:
             self.output_projection = self._native(params["output_projection.weight"])
 
-    def compute(
-        self, ids, positions, sees: dict, cache: KVCache | None = None, last=None
-    ) -> Native:
-        """The architecture: embedding, the blocks, the final norm, the head.
+    def forward(self, ids, positions, cache: KVCache | None = None, last: bool = False) -> Native:
+        """``ids (B,T)`` in ``[0, V)``, ``positions (B,T)`` (``-1``: padding) -> logits ``(B,T,V)``.
 
-        ``ids (B,T)`` checked ids; ``positions`` the first one's position (an int, or one
-        per row); ``sees`` what each layer's queries may see, ``{window: (mask or None,
-        window by slot)}`` (``_sees``); ``cache``, when given, takes each layer's new keys
-        and values (the caller commits them); ``last`` (a slot per row) keeps only those
-        positions for the head -> raw logits ``(B,T,V)`` (``(B,1,V)`` with ``last``).
+        With a ``cache``, the tokens come after its slots, and their keys and values join
+        it. ``last``: the head on each row's last real token only -> ``(B,1,V)``.
         """
         ops = self.ops
-        # option scale_embeddings: times sqrt(D), so the stream starts at unit variance; or 1
-        x = ops.embed(self.token_embedding, ids, self.config.embedding_scale)  # (B,T,D)
-        # option window_pattern: each layer sees what its window's step planned (sees[w])
-        for i, (layer, w) in enumerate(zip(self.layers, self.config.layer_windows, strict=True)):
-            mask, window = sees[w]
-            x = layer(
-                x,
-                mask=mask,
-                causal=True,
-                window=window,
-                position_offset=positions,
-                cache=cache,
-                index=i,
-            )  # (B,T,D)
-        if last is not None:  # the head is the largest product (V x D a position): skip the rest
-            x = ops.at_positions(x, last)  # (B,T,D) -> (B,1,D)
+        x = ops.embed(self.token_embedding, ids, self.embedding_scale)  # (B,T,D)
+        keys = positions if cache is None else cache.extend(positions)  # (B,S): keys' positions
+        masks = self._masks(positions, keys)  # (B,1,T,S) a layer: what its queries may see
+        for i, (layer, mask) in enumerate(zip(self.layers, masks, strict=True)):
+            x = layer(x, positions, mask, cache, i)  # (B,T,D)
+        if last:  # the head is the largest product (V x D a position): skip the rest
+            x = ops.at_positions(x, ops.last_slots(positions))  # (B,T,D) -> (B,1,D)
         return ops.linear(self.norm(x), self.output_projection, None)  # (B,T,D) @ (D,V)
 
 
-class Seq2SeqTransformer(boundary.Seq2SeqEdge, _Model):
-    """An encoder-decoder transformer (``nn.Transformer`` with ``norm_first=True``, plus RoPE).
-
-    ``forward(src (B,S), tgt_in (B,T), *, src_valid=None, tgt_valid=None) -> (B,T,V)``,
-    ``encode``, ``prefill``, ``decode_step`` and ``generate``. Dropout is not applied.
-    """
+class EncoderDecoder(_Plain):
+    """The encoder-decoder transformer (``nn.Transformer`` with ``norm_first=True``, plus RoPE):
+    ``memory(src, positions)`` encodes, ``forward(ids, positions, memory, memory_positions,
+    cache=None)`` decodes. Dropout is not applied."""
 
     kind = "seq2seq"
 
@@ -176,35 +165,52 @@ class Seq2SeqTransformer(boundary.Seq2SeqEdge, _Model):
         self.decoder_layers = self._layers(config, params, "decoder.layers.", DecoderLayer)
         self.decoder_norm = norm_class(config)(config, params, prefix="decoder.norm.", **kw)
 
-    # -- the architecture ---------------------------------------------------------
-
-    def _encode(self, src, sees: dict) -> Native:
-        """The encoder stack and its final norm -> memory ``(B,S,D)``, bidirectional over the
-        real tokens (``sees`` as ``compute``'s)."""
-        # option scale_embeddings, window_pattern: as in ``compute``
+    def memory(self, src, positions) -> Native:
+        """The encoder: ``src (B,S)`` ids at ``positions (B,S)`` -> memory ``(B,S,D)``, each token
+        seeing every real token of its row (both ways)."""
+        # option scale_embeddings: as in ``Transformer.forward``
         x = self.ops.embed(self.source_embedding, src, self.config.embedding_scale)  # (B,S,D)
-        for layer, w in zip(self.encoder_layers, self.config.layer_windows, strict=True):
-            mask, window = sees[w]
-            x = layer(x, mask=mask, window=window)  # (B,S,D)
+        masks = self._masks(positions, positions, causal=False)
+        for layer, mask in zip(self.encoder_layers, masks, strict=True):
+            x = layer(x, positions, mask)  # (B,S,D)
         return self.encoder_norm(x)
 
-    def _decoder(self, tgt, positions, sees: dict, memory, memory_mask, cache) -> Native:
-        """Raw logits ``(B,T,V)`` of checked ``tgt (B,T)`` over ``memory (B,S,D)``: ``positions``,
-        ``sees`` and ``cache`` as ``DecoderOnlyTransformer.compute``'s."""
-        # option scale_embeddings, window_pattern: as in ``compute``
+    def forward(self, ids, positions, memory, memory_positions, cache=None) -> Native:
+        """The decoder: ``ids (B,T)`` at ``positions (B,T)`` over ``memory (B,S,D)`` of the
+        source at ``memory_positions (B,S)`` -> logits ``(B,T,V)``; ``cache`` as in
+        ``Transformer.forward`` (it also keeps the memory's keys: later calls may pass None)."""
         ops = self.ops
-        x = ops.embed(self.target_embedding, tgt, self.config.embedding_scale)  # (B,T,D)
-        windows = self.config.layer_windows
-        for i, (layer, w) in enumerate(zip(self.decoder_layers, windows, strict=True)):
-            mask, window = sees[w]
-            x = layer(
-                x,
-                memory,
-                mask=mask,
-                memory_mask=memory_mask,
-                window=window,
-                position_offset=positions,
-                cache=cache,
-                index=i,
-            )  # (B,T,D)
+        # option scale_embeddings: as in ``Transformer.forward``
+        x = ops.embed(self.target_embedding, ids, self.config.embedding_scale)  # (B,T,D)
+        keys = positions if cache is None else cache.extend(positions)  # (B,S)
+        cross = ops.visible(positions, memory_positions, causal=False)  # (B,1,T,S): real sources
+        masks = self._masks(positions, keys)
+        for i, (layer, mask) in enumerate(zip(self.decoder_layers, masks, strict=True)):
+            x = layer(x, positions, mask, memory, cross, cache, i)  # (B,T,D)
         return ops.linear(self.decoder_norm(x), self.output_projection, None)  # (B,T,V)
+
+
+class DecoderOnlyTransformer(Transformer):
+    """The decoder-only model a user calls: ``forward(tokens (B,T), *, valid=None) -> logits
+    (B,T,V)``, ``logits``, ``prefill``, ``decode_step``, ``extend``, ``generate`` and
+    ``stream``, taking nested lists (or numpy). They are the functions every rung's model
+    takes as its methods (``levels.common.public``): each checks its inputs, makes the
+    positions, and calls ``Transformer.forward``, kept as ``transformer`` here since the
+    public ``forward`` takes tokens and ``valid``."""
+
+    transformer = Transformer.forward
+    logits, forward, prefill = public.logits, public.forward, public.prefill
+    decode_step, extend = public.decode_step, public.extend
+    generate, stream = public.generate, public.stream
+
+
+class Seq2SeqTransformer(EncoderDecoder):
+    """The encoder-decoder model a user calls, level 0's ``EncoderDecoder`` with the methods
+    of every rung (``levels.common.public``): ``forward(src (B,S), tgt_in (B,T), *,
+    src_valid=None, tgt_valid=None) -> (B,T,V)``, ``logits``, ``encode``, ``prefill``,
+    ``decode_step`` and ``generate``."""
+
+    transformer = EncoderDecoder.forward
+    logits, forward, encode = public.seq2seq_logits, public.seq2seq_forward, public.encode
+    prefill, decode_step = public.seq2seq_prefill, public.seq2seq_decode_step
+    generate = public.seq2seq_generate

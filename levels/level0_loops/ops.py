@@ -15,6 +15,7 @@ standard library (and the shared checks, which look only at shapes);
 
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
 from collections.abc import Callable, Iterator
@@ -53,7 +54,7 @@ def _element_type(x: Nested) -> str:
     return "float"
 
 
-# ------------------------------------------------------ what the model boundary asks
+# ------------------------------------------------------ what the public methods and caches ask
 
 
 def last_position(x: Nested) -> Nested:
@@ -77,9 +78,27 @@ def zero_padded(x: Nested, valid: list[list[bool]]) -> Nested:
 # ------------------------------------------------------ reshaping and joining
 
 
-def first_positions(x: Nested, n: int) -> Nested:
-    """``(B, H, S, D)`` -> ``(B, H, n, D)``: the first ``n`` positions (a rewound cache)."""
-    return [[head[:n] for head in seq] for seq in x]
+def prefix(x: Nested, n: int, axis: int) -> Nested:
+    """The first ``n`` entries along ``axis``: a cache's first ``n`` slots, of its keys
+    ``(B, Hkv, S, Dh)`` along axis 2 or of its positions ``(B, S)`` along axis 1."""
+    if axis == 0:
+        return x[:n]
+    return [prefix(item, n, axis - 1) for item in x]
+
+
+def last_slots(positions: Nested) -> list[int]:
+    """``positions (B, T)`` -> each row's slot of its largest position: its last real token."""
+    return [row.index(max(row)) for row in positions]
+
+
+def next_positions(positions: Nested) -> list[int]:
+    """``positions (B, S)`` of a cache -> each row's next position (0 for an empty row)."""
+    return [max(row, default=-1) + 1 for row in positions]
+
+
+def inference():
+    """What the generation loops run the model in: nothing to switch off here (no autograd)."""
+    return contextlib.nullcontext()
 
 
 def concat(a: Nested, b: Nested, axis: int) -> Nested:
@@ -223,9 +242,10 @@ def embed(table: Nested, tokens: Nested, scale: float) -> Nested:
     return [[[scale * e for e in table[t]] for t in row] for row in tokens]
 
 
-def rope(x: Nested, position_offset, base: float) -> Nested:
-    """Rotary position embedding of ``x (B, H, T, Dh)``; time step ``t`` sits at ``position_offset + t``
-    (an int, or one per row for prompts of different lengths).
+def rope(x: Nested, positions: Nested, base: float) -> Nested:
+    """Rotary position embedding of ``x (B, H, T, Dh)``, token ``t`` of row ``b`` at position
+    ``positions[b][t]`` (a padded token, ``-1``, turns as position 0: nobody sees its key,
+    and its output is zeroed).
 
     Features are rotated in adjacent pairs: pair ``i`` = ``(a, b) = (x[2i], x[2i+1])``
     turns by the angle ``pos * base^(-2i/Dh)``, i.e.
@@ -243,13 +263,20 @@ def rope(x: Nested, position_offset, base: float) -> Nested:
             out += [a * c - b * s, b * c + a * s]
         return out
 
-    def start(b: int) -> int:  # one offset for the batch, or one per row
-        return int(position_offset[b]) if hasattr(position_offset, "__len__") else position_offset
-
     return [
-        [[rotate(vec, start(b) + t) for t, vec in enumerate(head)] for head in seq]
-        for b, seq in enumerate(x)
+        [[rotate(vec, max(pos, 0)) for vec, pos in zip(head, row, strict=True)] for head in seq]
+        for seq, row in zip(x, positions, strict=True)
     ]
+
+
+def visible(q_pos: Nested, k_pos: Nested, window: int | None = None, *, causal=True) -> Nested:
+    """What each query may see, by position: ``q_pos (B,T)``, ``k_pos (B,S)`` -> ``(B,1,T,S)``
+    booleans, ``semantics.sees`` for every pair; a padded query sees its row's first key."""
+    return [
+        [[[semantics.sees(q, k, window, causal=causal) or (q < 0 and j == 0)
+           for j, k in enumerate(keys)] for q in queries]]
+        for queries, keys in zip(q_pos, k_pos, strict=True)
+    ]  # fmt: skip
 
 
 def softmax(scores: list[float]) -> list[float]:

@@ -50,10 +50,12 @@ class Tape:
     with ``ops=tape``, then ``backward(output, grad)``. A tape serves one forward.
     """
 
-    # The converters and the boundary's helpers are level 1's own functions, unchanged
-    # (nothing flows back through them: ids, masks, zeroed padding).
+    # The converters and the functions of positions and masks are level 1's own, unchanged
+    # (nothing flows back through them: ids, positions, masks, zeroed padding).
     asarray = staticmethod(ops.asarray)
     to_numpy = staticmethod(ops.to_numpy)
+    zero_padded = staticmethod(ops.zero_padded)
+    visible = staticmethod(ops.visible)
 
     def __init__(self, params: Mapping[str, np.ndarray]):
         self._params = dict(params)
@@ -242,11 +244,10 @@ class Tape:
 
         return self._record(0.5 * x * (1.0 + t), (x,), backward)
 
-    def rope(self, x: np.ndarray, position_offset: int, base: float) -> np.ndarray:
+    def rope(self, x: np.ndarray, positions: np.ndarray, base: float) -> np.ndarray:
         # Each pair is multiplied by a rotation matrix R(theta), so dx = R(theta)^T g
         # = R(-theta) g: the inverse rotation, i.e. the same rotation with sin negated.
-        T, Dh = x.shape[-2:]
-        cos, sin = ops.rope_angles(T, Dh, position_offset, base, x.dtype)  # (T, Dh/2) each
+        cos, sin = ops.rope_angles(positions, x.shape[-1], base, x.dtype)  # (B,1,T,Dh/2) each
 
         def backward(g):  # g (B,H,T,Dh)
             return (ops.rotate_pairs(g, cos, -sin),)

@@ -9,6 +9,7 @@ the model was built with ``dtype=np.float32``. Level 1's classes
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -35,9 +36,29 @@ def zero_padded(x: np.ndarray, valid) -> np.ndarray:
     return np.where(np.asarray(valid, dtype=bool)[..., None], x, 0.0)
 
 
-def first_positions(x: np.ndarray, n: int) -> np.ndarray:
-    """``(B, H, S, D)`` -> ``(B, H, n, D)``: the first ``n`` positions (a rewound cache)."""
-    return x[:, :, :n]
+def prefix(x: np.ndarray, n: int, axis: int) -> np.ndarray:
+    """The first ``n`` entries along ``axis`` (a cache's first ``n`` slots)."""
+    return x[(slice(None),) * axis + (slice(0, n),)]
+
+
+def last_slots(positions: np.ndarray) -> np.ndarray:
+    """``positions (B, T)`` -> ``(B,)`` each row's slot of its largest position (its last real token)."""
+    return positions.argmax(axis=-1)
+
+
+def next_positions(positions: np.ndarray) -> np.ndarray:
+    """``positions (B, S)`` of a cache -> ``(B,)`` each row's next position (0 for an empty row)."""
+    return positions.max(axis=-1, initial=-1) + 1
+
+
+def inference():
+    """What the generation loops run the model in: nothing to switch off here (no autograd)."""
+    return contextlib.nullcontext()
+
+
+visible = (
+    semantics.visible
+)  # what each query may see, (B,1,T,S): numpy's arrays take the rule as it is
 
 
 def concat(a: np.ndarray, b: np.ndarray, axis: int) -> np.ndarray:
@@ -149,15 +170,13 @@ def embed(table: np.ndarray, tokens: np.ndarray, scale: float) -> np.ndarray:
     return table[tokens] * scale  # (V, D) gathered by (B, T) -> (B, T, D)
 
 
-def rope_angles(T: int, Dh: int, position_offset, base: float, dtype) -> tuple:
-    """``(cos, sin)``, each ``(T, Dh/2)``: pair ``i`` at time step ``t`` turns by
-    ``(position_offset + t) * base^(-2i/Dh)``. Angles are computed in float64, then cast.
-    With one offset per row, ``position_offset (B,)``, each is ``(B, 1, T, Dh/2)``."""
+def rope_angles(positions: np.ndarray, Dh: int, base: float, dtype) -> tuple:
+    """``(cos, sin)``, each ``(B, 1, T, Dh/2)``: pair ``i`` of the token at ``positions[b, t]``
+    turns by ``pos * base^(-2i/Dh)`` (a padded token, ``-1``, as position 0), the same for
+    every head of a row. Angles are computed in float64, then cast."""
     inv_freq = base ** (-2 * np.arange(Dh // 2) / Dh)  # (Dh/2,)
-    pos = np.asarray(position_offset)[..., None] + np.arange(T)  # (T,) or (B, T)
-    angle = pos[..., None] * inv_freq  # (T, Dh/2) or (B, T, Dh/2)
-    if angle.ndim == 3:
-        angle = angle[:, None]  # (B, 1, T, Dh/2): the same for every head of a row
+    pos = np.maximum(np.asarray(positions), 0)  # (B, T)
+    angle = pos[:, None, :, None] * inv_freq  # (B, 1, T, Dh/2)
     return np.cos(angle).astype(dtype), np.sin(angle).astype(dtype)
 
 
@@ -170,14 +189,10 @@ def rotate_pairs(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     return out
 
 
-def rope(x: np.ndarray, position_offset: int, base: float) -> np.ndarray:
-    """Rotate adjacent feature pairs of ``x (B, H, T, Dh)`` by ``pos * base^(-2i/Dh)``.
-
-    ``(a, b) -> (a cos - b sin, b cos + a sin)``; time step ``t`` is at
-    ``position_offset + t``.
-    """
-    T, Dh = x.shape[-2:]
-    return rotate_pairs(x, *rope_angles(T, Dh, position_offset, base, x.dtype))
+def rope(x: np.ndarray, positions: np.ndarray, base: float) -> np.ndarray:
+    """Rotate adjacent feature pairs of ``x (B, H, T, Dh)`` by ``pos * base^(-2i/Dh)``, token
+    ``t`` of row ``b`` at ``positions[b, t]``: ``(a, b) -> (a cos - b sin, b cos + a sin)``."""
+    return rotate_pairs(x, *rope_angles(positions, x.shape[-1], base, x.dtype))
 
 
 def position_mask(T: int, S: int, *, causal: bool, window: int | None) -> np.ndarray:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..common import checks
+from ..common import public
 from ..common.params import check_params, param_shapes
 from ..level0_loops import models as level0_models
 from . import convert
@@ -37,7 +37,7 @@ def cross_entropy(
         raise ValueError("the loss needs at least one scored target")
     z = logits[scored]  # (N, V)
     y = targets[scored]  # (N,)
-    checks.check_tokens(int(y.min()), int(y.max()), logits.shape[-1], what="target id")
+    public.check_tokens(int(y.min()), int(y.max()), logits.shape[-1], what="target id")
     N = z.shape[0]
     # log-softmax with the row max subtracted: every exp argument is <= 0 and the
     # sum is >= 1, so neither overflow nor log(0) can occur.
@@ -96,7 +96,7 @@ class Trainable:
         if scored is None:
             return targets, None
         scored = convert.asarray(scored)
-        checks.check_valid_shape(
+        public.check_valid_shape(
             scored.shape, targets.shape, scored.dtype == np.bool_, what="scored"
         )
         return targets, scored
@@ -120,7 +120,7 @@ class DecoderOnlyTraining(Trainable):
         targets, scored = self._scored(targets, scored)
         tape, model = self._on_tape()
         logits, valid = model.logits(inputs, valid=valid)  # (B,T,V), padded rows not zeroed
-        valid = np.asarray(valid, dtype=bool)  # (B,T), the boundary's rows
+        valid = np.asarray(valid, dtype=bool)  # (B,T), as the public layer checked it
         scored = valid if scored is None else scored
         _check_scored_is_real(scored, valid)
         loss, d_logits = cross_entropy(logits, targets, scored)
@@ -143,7 +143,7 @@ class Seq2SeqTraining(Trainable):
         targets, scored = self._scored(tgt_out, scored)
         tape, model = self._on_tape()
         logits, valid = model.logits(src, tgt_in, src_valid=src_valid, tgt_valid=tgt_valid)
-        valid = np.asarray(valid, dtype=bool)  # (B,T), the boundary's rows
+        valid = np.asarray(valid, dtype=bool)  # (B,T), as the public layer checked it
         scored = valid if scored is None else scored
         _check_scored_is_real(scored, valid)  # logits (B,T,V), padded rows not zeroed
         loss, d_logits = cross_entropy(logits, targets, scored)

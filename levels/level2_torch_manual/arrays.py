@@ -59,13 +59,10 @@ def zeros(shape: tuple[int, ...], *, device=None, dtype=None) -> torch.Tensor:
 
 
 def asarray(np_array, *, device=None, dtype=None) -> torch.Tensor:
-    """A numpy array (or anything ``np.asarray`` accepts) as a torch tensor on ``device``.
-
-    Integer and boolean arrays keep their kind, so token ids stay integers and
-    masks stay boolean; ``dtype`` (default float32) applies to floating arrays
-    only. Complex and other dtypes are a ``TypeError`` (nothing is silently
-    dropped). The result never shares memory with the input.
-    """
+    """A numpy array (or anything ``np.asarray`` accepts) as a new torch tensor on ``device``
+    (never sharing the input's memory). Integer and boolean arrays keep their kind (token
+    ids, masks); ``dtype`` (default float32) applies to floats; other dtypes (complex) are a
+    ``TypeError``: nothing is silently dropped."""
     array = np.asarray(np_array)
     if array.dtype.kind in "biu":
         return torch.as_tensor(array).to(device=device, copy=True)
@@ -78,19 +75,20 @@ def to_numpy(x) -> np.ndarray:
     """A tensor back to numpy (detached, on the CPU). bfloat16, which numpy lacks, comes back as float32."""
     if not isinstance(x, torch.Tensor):
         return np.asarray(x)
-    if x.requires_grad:
-        x = x.detach()
-    if x.device.type != "cpu":
-        x = x.cpu()
-    if x.dtype == torch.bfloat16:
-        x = x.float()
-    return x.numpy()
+    x = x.detach().cpu()  # views, where the tensor is on the CPU already
+    return (x.float() if x.dtype == torch.bfloat16 else x).numpy()
 
 
-def zero_padded(x: torch.Tensor, valid: list[list[bool]]) -> torch.Tensor:
-    """``x (B,T,N)``, exactly zero (and of zero gradient) at the padded positions (``valid`` False)."""
-    padded = ~torch.tensor(valid, dtype=torch.bool, device=x.device)  # (B,T)
+def zero_padded(x: torch.Tensor, valid) -> torch.Tensor:
+    """``x (B,T,N)``, exactly zero (and of zero gradient) at the padded positions (``valid``
+    ``(B,T)`` False)."""
+    padded = ~torch.as_tensor(valid, dtype=torch.bool, device=x.device)  # (B,T)
     return x.masked_fill(padded[..., None], 0.0)  # (B,T,N)
+
+
+def inference():
+    """What the generation loops run the model in: without autograd."""
+    return torch.no_grad()
 
 
 def last_position(x: torch.Tensor) -> torch.Tensor:

@@ -170,9 +170,10 @@ def attend(
 ):  # the arguments of ``attention``, which types them
     """``attention`` on inputs it would accept, unchecked: the core the models call.
 
-    A model's edge has checked what reaches it (token ids, ``valid``, the config's
-    window and scale), its layers made q, k and v, and every mask the edge builds
-    leaves each query row a key (``levels.common.boundary``).
+    A model's public methods have checked what reaches it (token ids, ``valid``; the
+    config was checked when it was made), its layers made q, k and v, and every mask
+    the model builds from positions leaves each query row a key
+    (``levels.common.semantics.visible``).
     """
     T, S, Dh = q.shape[-2], k.shape[-2], q.shape[-1]
     allowed = visible_keys(T, S, causal=causal, mask=mask, window=window, device=q.device)

@@ -26,10 +26,10 @@ first), so a prefix outlives the request that computed it.
 Attention reads a sequence's keys by gathering its blocks into ``(B,Hkv,S,Dh)``: a
 copy per layer and step, the traffic level 2's concatenating cache has, so levels 2 and
 3 attend over it as over any cache. (Level 4's decode steps read the blocks where they
-lie instead: levels/level4_triton_kernel/paged_decode.py.) The book (``levels.common.boundary.CacheBook``)
-describes the gathered layout: each row's ``count`` real positions first, then padding
-up to the longest, which the key mask hides; each row's positions are its own count,
-so a row decodes as it would alone.
+lie instead: levels/level4_triton_kernel/paged_decode.py.) In the gathered layout each
+row's ``count`` filled slots come first, at positions ``0 .. count - 1`` (a sequence
+is never padded), then slots of position ``-1`` up to the longest row's, which no query
+sees, then the step's new ones: so a row decodes as it would alone.
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ from array import array
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
-from ..common.boundary import CacheBook, Step
 from ..common.config import TransformerConfig
 from .arrays import zeros
 
@@ -180,45 +180,69 @@ class BlockPool:
             sequence.digests.append(digest)
 
 
-class PagedKVCache(CacheBook):
-    """A batch of ``sequences`` in ``pool``, for the steps of one batch: the model's
-    ``decode_step`` or ``extend`` appends to each sequence, in its own blocks.
+class PagedKVCache:
+    """A batch of ``sequences`` in ``pool``, for the passes of one batch: a pass over ``T``
+    new tokens a row appends them to each sequence, in its own blocks.
 
-    ``check`` (which the model calls before a step writes) takes the blocks the step
-    needs; ``append`` writes a layer's new keys and values into them and returns the
-    batch's keys and values gathered, ``(B,Hkv,length+T,Dh)``; ``commit`` advances each
-    sequence's count by its real new tokens. A step's padding must trail its real
-    tokens (right-padded), as every public method's input is.
+    ``extend(positions)`` (once a pass) takes the blocks the pass needs, all or none, and
+    advances each sequence's ``count`` by its real new tokens; ``update`` writes a layer's
+    new keys and values into the blocks and returns the batch's keys and values
+    gathered, ``(B,Hkv,S,Dh)``. A pass's padding must trail its real tokens (right-padded),
+    as every public method's input is.
     """
 
     def __init__(
         self, pool: BlockPool, sequences: abc.Sequence[Sequence], config: TransformerConfig
     ):
-        super().__init__(config, len(sequences))
         self.pool, self.sequences = pool, list(sequences)
-        self._left_aligned([s.count for s in self.sequences])
+        self.capacity, self.batch, self.device = (
+            config.max_seq_len,
+            len(self.sequences),
+            pool.k.device,
+        )
+        self._starts: list[int] = []  # each sequence's count before the pass: its new slots' start
         self._where: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
-    def check(self, rows_: int, adding: int, what: str) -> None:
-        super().check(rows_, adding, what)
-        self.pool.reserve(self.sequences, adding)
-        self._where = None
+    @property
+    def length(self) -> int:
+        """The slots of the gathered layout: the longest sequence's count."""
+        return max(s.count for s in self.sequences)
 
-    def append(
-        self, index: int, k_new: torch.Tensor, v_new: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write ``k_new, v_new (B,Hkv,T,Dh)`` after each sequence's count, in layer ``index``
-        -> the keys and values ``(B,Hkv,length+T,Dh)``: each row's filled positions, padding
-        to ``length``, then the new ones."""
+    def next_positions(self):
+        """Each row's next position, ``(B,)`` numpy: its count (a sequence is never padded)."""
+        return np.array([s.count for s in self.sequences])
+
+    def extend(self, positions: torch.Tensor) -> torch.Tensor:
+        """Take the pass's new slots at ``positions (B,T)`` -> every key's position in the
+        gathered layout, ``(B, S)``: each row's ``count`` positions, ``-1`` up to the longest
+        row's, then the new ones. ``OutOfBlocks`` before anything is written."""
+        self.pool.reserve(self.sequences, positions.shape[1])
+        self._starts, self._where = [s.count for s in self.sequences], None
+        past = max(self._starts)
+        slots = torch.arange(past, device=positions.device)  # (S_past,)
+        counts = torch.tensor(self._starts, device=positions.device)[:, None]  # (B,1)
+        old = torch.where(slots < counts, slots, -1)  # (B, S_past): a slot is its position
+        for sequence, n in zip(self.sequences, (positions >= 0).sum(dim=1).tolist(), strict=True):
+            sequence.count += n  # its real new tokens
+        return torch.cat([old, positions], dim=1)  # (B, S_past + T)
+
+    def update(self, index: int, k_new: torch.Tensor, v_new: torch.Tensor):
+        """Write ``k_new, v_new (B,Hkv,T,Dh)`` after each sequence's filled slots, in layer
+        ``index`` -> the keys and values ``(B,Hkv,S,Dh)``: each row's filled slots, padding
+        to the longest, then the new ones."""
         tables = self.write(index, k_new, v_new)
-        if self.length == 0:
+        past = max(self._starts)
+        if past == 0:
             return k_new, v_new
         k_pool, v_pool = self.pool.k[index], self.pool.v[index]  # (N,Hkv,bs,Dh)
-        return self._gathered(k_pool, tables, k_new), self._gathered(v_pool, tables, v_new)
+        return (
+            self._gathered(k_pool, tables, past, k_new),
+            self._gathered(v_pool, tables, past, v_new),
+        )
 
     def write(self, index: int, k_new: torch.Tensor, v_new: torch.Tensor) -> torch.Tensor:
-        """Write ``k_new, v_new (B,Hkv,T,Dh)`` after each sequence's count in layer ``index``'s
-        blocks -> the tables ``(B,M)`` of the filled positions."""
+        """Write ``k_new, v_new (B,Hkv,T,Dh)`` after each sequence's filled slots in layer
+        ``index``'s blocks -> the tables ``(B,M)`` of the slots filled before the pass."""
         blocks, offsets, tables = self._places(k_new.shape[2], k_new.device)
         # Slot t of row b goes to block blocks[b,t] at offsets[b,t]; padding is written
         # too (past the count, never read), so each row's write is one run of slots.
@@ -226,25 +250,25 @@ class PagedKVCache(CacheBook):
         self.pool.v[index][blocks, :, offsets] = v_new.transpose(1, 2)
         return tables
 
-    def _gathered(
-        self, pool: torch.Tensor, tables: torch.Tensor, new: torch.Tensor
-    ) -> torch.Tensor:
+    @staticmethod
+    def _gathered(pool: torch.Tensor, tables: torch.Tensor, past: int, new: torch.Tensor):
         B, M = tables.shape
         _, H, bs, Dh = pool.shape
         old = pool[tables]  # (B,M,Hkv,bs,Dh): each row's blocks, in order
-        old = old.transpose(1, 2).reshape(B, H, M * bs, Dh)[:, :, : self.length]
-        return torch.cat([old, new], dim=2)  # (B,Hkv,length+T,Dh)
+        old = old.transpose(1, 2).reshape(B, H, M * bs, Dh)[:, :, :past]
+        return torch.cat([old, new], dim=2)  # (B,Hkv,past+T,Dh)
 
     def _places(self, T: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Where each new slot goes, ``blocks, offsets (B,T)``, and the tables ``(B,M)`` of the
-        first ``length`` positions (a short row's padded with its first block: masked)."""
+        slots filled before the pass (a short row's padded with its first block: masked)."""
         if self._where is None:
-            bs = self.pool.block_size
+            bs, starts = self.pool.block_size, self._starts
+            places = [range(n, n + T) for n in starts]
             blocks = [
-                [s.table[p // bs] for p in range(s.count, s.count + T)] for s in self.sequences
+                [s.table[p // bs] for p in r] for s, r in zip(self.sequences, places, strict=True)
             ]
-            offsets = [[p % bs for p in range(s.count, s.count + T)] for s in self.sequences]
-            tables = self.tables(self.pool.blocks_for(self.length))
+            offsets = [[p % bs for p in r] for r in places]
+            tables = self.tables(self.pool.blocks_for(max(starts)))
             self._where = tuple(
                 torch.tensor(x, dtype=torch.long, device=device) for x in (blocks, offsets, tables)
             )
@@ -255,15 +279,7 @@ class PagedKVCache(CacheBook):
         whose entries there lie past its count (masked, or never read)."""
         return [s.table[:M] + [s.table[0]] * (M - len(s.table[:M])) for s in self.sequences]
 
-    def commit(self, step: Step) -> None:
-        """Each sequence's count grows by its real new tokens; the book is laid out again."""
-        real = [sum(row) for row in step.valid]
-        if any(not all(row[:n]) for row, n in zip(step.valid, real, strict=True)):
-            raise ValueError("a paged cache takes right-padded steps (real tokens, then padding)")
-        for sequence, n in zip(self.sequences, real, strict=True):
-            sequence.count += n
-        self._left_aligned([s.count for s in self.sequences])
-        self._where = None
-
-    def rewind(self, length: int) -> None:
-        raise ValueError("a paged cache is not rewound: free its sequences and match them again")
+    def rollback(self, length: int) -> None:
+        raise ValueError(
+            "a paged cache is not rolled back: free its sequences and match them again"
+        )

@@ -14,7 +14,7 @@ re-parameterised through its ``Kernels`` hook; no code is copied):
   "cudnn" | "math"``) on ``attention`` and on every module and model, and
   ``which_backend(q, k, v, ...)`` reports the one that actually runs;
   ``backend="auto"`` also obeys an enclosing ``torch.nn.attention.sdpa_kernel``;
-- the KV cache (``StaticKVCache``, in level 2's ``cache.py``) is allocated
+- the KV cache (``StaticKVCache``, in ``models.py``) is allocated
   once to ``max_seq_len`` and written in place, instead of growing by
   concatenation;
 - the norms are PyTorch's fused ``F.layer_norm`` and ``F.rms_norm`` (one call
@@ -40,7 +40,6 @@ import torch
 
 from .. import level2_torch_manual as level2
 from ..level2_torch_manual import asarray, merge_attention, to_numpy
-from ..level2_torch_manual.cache import StaticKVCache
 from .attention import BACKEND_CHOICES, BACKENDS, attend, attention, which_backend
 from .models import (
     KERNELS,
@@ -52,6 +51,7 @@ from .models import (
     MultiHeadAttention,
     RMSNorm,
     Seq2SeqTransformer,
+    StaticKVCache,
     kernels_for,
 )
 

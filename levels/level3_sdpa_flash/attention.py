@@ -101,7 +101,9 @@ def sdpa_mask(
     if window is not None and not window_binds(T, S, causal=causal, window=window):
         window = None  # a window wider than the sequence changes nothing
     if mask is not None:
-        mask = as_4d(mask.to(q.device))  # SDPA wants the leading axes spelled out
+        mask = mask.to(q.device)
+        if mask.dim() < 4:  # SDPA wants the leading axes spelled out (a model's mask has them)
+            mask = as_4d(mask)
         if bool(mask.all()):
             # A mask that hides nothing is dropped: fused kernels that take no
             # mask at all (flash on CUDA) stay eligible, e.g. for unpadded decoding.
@@ -240,6 +242,28 @@ def attention_in_chunks(
     return out
 
 
+def mask_chunks(mask: torch.Tensor, T: int, S: int) -> list[tuple[int, int, int, int]] | None:
+    """Where a model's mask ``(B?,1,T,S)`` hides whole key ranges from chunks of queries (a
+    sliding window, by position): ``(a, b, lo, hi)`` for each chunk of queries ``[a, b)``,
+    ``[lo, hi)`` the keys any of its rows may see; None when the chunks would read most keys
+    anyway. (A chunk with a padded query reads from key 0, which that query sees. One
+    reduction of the mask and one small copy to the host: the long prompts of a windowed
+    model are what pays for it.)"""
+    C = MIN_CHUNK
+    if T <= C:
+        return None
+    seen = mask.reshape(-1, T, S).any(dim=0)  # (T, S): any row of the batch
+    n = -(-T // C)
+    reach = torch.nn.functional.pad(seen, (0, 0, 0, n * C - T)).view(n, C, S).any(dim=1)  # (n, S)
+    first = reach.int().argmax(dim=1)  # the first key a chunk reaches
+    last = S - 1 - reach.flip(1).int().argmax(dim=1)  # its last
+    bounds = torch.stack([first, last + 1], dim=1).tolist()
+    chunks = [(a * C, min(T, a * C + C), lo, hi) for a, (lo, hi) in enumerate(bounds)]
+    if sum((b - a) * (hi - lo) for a, b, lo, hi in chunks) > T * S * 3 // 4:
+        return None
+    return chunks
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -281,11 +305,18 @@ def attend(q, k, v, *, causal=False, mask=None, scale=None, window=None, return_
             return written_out(q, k, v, **kw, return_lse=True)
         attn_mask, is_causal = sdpa_mask(q, k, v, causal=causal, mask=mask, window=window)
         return attention_with_lse(q, k, v, attn_mask, is_causal, scale=scale)
+    call = lambda *args, **kw: sdpa(*args, **kw, dropout_p=dropout_p, backend=backend)  # noqa: E731
     if window is not None and chunking_pays(T, S, window):
         return attention_in_chunks(
-            q, k, v, causal=causal, mask=mask, scale=scale, window=window,
-            call=lambda *args, **kw: sdpa(*args, **kw, dropout_p=dropout_p, backend=backend),
+            q, k, v, causal=causal, mask=mask, scale=scale, window=window, call=call
         )  # fmt: skip
+    chunks = None if mask is None or causal or window is not None else mask_chunks(mask, T, S)
+    if chunks is not None:  # a model's windowed mask: each chunk of queries on its keys alone
+        out = q.new_empty(q.shape[:-1] + v.shape[-1:])  # (B,H,T,Dv)
+        for a, b, lo, hi in chunks:
+            part = mask[..., a:b, lo:hi]  # (B?,1,b-a,hi-lo): every row keeps its keys
+            out[:, :, a:b] = call(q[:, :, a:b], k[:, :, lo:hi], v[:, :, lo:hi], part, False, scale=scale)
+        return out
     attn_mask, is_causal = sdpa_mask(q, k, v, causal=causal, mask=mask, window=window)
     return sdpa(
         q, k, v, attn_mask, is_causal, scale=scale, dropout_p=dropout_p, backend=backend

@@ -6,23 +6,22 @@ its one-row ``F.linear`` streams the weights at about half the rate a plain
 read does, and each of a step's two thousand tensor calls costs microseconds of
 Python and dispatch. A compiler fixes both at once, but only over the *whole*
 step at shapes it can fix: compiling the layers one by one leaves the head, the
-cache's growing views and the boundary's Python outside (1.2x, measured in
+cache's growing views and the public methods' Python outside (1.2x, measured in
 docs/decoding.md).
 
-``DecodeStep`` is that whole step, written with the model's own code
-(``compute``: embedding, blocks, norm, head), not a copy of it. What makes its
+``DecodeStep`` is that whole step: the model's own ``Transformer.forward`` (embedding,
+blocks, norm, head) on one token per row, wrapped, not a copy of it. What makes its
 shapes fixed:
 
 * the new token of each row goes into cache slot ``slot`` (a tensor, not an
-  int the compiler would specialise on), at RoPE position ``positions`` (one
-  per row);
-* the keys are read as views of the cache's first ``S`` slots, ``S`` taken from
-  the width of the masks, the one size left symbolic (``S`` grows by one a step;
-  one compiled program serves every length);
-* each distinct window of the layers comes with its mask ``(B,1,1,S)``, True =
-  may attend, built by the caller from what the model's boundary planned (the
-  checks happen there, once, before the step: inside it the attention core is
-  the bare SDPA call);
+  int the compiler would specialise on), at its position ``positions (B,1)``;
+* ``key_positions (B,S)``, every filled slot's position (the new one's included),
+  written into the cache by the caller before the step: ``S`` is the one size left
+  symbolic (it grows by one a step; one compiled program serves every length), and
+  the keys are read as views of the cache's first ``S`` slots;
+* what each query may see is built inside the step from the positions, as the
+  model always builds it (``semantics.visible``); the inputs were checked before
+  the step by whoever made them, so inside it the attention core is the bare SDPA call;
 * the cache's layers are separate inputs, each written in place at ``slot``.
 
 The compiler and its cache, on a CPU: ``torch.export`` traces the step, one
@@ -40,8 +39,9 @@ first, re-compiles the step in every new process: its frozen, prepacked
 constants keep its graph out of inductor's cache.)
 
 On a GPU the same step goes through ``torch.compile(mode="reduce-overhead")``
-(CUDA graphs replay the step's hundreds of kernel launches as one), with masks
-as wide as the whole cache, so that every step has the same shapes.
+(CUDA graphs replay the step's hundreds of kernel launches as one), reading the whole
+cache, its unfilled slots at position ``-1`` (seen by no query), so that every step has
+the same shapes.
 """
 
 from __future__ import annotations
@@ -63,18 +63,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..common.boundary import Step
+from ..level2_torch_manual.models import Transformer
 
 # ----------------------------------------------------------------------------- the step
 
 
-def masked_sdpa(q, k, v, *, causal=False, mask=None, window=None, scale=None, dropout_p=0.0):
+def masked_sdpa(q, k, v, *, mask=None, scale=None, dropout_p=0.0):
     """The attention core inside the compiled step: SDPA under the step's mask, unchecked.
 
-    ``q (B,H,1,Dh)``, ``k``/``v (B,Hkv,S,Dh)``, ``mask (B,1,1,S)`` -> ``(B,H,1,Dh)``. The
-    caller (``CompiledDecode.inputs``) built the mask from the boundary's plan: every row
-    sees at least its own new key, and the window is in the mask. With one query at the
-    last key, causality hides nothing (bottom-right: ``j <= 0 + S - 1``).
+    ``q (B,H,1,Dh)``, ``k``/``v (B,Hkv,S,Dh)``, ``mask (B,1,1,S)`` -> ``(B,H,1,Dh)``. The mask
+    came from the positions (every row sees at least its own new key).
     """
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1]
@@ -82,41 +80,41 @@ def masked_sdpa(q, k, v, *, causal=False, mask=None, window=None, scale=None, dr
 
 
 class SlotCache:
-    """The cache as the compiled step sees it: per layer ``k, v (B,Hkv,C,Dh)``, the new
-    position written at ``slot``, the first ``length`` slots read back."""
+    """The cache as the compiled step sees it: per layer ``k, v (B,Hkv,C,Dh)``, the new slot
+    written at ``slot``, the first ``S`` read back, ``S`` the width of ``key_positions``."""
 
-    def __init__(self, keys: Sequence, values: Sequence, slot: torch.Tensor, length):
-        self.keys, self.values, self.slot, self.length = keys, values, slot, length
+    def __init__(self, keys: Sequence, values: Sequence, slot: torch.Tensor, key_positions):
+        self.keys, self.values, self.slot, self.key_positions = keys, values, slot, key_positions
 
-    def append(self, index: int, k_new: torch.Tensor, v_new: torch.Tensor):
+    def extend(self, positions: torch.Tensor) -> torch.Tensor:
+        """The keys' positions ``(B,S)``: the caller wrote the new one already."""
+        return self.key_positions
+
+    def update(self, index: int, k_new: torch.Tensor, v_new: torch.Tensor):
         """``k_new, v_new (B,Hkv,1,Dh)`` into slot ``slot`` of layer ``index`` -> the views
-        ``(B,Hkv,S,Dh)`` of its first ``S = length`` slots."""
+        ``(B,Hkv,S,Dh)`` of its first ``S`` slots."""
         k, v = self.keys[index], self.values[index]  # (B,Hkv,C,Dh)
         k[:, :, self.slot] = k_new  # in place: one position of one layer
         v[:, :, self.slot] = v_new
-        return k.narrow(2, 0, self.length), v.narrow(2, 0, self.length)  # (B,Hkv,S,Dh)
+        S = self.key_positions.shape[1]
+        return k.narrow(2, 0, S), v.narrow(2, 0, S)  # (B,Hkv,S,Dh)
 
 
 class DecodeStep(nn.Module):
-    """One decode step of a level-3 decoder-only ``model`` (its parameters, not copies).
-
-    ``forward(ids (B,1), positions (B,), slot (1,), masks, keys, values) -> logits (B,V)``:
-    ``masks`` one ``(B,1,1,S)`` bool per distinct window of the layers (in the order of
-    ``model.config.layer_windows``' first appearances), ``keys``/``values`` the cache's
-    layers ``(B,Hkv,C,Dh)``, written in place at ``slot``.
-    """
+    """One pass of one token per row of a level-3 decoder-only ``model`` (its parameters, not
+    copies): ``forward(ids (B,1), positions (B,1), slot (1,), key_positions (B,S), keys,
+    values) -> logits (B,V)``, ``keys``/``values`` the cache's layers ``(B,Hkv,C,Dh)``,
+    written in place at ``slot``: ``Transformer.forward`` over a ``SlotCache``."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
-        self.windows = tuple(dict.fromkeys(model.config.layer_windows))
 
-    def forward(self, ids, positions, slot, masks, keys, values) -> torch.Tensor:
+    def forward(self, ids, positions, slot, key_positions, keys, values) -> torch.Tensor:
         if isinstance(keys, torch.Tensor):  # the whole buffers (L,B,Hkv,C,Dh): its layers
             keys, values = keys.unbind(0), values.unbind(0)
-        sees = {w: (mask, None) for w, mask in zip(self.windows, masks, strict=True)}
-        cache = SlotCache(keys, values, slot, masks[0].shape[-1])
-        return self.model.compute(ids, positions, sees, cache)[:, 0]  # (B,1,V) -> (B,V)
+        cache = SlotCache(keys, values, slot, key_positions)
+        return Transformer.forward(self.model, ids, positions, cache)[:, 0]  # (B,1,V) -> (B,V)
 
 
 def state_of(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -135,9 +133,9 @@ class StatelessStep(nn.Module):
         super().__init__()
         self.step = DecodeStep(model)
 
-    def forward(self, state: dict, ids, positions, slot, masks, keys, values) -> torch.Tensor:
+    def forward(self, state: dict, ids, positions, slot, key_positions, keys, values):
         named = {f"model.{name}": value for name, value in state.items()}
-        inputs = (ids, positions, slot, masks, keys, values)
+        inputs = (ids, positions, slot, key_positions, keys, values)
         return torch.func.functional_call(self.step, named, inputs)
 
 
@@ -300,16 +298,13 @@ def _example(model: nn.Module, batch: int, length: int):
     cfg, device, dtype = model.config, model.device, model.dtype
     C, Hkv, Dh = cfg.max_seq_len, cfg.kv_heads, cfg.d_head
     ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
-    positions = torch.full((batch,), length - 1, dtype=torch.long, device=device)
+    positions = torch.full((batch, 1), length - 1, dtype=torch.long, device=device)
     slot = torch.full((1,), length - 1, dtype=torch.long, device=device)
-    n = len(dict.fromkeys(cfg.layer_windows))
-    masks = tuple(
-        torch.ones(batch, 1, 1, length, dtype=torch.bool, device=device) for _ in range(n)
-    )
+    key_positions = torch.arange(length, device=device).expand(batch, length).contiguous()
     layer = (batch, Hkv, C, Dh)
     keys = tuple(torch.zeros(layer, dtype=dtype, device=device) for _ in range(cfg.n_layers))
     values = tuple(torch.zeros(layer, dtype=dtype, device=device) for _ in range(cfg.n_layers))
-    return ids, positions, slot, masks, keys, values
+    return ids, positions, slot, key_positions, keys, values
 
 
 def export_step(model: nn.Module, batch: int):
@@ -321,14 +316,8 @@ def export_step(model: nn.Module, batch: int):
     S = torch.export.Dim("S", min=2, max=C - 1)
     state = state_of(model)
     args = (state, *_example(model, batch, min(8, C - 1)))
-    n_masks, L = len(args[4]), model.config.n_layers
-    shapes = (
-        {name: None for name in state},
-        *(None, None, None),
-        ({3: S},) * n_masks,
-        (None,) * L,
-        (None,) * L,
-    )
+    L = model.config.n_layers
+    shapes = ({name: None for name in state}, None, None, None, {1: S}, (None,) * L, (None,) * L)
     with torch.no_grad(), _bare_attention(model):
         program = torch.export.export(StatelessStep(model), args, dynamic_shapes=shapes)
     return program.run_decompositions(decompositions())
@@ -362,56 +351,32 @@ def compile_step(model: nn.Module, batch: int, path: Path) -> None:
 
 
 class CompiledDecode:
-    """A compiled decode step bound to a model and a batch size; called as the edge's
-    ``_decoder`` is for one new token per row: ``(ids (B,1), steps, cache) -> (B,1,V)``
-    (the caller commits the cache's new position).
+    """A compiled step bound to a model and a batch size, called as the plain pass is for one
+    new token per row: ``(ids (B,1), positions (B,1), cache) -> logits (B,1,V)``.
 
-    ``whole_cache``: every step reads all ``C`` slots, the ones past the new position
-    masked (on a GPU: CUDA graphs replay fixed shapes only); otherwise the step reads the
-    first ``S = length + 1`` slots, ``S`` the one symbolic size of the compiled program.
+    ``whole_cache``: every step reads all ``C`` slots, the unfilled ones at position ``-1``
+    (on a GPU: CUDA graphs replay fixed shapes only); otherwise the step reads the first
+    ``S = length + 1`` slots, ``S`` the one symbolic size of the compiled program.
     """
 
     def __init__(self, model, batch: int, run: Callable, report, *, whole_cache=False):
         self.model, self.batch, self.run, self.report = model, batch, run, report
         self.whole_cache = whole_cache
-        self.windows = tuple(dict.fromkeys(model.config.layer_windows))
 
     def fits(self, ids: torch.Tensor, cache) -> bool:
         """Whether this step can take the next position: the batch it was compiled for, the
-        cache's own layout, and (reading a prefix) a slot before the cache's last."""
+        static cache's layout, and (reading a prefix) a slot before the cache's last."""
         last = self.model.config.max_seq_len - (0 if self.whole_cache else 1)
         return ids.shape[0] == self.batch and cache.length + 1 <= last and hasattr(cache, "k")
 
-    def inputs(self, ids: torch.Tensor, steps: dict[int | None, Step], cache):
-        """The step's inputs from the boundary's plan: positions, the slot, a mask per window,
-        the cache (its layers, or the whole buffers, marked as fixed addresses, on a GPU)."""
-        device, B, S = ids.device, ids.shape[0], cache.length + 1
-        step = next(iter(steps.values()))
-        offset = step.offset
-        if isinstance(offset, int):
-            positions = torch.full((B,), offset, dtype=torch.long, device=device)
-        else:
-            positions = torch.tensor(offset, dtype=torch.long, device=device)
-        slot = torch.full((1,), cache.length, dtype=torch.long, device=device)
-        width = cache.capacity if self.whole_cache else S
-        masks = tuple(self._mask(steps[w], B, S, width, device) for w in self.windows)
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
+        slot = torch.full((1,), cache.length, dtype=torch.long, device=ids.device)
+        key_positions = cache.extend(positions)  # (B,S): the new slot's position written
         if self.whole_cache:
-            return ids, positions, slot, masks, cache.k, cache.v
-        return ids, positions, slot, masks, tuple(cache.k.unbind(0)), tuple(cache.v.unbind(0))
-
-    @staticmethod
-    def _mask(step: Step, B: int, S: int, width: int, device) -> torch.Tensor:
-        """``(B,1,1,width)``: the step's mask, or its window by slot, or every key, over the
-        first ``S`` slots; the slots past them hidden."""
-        keys = torch.arange(width, device=device)
-        if step.mask is not None:
-            mask = torch.tensor(step.mask, dtype=torch.bool, device=device).reshape(B, 1, 1, S)
-            return torch.nn.functional.pad(mask, (0, width - S))  # False past the new slot
-        visible = keys < S if step.window is None else (keys < S) & (keys > (S - 1) - step.window)
-        return visible.expand(B, 1, 1, width)
-
-    def __call__(self, ids: torch.Tensor, steps: dict, cache) -> torch.Tensor:
-        return self.run(*self.inputs(ids, steps, cache)).unsqueeze(1)  # (B,V) -> (B,1,V)
+            inputs = (ids, positions, slot, cache.positions, cache.k, cache.v)
+        else:
+            inputs = (ids, positions, slot, key_positions, cache.k.unbind(0), cache.v.unbind(0))
+        return self.run(*inputs).unsqueeze(1)  # (B,V) -> (B,1,V)
 
 
 def build(model: nn.Module, batch: int, *, cache_dir: Path | None = None) -> CompiledDecode:
@@ -446,8 +411,8 @@ class _Runner:
     def __init__(self, loader, weights: list[torch.Tensor]):
         self.loader, self.weights = loader, weights
 
-    def __call__(self, ids, positions, slot, masks, keys, values) -> torch.Tensor:
-        inputs = [*self.weights, ids, positions, slot, *masks, *keys, *values]
+    def __call__(self, ids, positions, slot, key_positions, keys, values) -> torch.Tensor:
+        inputs = [*self.weights, ids, positions, slot, key_positions, *keys, *values]
         return self.loader.boxed_run(inputs)[0]
 
 
@@ -456,10 +421,10 @@ def _static_cache(step: Callable) -> Callable:
     into them in place (the buffers of a new cache are marked, and the graph re-recorded,
     once)."""
 
-    def run(ids, positions, slot, masks, keys, values):
-        for buffer in (keys, values):
+    def run(ids, positions, slot, key_positions, keys, values):
+        for buffer in (keys, values, key_positions):
             torch._dynamo.mark_static_address(buffer)
-        return step(ids, positions, slot, masks, keys, values)
+        return step(ids, positions, slot, key_positions, keys, values)
 
     return run
 

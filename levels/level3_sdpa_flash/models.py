@@ -2,12 +2,11 @@
 
 Each class is level 2's, re-parameterised through its ``Kernels`` hook (no
 model code is copied): ``KERNELS`` names level 3's attention core
-(``attention.py``), PyTorch's fused norms, and the static cache (level 2's
-``cache.py``);
+(``attention.py``), PyTorch's fused norms, and the static cache below;
 ``backend=`` on any module or model narrows SDPA to one of its backends;
 ``weights="int8"`` or ``"int4"`` on a model holds its matrices in fewer bytes
 (``quant.py``), and ``compile=True`` on the decoder-only model compiles its
-decode step (``compiled.py``).
+one-token pass (``compiled.py``).
 """
 
 from __future__ import annotations
@@ -20,9 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import level2_torch_manual as level2
-from ..level2_torch_manual import Kernels
-from ..level2_torch_manual.arrays import row_major
-from ..level2_torch_manual.cache import StaticKVCache
+from ..level2_torch_manual import Kernels, Transformer
+from ..level2_torch_manual.arrays import row_major, zeros
 from . import blocked, compiled, quant
 from .attention import attend, check_backend
 
@@ -50,6 +48,50 @@ class RMSNorm(level2.RMSNorm):
 
 class FeedForward(level2.FeedForward):
     """Level 2's feed-forward network, unchanged."""
+
+
+class StaticKVCache(level2.KVCache):
+    """Level 2's cache with its keys and values ``(n_layers, B, Hkv, C, Dh)`` and positions
+    ``(B, C)`` allocated once, to capacity ``C = max_seq_len``, and written in place.
+
+    A pass's ``T`` new slots are written at ``[length, length + T)`` and attention reads
+    the filled prefix ``[:length]`` as a view, with no copy (level 2's cache copies every
+    slot at every step). ``Hkv`` is the model's key/value heads: grouped-query attention
+    shrinks the cache by ``H / Hkv`` (``levels.common.params.kv_bytes_per_token``).
+    """
+
+    def __init__(self, config, batch: int, *, device=None, dtype=None):
+        super().__init__(config, batch, device=device, dtype=dtype)
+        L, H, Dh, C = config.n_layers, config.kv_heads, config.d_head, config.max_seq_len
+        # Zeros rather than empty: slots past `length` are never read, but deterministic
+        # contents make the cache comparable bit for bit. Zeros that cost nothing until a
+        # slot is written (`zeros`): most of the context never is.
+        kw = {"device": device, "dtype": dtype or torch.float32}
+        self.k = zeros((L, batch, H, C, Dh), **kw)  # (L,B,Hkv,C,Dh)
+        self.v = zeros((L, batch, H, C, Dh), **kw)  # (L,B,Hkv,C,Dh)
+        self.positions = torch.full((batch, C), -1, dtype=torch.long, device=device)  # (B,C)
+
+    def extend(self, positions: torch.Tensor) -> torch.Tensor:
+        """Write ``positions (B,T)`` at slots ``[length, length + T)`` -> the filled ``(B,length+T)``."""
+        T = positions.shape[1]
+        self.positions.narrow(1, self.length, T).copy_(positions)
+        self.length += T
+        return self.positions.narrow(1, 0, self.length)  # (B,length): a view
+
+    def update(self, index: int, k_new: torch.Tensor, v_new: torch.Tensor):
+        """Write ``k_new, v_new (B,Hkv,T,Dh)`` into layer ``index`` at the pass's slots -> views
+        of every filled slot, ``(B,Hkv,length,Dh)``: strided along C, contiguous in Dh,
+        which SDPA accepts."""
+        T, k, v = k_new.shape[2], self.k[index], self.v[index]  # (B,Hkv,C,Dh) views
+        k.narrow(2, self.length - T, T).copy_(k_new)
+        v.narrow(2, self.length - T, T).copy_(v_new)
+        return k.narrow(2, 0, self.length), v.narrow(2, 0, self.length)
+
+    def rollback(self, length: int) -> None:
+        """Forget the slots after ``length``; their positions become padding again, so a step
+        that reads the whole buffer (a compiled one on a GPU) sees none of them."""
+        super().rollback(length)
+        self.positions[:, length:] = -1
 
 
 KERNELS = Kernels(attention=attend, layer_norm=LayerNorm, rms_norm=RMSNorm, kv_cache=StaticKVCache)
@@ -114,13 +156,14 @@ class DecoderOnlyTransformer(_Quantizable, level2.DecoderOnlyTransformer):
     """Level 2's decoder-only model on level 3's kernels; ``compile=True`` decodes with
     the whole step compiled (``compiled.py``).
 
-    With ``compile``, the first decode step of a batch size (and thread count) compiles
-    the step for it, or loads it from the user's cache (``prepare_decode`` does it beforehand, and says
-    which, ``decode_report``); every later step of that batch size runs it, but the
-    cache's last slot, which runs eagerly, as does every step of a model without a C++
-    compiler. The prompt's prefill stays eager: it is a batched product, already
-    arithmetic-bound, of a new length every time. ``state_dict()`` keys are the
-    canonical names (``token_embedding.weight``, ``layers.{i}.*``, ``norm.*``).
+    With ``compile``, ``transformer`` (the plain pass every engine calls) runs a pass of
+    one token per row into a static cache through the compiled step: the first such pass
+    of a batch size (and thread count) compiles it, or loads it from the user's cache
+    (``prepare_decode`` does it beforehand, and says which, ``decode_report``); every later
+    one of that batch size runs it, but the cache's last slot, which runs eagerly, as does
+    every pass of a model without a C++ compiler. The prompt stays eager: it is a batched
+    product, already arithmetic-bound, of a new length every time. ``state_dict()`` keys
+    are the canonical names (``token_embedding.weight``, ``layers.{i}.*``, ``norm.*``).
     """
 
     kernels = KERNELS
@@ -134,6 +177,8 @@ class DecoderOnlyTransformer(_Quantizable, level2.DecoderOnlyTransformer):
         with row_major() if compile else contextlib.nullcontext():  # the compiled step's layout
             super().__init__(*args, **kwargs)
         self.compiled_decode = compile
+        if compile:  # every engine's one-token passes go through the compiled step
+            self.transformer = self._compiled_or_plain
         # By (batch size, torch's threads): a CPU step is compiled for the threads it runs on.
         self._steps: dict[tuple[int, int], compiled.CompiledDecode | None] = {}
         self.decode_report: compiled.CompileReport | None = None
@@ -152,24 +197,22 @@ class DecoderOnlyTransformer(_Quantizable, level2.DecoderOnlyTransformer):
                 self.decode_report = step.report
         return self.decode_report
 
-    def _decoder(self, tokens: torch.Tensor, steps: dict, cache, last=None) -> torch.Tensor:
-        """The edge's pass, or the compiled step where one runs it (``compile=True``)."""
-        step = self._compiled_step(tokens, cache, last) if self.compiled_decode else None
+    def _compiled_or_plain(self, ids, positions, cache=None, last: bool = False):
+        """``Transformer.forward``, through the compiled step where one runs this pass."""
+        step = self._compiled_step(ids, cache, last)
         if step is None:
-            return super()._decoder(tokens, steps, cache, last)
-        logits = step(tokens, steps, cache)  # (B,1,V)
-        cache.commit(next(iter(steps.values())))  # what every window's step shares
-        return logits
+            return Transformer.forward(self, ids, positions, cache, last)
+        return step(ids, positions, cache)  # (B,1,V)
 
-    def _compiled_step(self, tokens: torch.Tensor, cache, last) -> compiled.CompiledDecode | None:
+    def _compiled_step(self, ids: torch.Tensor, cache, last) -> compiled.CompiledDecode | None:
         """The compiled step for this pass: one new token per row into a cache, no gradient."""
-        if cache is None or last is not None or tokens.shape[1] != 1:
+        if cache is None or last or ids.shape[1] != 1:
             return None
         if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
             return None  # the compiled step has no backward
-        self.prepare_decode(tokens.shape[0])
-        step = self._steps[(tokens.shape[0], torch.get_num_threads())]
-        return step if step is not None and step.fits(tokens, cache) else None
+        self.prepare_decode(ids.shape[0])
+        step = self._steps[(ids.shape[0], torch.get_num_threads())]
+        return step if step is not None and step.fits(ids, cache) else None
 
 
 class Seq2SeqTransformer(_Quantizable, level2.Seq2SeqTransformer):

@@ -3,8 +3,8 @@
 Nothing of the architecture is repeated here. Level 2's modules read the parts
 a faster level may replace from a ``Kernels`` record (level2/kernels.py); this
 module builds level 4's record and subclasses each public module only to point
-its ``kernels`` attribute at it. Parameter loading, the checks, RoPE, the FFN,
-the KV-cache protocol, prefill / decode_step and generation are level 2's code.
+its ``kernels`` attribute at it. Parameter loading, RoPE, the FFN, the transformer
+and the public methods (``levels.common.public``) are level 2's code.
 
 The KV cache is level 3's static one (allocated once, written in place): the
 attention kernel takes any strides, so it reads the cache's filled prefix as a
@@ -21,7 +21,7 @@ import torch
 
 from .. import level2_torch_manual as level2
 from ..level2_torch_manual import paged
-from ..level2_torch_manual.cache import StaticKVCache
+from ..level3_sdpa_flash.models import StaticKVCache
 from .flash_attention import attend
 from .fused_layer_norm import layer_norm, rms_norm
 from .paged_decode import paged_decode
@@ -42,25 +42,25 @@ class Pages:
 class PagedKVCache(paged.PagedKVCache):
     """Level 2's paged cache, whose decode steps hand the attention kernel the blocks where
     they lie (``Pages``) instead of gathering them: ``paged_decode.py`` reads them through
-    the table. A step of several positions (a prompt), or one that tracks gradients,
-    gathers as level 2's does."""
+    the table, each row's window by position (a sequence's slot is its position). A pass
+    of several positions (a prompt), or one that tracks gradients, gathers as level 2's does."""
 
     def __init__(self, pool: paged.BlockPool, sequences, config):
         super().__init__(pool, sequences, config)
         self.windows = config.layer_windows  # each layer's: the kernel applies it by position
         self._pages: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def check(self, rows_: int, adding: int, what: str) -> None:
-        super().check(rows_, adding, what)  # the step's blocks are taken
-        self._pages = None
+    def extend(self, positions: torch.Tensor) -> torch.Tensor:
+        self._pages = None  # a new pass: its blocks and counts are read again
+        return super().extend(positions)
 
-    def append(self, index: int, k_new: torch.Tensor, v_new: torch.Tensor):
+    def update(self, index: int, k_new: torch.Tensor, v_new: torch.Tensor):
         if k_new.shape[2] != 1 or torch.is_grad_enabled():
-            return super().append(index, k_new, v_new)
+            return super().update(index, k_new, v_new)
         self.write(index, k_new, v_new)
-        if self._pages is None:  # once a step: every layer reads the same blocks
+        if self._pages is None:  # once a pass: every layer reads the same blocks
             tables = self.tables(max(len(s.table) for s in self.sequences))
-            counts = [s.count + 1 for s in self.sequences]  # the new position included
+            counts = [s.count for s in self.sequences]  # the new position included
             self._pages = tuple(
                 torch.tensor(x, dtype=torch.int32, device=k_new.device) for x in (tables, counts)
             )
