@@ -232,7 +232,7 @@ def expected_tokens(a: float, k: int) -> float:
 
 
 def speedup(a: float, k: int, c: float, verify_cost: float = 1.0) -> float:
-    """Decoding time without speculation over time with it (Leviathan et al. 2023, eq. 1):
+    """Decoding time without speculation over time with it (Leviathan et al. 2023):
     a pass costs ``k`` draft steps of ``c`` target steps each plus the verification,
     ``verify_cost`` target steps (1 while a ``k + 1``-token pass is bound by the bytes
     it reads, as a one-token step is), and emits ``expected_tokens(a, k)``."""
