@@ -1,4 +1,4 @@
-"""Speculative decoding, the half that needs no model: the rule, a draft, the arithmetic.
+"""Speculative decoding, the part that needs no model: the rule, a draft, the arithmetic.
 
 A decode step reads every weight of the model to make one token (docs/decoding.md).
 A pass over ``k + 1`` tokens reads the weights once too and does ``k + 1`` times the
