@@ -16,9 +16,14 @@ The rule, per row, for ``temperature > 0``:
    first token id whose cumulative probability, in id order, exceeds
    ``u`` times the kept total: inverse-CDF sampling, one draw per row and step.
 
-``temperature = 0`` is greedy: the argmax, the lowest id on a tie, and no
-draw. Each row has its own generator, ``numpy.random.default_rng(seed + b)``
-for row ``b`` (or the ``b``-th of a list of seeds), so a row's tokens do not
+Steps 1 to 3 give the *processed distribution*, ``distribution(logits,
+sampling)``, written once: ``pick`` draws from it (step 4 is ``draw``), and
+speculative decoding (``levels.common.speculative``) tests draft tokens
+against it. ``temperature = 0`` is greedy: the argmax, the lowest id on a
+tie, and no draw (its distribution is one-hot at that token).
+
+Each row has its own generator, ``numpy.random.default_rng(seed + b)`` for
+row ``b`` (or the ``b``-th of a list of seeds), so a row's tokens do not
 depend on the other rows of the batch: row ``b`` of a batch equals that row
 generated alone with seed ``seed + b``.
 
@@ -115,6 +120,32 @@ def _softmax(z: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
+def distribution(logits: np.ndarray, sampling: Sampling) -> np.ndarray:
+    """The processed distribution ``(B, V)`` float64 of ``logits (B, V)``: what ``pick`` draws from.
+
+    Temperature, then top-k and top-p (``keep_mask``), then the softmax of what is kept;
+    every other token has probability exactly 0. Greedy (``temperature = 0``): one-hot at
+    the argmax (the lowest id on a tie), the distribution that always gives ``pick``'s token.
+    """
+    logits = np.asarray(logits, dtype=np.float64)  # (B, V)
+    if sampling.greedy:
+        onehot = np.zeros_like(logits)  # (B, V)
+        onehot[np.arange(len(logits)), logits.argmax(axis=-1)] = 1.0
+        return onehot
+    z = logits / sampling.temperature  # (B, V)
+    keep = keep_mask(z, sampling.top_k, sampling.top_p)  # (B, V)
+    return np.where(keep, _softmax(np.where(keep, z, -np.inf)), 0.0)  # (B, V)
+
+
+def draw(probs: np.ndarray, u: float) -> int:
+    """Inverse-CDF sampling: the first id of ``probs (V,)`` whose cumulative probability, in
+    id order, exceeds ``u`` (uniform in ``[0, 1)``) times the total."""
+    cdf = np.cumsum(probs)  # (V,)
+    # u < 1, but u * total may round up to the total: then the last token of positive mass.
+    last = int(np.flatnonzero(probs)[-1])
+    return min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), last)
+
+
 def pick(
     logits: np.ndarray,
     sampling: Sampling,
@@ -127,14 +158,8 @@ def pick(
     greedy = logits.argmax(axis=-1).astype(np.int64)  # (B,) lowest id on a tie
     if sampling.greedy:
         return greedy
-    z = logits / sampling.temperature  # (B, V)
-    keep = keep_mask(z, sampling.top_k, sampling.top_p)  # (B, V)
-    probs = np.where(keep, _softmax(np.where(keep, z, -np.inf)), 0.0)  # (B, V)
-    cdf = np.cumsum(probs, axis=-1)  # (B, V), in id order
+    probs = distribution(logits, sampling)  # (B, V)
     out = greedy.copy()
-    for b in np.flatnonzero(np.ones(len(z), bool) if rows is None else rows):
-        u = generators[b].random() * cdf[b, -1]
-        # u < total, but the product may round up to it: then the last kept token.
-        last_kept = int(np.flatnonzero(keep[b])[-1])
-        out[b] = min(int(np.searchsorted(cdf[b], u, side="right")), last_kept)
+    for b in np.flatnonzero(np.ones(len(logits), bool) if rows is None else rows):
+        out[b] = draw(probs[b], generators[b].random())
     return out

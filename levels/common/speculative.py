@@ -1,0 +1,247 @@
+"""Speculative decoding, the part that needs no model: the rule, a draft, the arithmetic.
+
+A decode step reads every weight of the model to make one token (docs/decoding.md).
+A pass over ``k + 1`` tokens reads the weights once too and does ``k + 1`` times the
+arithmetic, which costs little while a step is bound by its bytes. Speculative
+decoding (Leviathan et al. 2023, Chen et al. 2023) spends that: a cheap *draft*
+proposes ``k`` tokens, the *target* model scores all of them in one pass, and the
+rule below keeps a prefix of them and adds one token of the target's own, so that
+the tokens come out with exactly the law of the target sampled one token at a time.
+
+The rule, for one row. The draft proposed ``x_0 .. x_{k-1}``, drawing ``x_i`` from
+``q_i``; ``p_i`` is the target's distribution of the token after the context and
+``x_0 .. x_{i-1}``. Both are *processed* distributions, after temperature, top-k and
+top-p (``levels.common.sampling.distribution``), and ``q_i`` must be the one ``x_i``
+was really drawn from. For ``i = 0, 1, ..``:
+
+1. keep ``x_i`` with probability ``min(1, p_i(x_i) / q_i(x_i))`` (``acceptance``);
+2. on the first rejection, draw the next token from ``norm(max(p_i - q_i, 0))``,
+   over the whole vocabulary (``residual``), and stop;
+3. when all ``k`` are kept, draw one more token from ``p_k``.
+
+Why it is exact, in one line: a token ``t`` comes out of step ``i`` either as the
+draft's, with probability ``q(t) min(1, p(t)/q(t)) = min(p(t), q(t))``, or from the
+residual after a rejection, with probability ``(1 - sum min(p, q)) r(t)``, and
+``r(t) = max(p(t) - q(t), 0) / (1 - sum min(p, q))``: the two add up to ``p(t)``.
+``tests/test_speculative.py`` enumerates every path with ``fractions.Fraction`` and
+finds the law equal to ``p``; ``acceptance``, ``residual`` and ``outcome_law`` run on
+arrays of ``Fraction`` for that, ``verify`` on float64 with a generator.
+
+Greedy decoding is the case of one-hot ``p`` (``distribution`` at temperature 0: the
+argmax, lowest id on a tie): a draft token is kept iff it is the argmax, and a
+rejection yields the argmax, so the tokens are plain greedy decoding's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from .sampling import draw
+
+# ----------------------------------------------------------------------------- the rule
+
+
+def acceptance(p: np.ndarray, q: np.ndarray, x: int):
+    """``min(1, p[x] / q[x])``: the probability that ``x``, drawn from ``q (V,)``, is kept
+    against ``p (V,)``. ``q[x] > 0``, since ``x`` was drawn from ``q``."""
+    return min(1, p[x] / q[x])
+
+
+def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """``norm(max(p - q, 0))`` over the whole vocabulary ``(V,)``: the law of the token that
+    replaces a rejected draft token. Where ``p <= q`` everywhere (``p == q``, or within
+    rounding in floats) a rejection has probability 0 (or of rounding's order): then ``p``."""
+    r = np.maximum(p - q, 0)  # (V,)
+    total = r.sum()
+    return r / total if total > 0 else p
+
+
+def draft_row(q_rows: np.ndarray | None, drafted: Sequence[int], i: int, like: np.ndarray):
+    """``q_i (V,)``: row ``i`` of ``q_rows``, or, for a draft that proposes its tokens
+    deterministically (``q_rows=None``), one-hot at ``drafted[i]``, of ``like``'s dtype
+    (so that ``Fraction`` rows get ``Fraction``-compatible ones)."""
+    if q_rows is not None:
+        return q_rows[i]
+    q = np.zeros_like(like)  # (V,)
+    q[drafted[i]] = 1
+    return q
+
+
+def outcome_law(p_rows: np.ndarray, q_rows: np.ndarray | None, drafted: Sequence[int]) -> dict:
+    """The exact law of ``verify``'s ``(n_accepted, next_token)`` for these drafted tokens:
+    ``{(n, token): probability}`` over the outcomes of positive probability.
+
+    ``p_rows (k + 1, V)``, ``q_rows (k, V)`` or None (one-hot at the drafted tokens),
+    ``drafted (k,)``; on ``Fraction`` rows the probabilities are exact."""
+    law: dict[tuple[int, int], object] = {}
+    kept = 1  # the probability that x_0 .. x_{i-1} were all kept
+    for i, x in enumerate(drafted):
+        q = draft_row(q_rows, drafted, i, p_rows[i])  # (V,)
+        a = acceptance(p_rows[i], q, x)
+        if a < 1:
+            for t, r in enumerate(residual(p_rows[i], q)):
+                if r > 0:
+                    law[i, t] = kept * (1 - a) * r
+        kept = kept * a
+        if kept == 0:  # x_i is never kept: no outcome goes further
+            return law
+    k = len(drafted)
+    for t, pt in enumerate(p_rows[k]):
+        if pt > 0:
+            law[k, t] = kept * pt
+    return law
+
+
+def verify(
+    p_rows: np.ndarray,
+    q_rows: np.ndarray | None,
+    drafted: Sequence[int],
+    rng: np.random.Generator | None,
+) -> tuple[int, int]:
+    """One row's verification: ``(n_accepted, next_token)``; the row emits
+    ``drafted[:n_accepted]`` then ``next_token``.
+
+    ``p_rows (k + 1, V)``: the target's processed distributions, row ``i`` after the
+    context and ``drafted[:i]`` (``sampling.distribution`` of the pass's logits).
+    ``q_rows (k, V)``: the distributions the drafted tokens were drawn from, or None for
+    a draft that proposes them deterministically (one-hot ``q``). ``drafted (k,)``,
+    ``k >= 0``.
+
+    The randomness comes from the row's own generator ``rng``, in this order: one
+    uniform per drafted token tested, in order, until the first rejection; then one
+    for the token drawn after (from the residual or from ``p_rows[k]``, by
+    ``sampling.draw``). That is ``n_accepted + 2`` draws after a rejection and ``k + 1``
+    when all are kept. A draft that samples draws its tokens from its own generator,
+    before this. ``rng=None`` is greedy: ``p_rows`` must be one-hot (temperature 0),
+    which decides every test and the last draw whatever the uniform: none is drawn,
+    and ``u = 0`` stands for each.
+    """
+    p_rows = np.asarray(p_rows, dtype=np.float64)  # (k + 1, V)
+    q_rows = None if q_rows is None else np.asarray(q_rows, dtype=np.float64)  # (k, V)
+    _check(p_rows, q_rows, drafted, greedy=rng is None)
+
+    def uniform() -> float:
+        return 0.0 if rng is None else rng.random()
+
+    for i, x in enumerate(drafted):
+        q = draft_row(q_rows, drafted, i, p_rows[i])  # (V,)
+        if not uniform() < acceptance(p_rows[i], q, x):
+            return i, draw(residual(p_rows[i], q), uniform())
+    return len(drafted), draw(p_rows[-1], uniform())
+
+
+def _check(p_rows: np.ndarray, q_rows, drafted: Sequence[int], *, greedy: bool) -> None:
+    """``verify``'s inputs: the shapes, drafted ids in range and of positive ``q``, and
+    one-hot target rows where there is no generator."""
+    k = len(drafted)
+    if p_rows.ndim != 2 or len(p_rows) != k + 1:
+        raise ValueError(f"p_rows must be (k + 1, V) = ({k + 1}, V), got {p_rows.shape}")
+    V = p_rows.shape[1]
+    if any(not 0 <= x < V for x in drafted):
+        raise ValueError(f"drafted tokens must be ids in [0, {V}), got {list(drafted)}")
+    if q_rows is not None:
+        if q_rows.shape != (k, V):
+            raise ValueError(f"q_rows must be (k, V) = ({k}, {V}), got {q_rows.shape}")
+        if any(q_rows[i, x] <= 0 for i, x in enumerate(drafted)):
+            raise ValueError("a drafted token has probability 0 in the q it was drawn from")
+    if greedy and not (((p_rows == 1).sum(-1) == 1) & ((p_rows == 0).sum(-1) == V - 1)).all():
+        raise ValueError("without a generator (greedy) the target rows must be one-hot")
+
+
+# ----------------------------------------------------------------------------- drafts
+
+
+class Draft(Protocol):
+    """What proposes tokens: ``propose(context, k) -> (tokens, q_rows)``, at most ``k``
+    tokens continuing ``context`` and the ``(len(tokens), V)`` processed distributions
+    they were drawn from, or None when they were chosen deterministically (one-hot)."""
+
+    def propose(self, context: list[int], k: int) -> tuple[list[int], np.ndarray | None]: ...
+
+
+@dataclass(frozen=True)
+class NGramDraft:
+    """Prompt lookup: find the context's last ``n`` tokens earlier in the context and
+    propose what followed them. No model, no randomness (``q`` one-hot).
+
+    ``n`` runs from ``max_n`` down to ``min_n``; the first ``n`` with a match wins, since a
+    longer match is better evidence. Among several matches of that ``n`` the latest
+    wins: text repeats what it said last (a loop, a list going on, the line being
+    copied), and the rule is deterministic. The tokens that followed are copied as
+    LZ77 copies: a match close to the end overlaps what it proposes, so the copy reads
+    its own proposals and a repeating pattern goes on for ``k`` tokens (``a b a b`` ->
+    ``a b a ..``). No match: no tokens, and the step is plain decoding.
+    """
+
+    max_n: int = 3
+    min_n: int = 1
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.min_n, int) and isinstance(self.max_n, int)):
+            raise TypeError(f"min_n and max_n must be integers, got {self.min_n!r}, {self.max_n!r}")
+        if not 1 <= self.min_n <= self.max_n:
+            raise ValueError(
+                f"need 1 <= min_n <= max_n, got min_n={self.min_n}, max_n={self.max_n}"
+            )
+
+    def propose(self, context: list[int], k: int) -> tuple[list[int], None]:
+        if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 0:
+            raise ValueError(f"k must be an integer >= 0, got {k!r}")
+        ids = np.asarray(context, dtype=np.int64)  # (T,)
+        start = self.source(ids)
+        if start is None:
+            return [], None
+        T, tokens = len(ids), []
+        for j in range(k):
+            i = start + j  # past the context's end, a token this proposal already made
+            tokens.append(int(ids[i]) if i < T else tokens[i - T])
+        return tokens, None
+
+    def source(self, ids: np.ndarray) -> int | None:
+        """Where the proposal is copied from: the position after the chosen match of the
+        last ``n`` tokens of ``ids (T,)``, or None."""
+        T = len(ids)
+        for n in range(min(self.max_n, T - 1), self.min_n - 1, -1):
+            # Every n-gram that has a token after it: those starting at 0 .. T - n - 1
+            # (the last n tokens themselves, at T - n, are left out).
+            windows = sliding_window_view(ids[: T - 1], n)  # (T - n, n)
+            hits = np.flatnonzero((windows == ids[T - n :]).all(axis=1))
+            if hits.size:
+                return int(hits[-1]) + n
+        return None
+
+
+# ----------------------------------------------------------------------------- the arithmetic
+
+
+def acceptance_rate(p: np.ndarray, q: np.ndarray):
+    """``sum(min(p, q))``: the probability that a token drawn from ``q`` is kept against
+    ``p`` (one minus their total variation distance), Leviathan et al.'s ``beta``."""
+    return np.minimum(p, q).sum()
+
+
+def expected_tokens(a: float, k: int) -> float:
+    """Tokens a pass emits on average when each of ``k`` drafted tokens is kept with
+    probability ``a``, independently: ``1 + a + .. + a^k = (1 - a^(k+1)) / (1 - a)``."""
+    return float(k + 1) if a == 1 else (1 - a ** (k + 1)) / (1 - a)
+
+
+def speedup(a: float, k: int, c: float, verify_cost: float = 1.0) -> float:
+    """Decoding time without speculation over time with it (Leviathan et al. 2023):
+    a pass costs ``k`` draft steps of ``c`` target steps each plus the verification,
+    ``verify_cost`` target steps (1 while a ``k + 1``-token pass is bound by the bytes
+    it reads, as a one-token step is), and emits ``expected_tokens(a, k)``."""
+    return expected_tokens(a, k) / (k * c + verify_cost)
+
+
+def estimate_acceptance(accepted: Sequence[int], drafted: Sequence[int]) -> float:
+    """``a`` from a run: tokens kept over tokens tested. A pass that kept ``n`` of ``d``
+    drafted tokens tested ``n + 1`` of them when it rejected one (``n < d``) and ``d``
+    when it kept all; the tokens after a rejection were never tested. NaN: none tested."""
+    tested = sum(n + (n < d) for n, d in zip(accepted, drafted, strict=True))
+    return sum(accepted) / tested if tested else float("nan")
