@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from . import public
+from . import public, speculative
 from .sampling import Sampling, pick
 
 Native = Any  # a level's array type (nested lists, np.ndarray, torch.Tensor)
@@ -55,6 +55,9 @@ def generate_decoder_only(
     top_p: float | None = None,
     seed: int | list[int] | None = None,
     eos_id: int | None = None,
+    draft: speculative.Draft | None = None,
+    draft_tokens: int = 4,
+    counts: speculative.Counts | None = None,
 ) -> Native:
     """Continue every row of ``prefix (B, P)`` by ``max_new_tokens`` tokens.
 
@@ -67,6 +70,11 @@ def generate_decoder_only(
     greedy). With ``eos_id``, a row stops after producing it and is filled
     with ``pad_id``; without, every row gets ``max_new_tokens`` tokens. The
     longest prompt plus ``max_new_tokens`` must fit in ``max_seq_len``.
+
+    ``draft`` (``levels.common.speculative``: an ``NGramDraft``, a ``ModelDraft``)
+    decodes speculatively, up to ``draft_tokens`` guesses a pass: greedy, the same tokens
+    as without it; sampled, the same law. ``counts`` (a ``speculative.Counts``) adds up
+    its passes and the tokens drafted and kept.
     """
     config = model.config
     sampling = Sampling(temperature, top_k, top_p, seed)
@@ -83,12 +91,23 @@ def generate_decoder_only(
             f"prefix length {longest} + max_new_tokens {max_new_tokens} exceeds "
             f"max_seq_len={config.max_seq_len}"
         )
+    _check_draft(draft, draft_tokens, use_cache)
     generators = sampling.generators(B)
     out = np.full((B, P + max_new_tokens), config.pad_id, dtype=np.int64)  # (B, P + N)
     out[:, :P] = np.where(real, tokens, config.pad_id)
     real = real[:, :longest]  # trailing columns of padding only: never computed
     done = np.zeros(B, dtype=bool)
     native, to_numpy = _converters(model)
+    if draft is not None and max_new_tokens:
+        stops = () if eos_id is None else (eos_id,)
+        passes = speculative.speculate(model, out[:, :longest], lengths, max_new_tokens, draft=draft, k=draft_tokens,
+                                       sampling=sampling, generators=generators, stop_ids=stops, counts=counts)  # fmt: skip
+        made = np.zeros(B, dtype=np.int64)  # each row's new tokens so far
+        for new in passes:
+            for b, tokens in enumerate(new):
+                out[b, lengths[b] + made[b] : lengths[b] + made[b] + len(tokens)] = tokens
+                made[b] += len(tokens)
+        return native(out)
 
     def pass_(ids: np.ndarray, positions: np.ndarray, cache=None, last=True) -> np.ndarray:
         """``(B, V)`` logits, float64 numpy, of each row's last real position (or of the
@@ -117,6 +136,19 @@ def generate_decoder_only(
     return native(out)
 
 
+def _check_draft(draft, draft_tokens: object, use_cache: bool) -> None:
+    """A draft proposes (a ``propose`` method), ``draft_tokens`` is an integer >= 1, and the
+    target keeps a cache (speculation rolls it back)."""
+    if draft is None:
+        return
+    if not callable(getattr(draft, "propose", None)):
+        raise TypeError(f"draft must have a propose(context, k) method, got {type(draft).__name__}")
+    if isinstance(draft_tokens, bool) or not isinstance(draft_tokens, int) or draft_tokens < 1:
+        raise ValueError(f"draft_tokens must be an integer >= 1, got {draft_tokens!r}")
+    if not use_cache:
+        raise ValueError("speculative decoding (draft=) verifies against the cache: use_cache=True")
+
+
 def _converters(model):
     """The model's conversions: numpy to its arrays on its device, and back."""
 
@@ -136,6 +168,9 @@ def stream_decoder_only(
     top_p: float | None = None,
     seed: int | None = None,
     stop_ids: tuple[int, ...] = (),
+    draft: speculative.Draft | None = None,
+    draft_tokens: int = 4,
+    counts: speculative.Counts | None = None,
 ) -> Iterator[int]:
     """Continue one prompt ``(P,)`` token by token: yield each new id as soon as it is chosen.
 
@@ -146,7 +181,9 @@ def stream_decoder_only(
     step. It ends after ``max_new_tokens`` tokens, or after yielding a token
     of ``stop_ids`` (the model's end-of-turn ids); a caller may stop earlier
     (a stop string in the text). Arguments are checked before any model call;
-    the model runs without autograd during each step, not between them.
+    the model runs without autograd during each step, not between them. ``draft``,
+    ``draft_tokens`` and ``counts`` as ``generate_decoder_only``'s: a pass may then yield
+    several tokens at once.
     """
     config = model.config
     sampling = Sampling(temperature, top_k, top_p, seed)
@@ -160,9 +197,15 @@ def stream_decoder_only(
             f"prompt length {P} + max_new_tokens {max_new_tokens} exceeds "
             f"max_seq_len={config.max_seq_len}"
         )
+    _check_draft(draft, draft_tokens, True)
     if max_new_tokens == 0:
         return
     generators = sampling.generators(1)
+    if draft is not None:
+        passes = speculative.speculate(model, tokens, np.array([P]), max_new_tokens, draft=draft, k=draft_tokens,
+                                       sampling=sampling, generators=generators, stop_ids=tuple(stop_ids), counts=counts)  # fmt: skip
+        yield from (token for new in passes for token in new[0])
+        return
     native, to_numpy = _converters(model)
     cache = model.new_cache(1)
     ids, positions = tokens, np.arange(P)[None]  # (1, P): the prompt

@@ -34,14 +34,16 @@ rejection yields the argmax, so the tokens are plain greedy decoding's.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+import dataclasses
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from .sampling import draw
+from .sampling import Sampling, distribution, draw, pick
 
 # ----------------------------------------------------------------------------- the rule
 
@@ -157,11 +159,15 @@ def _check(p_rows: np.ndarray, q_rows, drafted: Sequence[int], *, greedy: bool) 
 
 
 class Draft(Protocol):
-    """What proposes tokens: ``propose(context, k) -> (tokens, q_rows)``, at most ``k``
-    tokens continuing ``context`` and the ``(len(tokens), V)`` processed distributions
-    they were drawn from, or None when they were chosen deterministically (one-hot)."""
+    """What proposes tokens: ``propose(context, k, row=0, sampling=None) -> (tokens, q_rows)``,
+    at most ``k`` tokens continuing ``context`` (row ``row`` of a batch: a draft with a
+    model keeps a cache a row) and the ``(len(tokens), V)`` processed distributions they
+    were drawn from (under ``sampling``, the target's), or None when they were chosen
+    deterministically (one-hot)."""
 
-    def propose(self, context: list[int], k: int) -> tuple[list[int], np.ndarray | None]: ...
+    def propose(
+        self, context: list[int], k: int, row: int = 0, sampling: Sampling | None = None
+    ) -> tuple[list[int], np.ndarray | None]: ...
 
 
 @dataclass(frozen=True)
@@ -189,7 +195,11 @@ class NGramDraft:
                 f"need 1 <= min_n <= max_n, got min_n={self.min_n}, max_n={self.max_n}"
             )
 
-    def propose(self, context: list[int], k: int) -> tuple[list[int], None]:
+    def propose(
+        self, context: list[int], k: int, row: int = 0, sampling=None
+    ) -> tuple[list[int], None]:
+        """Up to ``k`` tokens copied from after the latest longest match (``row`` and
+        ``sampling`` play no part: the proposal is a lookup, one-hot)."""
         if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 0:
             raise ValueError(f"k must be an integer >= 0, got {k!r}")
         ids = np.asarray(context, dtype=np.int64)  # (T,)
@@ -245,3 +255,159 @@ def estimate_acceptance(accepted: Sequence[int], drafted: Sequence[int]) -> floa
     when it kept all; the tokens after a rejection were never tested. NaN: none tested."""
     tested = sum(n + (n < d) for n, d in zip(accepted, drafted, strict=True))
     return sum(accepted) / tested if tested else float("nan")
+
+
+# ----------------------------------------------------------------------------- drafts with a model
+
+
+class ModelDraft:
+    """A draft that is a model: any level's of the same vocabulary, a cheaper copy of the
+    target (level 3's int8 or int4 weights), or the target's first layers (``first_layers``).
+
+    It proposes ``k`` tokens one pass at a time, each drawn (with a generator of its own,
+    seeded by ``seed`` and the row) from its processed distribution under the target's
+    sampling, which it reports as ``q``: greedy, its argmax. It keeps a cache for each
+    row and, before proposing, brings it to the row's context: the longest prefix it
+    holds is kept (a rollback drops the rest, its own rejected guesses among them), the
+    context's rest runs in one pass.
+    """
+
+    def __init__(self, model, *, seed: int | None = None):
+        self.model, self.seed = model, seed
+        self._rows: dict[int, tuple[object, list[int], np.random.Generator]] = {}
+
+    def propose(self, context: list[int], k: int, row: int = 0, sampling: Sampling | None = None):
+        sampling = sampling or Sampling()
+        cache, held, rng = self._rows.get(row) or self._new_row(row)
+        common = _common_prefix(held, context[:-1])  # keep what matches; its last is re-run
+        cache.rollback(common)
+        tokens, rows, new = [], [], context[common:]  # (the context's rest, then each guess)
+        with self.model.arrays.inference():
+            for _ in range(k):
+                logits = self._pass(new, common, cache)  # (1, V) after the last token fed
+                q = distribution(logits, sampling)  # (1, V)
+                x = (
+                    int(pick(logits, sampling, None)[0])
+                    if sampling.greedy
+                    else draw(q[0], rng.random())
+                )
+                common += len(new)
+                tokens.append(x)
+                rows.append(q[0])
+                new = [x]
+        self._rows[row] = (cache, (context + tokens)[:common], rng)
+        return tokens, np.array(rows) if rows else None
+
+    def _new_row(self, row: int):
+        rng = np.random.default_rng(None if self.seed is None else [self.seed, row])
+        return self.model.new_cache(1), [], rng
+
+    def _pass(self, ids: list[int], start: int, cache) -> np.ndarray:
+        """The draft's logits ``(1, V)`` after ``ids`` at positions ``start ...`` into ``cache``."""
+        native = self.model.arrays.asarray
+        device = getattr(self.model, "device", None)
+        ids_, positions = (
+            native(np.array([a]), device=device) for a in (ids, range(start, start + len(ids)))
+        )
+        logits = self.model.transformer(ids_, positions, cache, last=True)  # (1, 1, V)
+        return self.model.arrays.to_numpy(logits)[:, -1].astype(np.float64)
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """The length of the longest common prefix of two token lists."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def first_layers(model, n: int):
+    """The target's first ``n`` layers and its own final norm and head, as a model of its own
+    (the same parameters, not copies): the layer-skip draft (Elhoushi et al. 2024's
+    self-speculation, without the early-exit training)."""
+    if not 1 <= n < model.config.n_layers:
+        raise ValueError(f"layers:N drafts with 1 <= N < {model.config.n_layers} layers, got {n}")
+    draft = copy.copy(model)  # a new object over the same parameters
+    if hasattr(model, "_modules"):  # a torch module: its own table of submodules
+        draft.__dict__["_modules"] = dict(model._modules)
+    draft.__dict__.pop("transformer", None)  # the plain pass (not a compiled step of all layers)
+    draft.layers = model.layers[:n]
+    draft.windows = model.windows[:n]
+    draft.config = dataclasses.replace(model.config, n_layers=n)  # what its caches hold
+    return draft
+
+
+# ----------------------------------------------------------------------------- the loop over a model
+
+
+@dataclass
+class Counts:
+    """What speculation did in a generation: target passes, tokens drafted, and kept."""
+
+    passes: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+
+def speculate(model, prompts: np.ndarray, lengths: np.ndarray, steps: int, *, draft: Draft,
+              k: int, sampling: Sampling, generators, stop_ids: tuple[int, ...] = (),
+              counts: Counts | None = None) -> Iterator[list[list[int]]]:  # fmt: skip
+    """Speculative decoding of ``steps`` tokens after each row's prompt (``prompts (B, P)``,
+    right-padded, ``lengths (B,)`` real tokens): yields, after each target pass, the new
+    tokens of every row (a finished row's: none). Every pass, each row's draft proposes up
+    to ``k`` tokens, one target pass scores them all, and ``verify`` keeps a prefix and
+    adds one token of the target's: the tokens are plain decoding's (greedy) or follow the
+    target's law exactly (sampling). A row stops after a token of ``stop_ids``; ``counts``
+    (``Counts``) adds up the passes and the tokens drafted and kept.
+
+    Rows keep their own positions, and the cache one length for all: after a pass it keeps
+    the slots every row kept (the fewest any row kept); what a row kept beyond them is fed
+    again in its next pass (its keys computed again, at the same positions), so no slot is
+    ever left behind, and a row with a backlog drafts less meanwhile (``k + 1`` tokens a
+    pass at most).
+    """
+    counts = counts if counts is not None else Counts()
+    B, pad = len(prompts), model.config.pad_id
+    native = lambda a: model.arrays.asarray(np.asarray(a), device=model.device)  # noqa: E731
+    scores = lambda logits: model.arrays.to_numpy(logits).astype(np.float64)  # noqa: E731
+    real = np.arange(prompts.shape[1])[None, :] < lengths[:, None]  # (B, P)
+    cache = model.new_cache(B)
+    with model.arrays.inference():  # the prompt, and each row's first token from it
+        logits = model.transformer(native(prompts), native(np.where(real, real.cumsum(1) - 1, -1)), cache, last=True)  # fmt: skip
+    made = [[int(t)] for t in pick(scores(logits)[:, -1], sampling, generators)]  # each row's new
+    yield [list(m) for m in made]
+    cached = lengths.copy()  # each row's tokens in the cache
+    done = np.array([steps <= 1 or m[-1] in stop_ids for m in made])
+    while not done.all():
+        context = [list(prompts[b, : lengths[b]]) + made[b] for b in range(B)]
+        backlog = [context[b][cached[b] :] for b in range(B)]  # taken, not in the cache yet
+        room = [max(0, min(k + 1 - len(backlog[b]), steps - len(made[b]) - 1)) for b in range(B)]
+        guesses = [([], None) if done[b] else draft.propose(context[b], room[b], row=b, sampling=sampling)
+                   for b in range(B)]  # fmt: skip
+        fed = [[] if done[b] else backlog[b] + guesses[b][0] for b in range(B)]
+        T = max(map(len, fed))
+        ids = [f + [pad] * (T - len(f)) for f in fed]  # (B, T), a finished row all padding
+        positions = [[cached[b] + t if t < len(fed[b]) else -1 for t in range(T)] for b in range(B)]
+        before = cache.length
+        with model.arrays.inference():
+            logits = scores(model.transformer(native(ids), native(positions), cache))  # (B, T, V)
+        counts.passes += 1
+        new, kept = [[] for _ in range(B)], []
+        for b in np.flatnonzero(~done):
+            tokens, q_rows = guesses[b]
+            at = len(backlog[b]) - 1  # the logits after the row's last token before its guesses
+            p_rows = distribution(logits[b, at : at + len(tokens) + 1], sampling)  # (n + 1, V)
+            n, t = verify(p_rows, q_rows, tokens, None if sampling.greedy else generators[b])
+            counts.drafted, counts.accepted = counts.drafted + len(tokens), counts.accepted + n
+            for token in [*tokens[:n], t]:
+                new[b].append(token)
+                if token in stop_ids or len(made[b]) + len(new[b]) == steps:
+                    done[b] = True
+                    break
+            made[b] += new[b]
+            kept.append(len(backlog[b]) + n)
+        cache.rollback(before + min(kept))  # the slots every row kept
+        cached += min(kept)
+        yield new
