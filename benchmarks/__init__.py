@@ -12,6 +12,7 @@ case meets them:
 * ``real_model``           the real model's prompt and decode, per weight format;
 * ``startup``              a cached ``ladder chat``'s seconds to its first token, a process each;
 * ``serve``                ``ladder serve`` under load: clients at once, random arrivals, a shared prefix;
+* ``speculative``          speculative decoding on the real model: each draft's speed-up, beside its formula;
 * ``plan``                 what a run measures: sizes, the size budget, computed figures;
 * ``runner``               the sweep: screen, check, then time every case;
 * ``measure``              how a call becomes numbers: timing, peak memory, the machine's ceilings;
@@ -42,6 +43,7 @@ SCENARIOS = (
     "real-model",
     "startup",
     "serve",
+    "speculative",
 )
 """Scenario groups selectable with ``--scenario``, in the order they run (here, so that the
 ``ladder`` parser lists them without importing the harness)."""

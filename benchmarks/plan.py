@@ -56,6 +56,7 @@ from .real_model import RealModel
 from .real_model import workloads as real_model_workloads
 from .records import FIGURE, Record
 from .serve import serve_records
+from .speculative import speculative_records
 from .startup import startup_records
 from .subjects import Subject
 
@@ -303,6 +304,7 @@ def plan_from(
         "ring": [partial(ring_records, sizes.ring, device)],
         "startup": [] if device.startswith("cuda") else [partial(startup_records, quick)],
         "serve": [] if device.startswith("cuda") else [partial(serve_records, quick)],
+        "speculative": [] if device.startswith("cuda") else [partial(speculative_records, quick)],
     }
     # Full causal attention at the window's longest T is the point of the comparison; at
     # level 3 on two cores it takes about 3 s a call, past the CPU cap of 2 s. A batch of 8

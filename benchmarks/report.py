@@ -315,6 +315,15 @@ RATIOS: tuple[Ratio, ...] = (
         of="tokens_per_s",
         detail=(TOKENS,),
     ),
+    # What each draft buys decoding, k guesses a pass (docs/speculative.md): above 1, faster.
+    Ratio(
+        "speculative, {num.task}, k={num.k}: {num.level} / plain",
+        {"scenario": "speculative"},
+        {"scenario": "speculative plain"},
+        of="tokens_per_s",
+        same=("task",),
+        detail=(TOKENS, "{num.note}"),
+    ),
     # Over the matmul peak's own fraction, 1: each level's best "% peak", and where.
     Ratio(
         "best fraction of peak: {num.level}",

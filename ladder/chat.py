@@ -63,6 +63,7 @@ class Loaded:
     dtype: str = "float64"
     spec: Any = None  # a trained checkpoint's RunSpec
     model_context: int | None = None  # the longest context the model allows (its file's)
+    draft: Any = None  # with --speculate: what guesses (levels.common.speculative)
 
 
 # ----------------------------------------------------------------------------- loading
@@ -273,12 +274,47 @@ def load(args: argparse.Namespace, *, chat: bool) -> Loaded:
     if level.__name__.endswith("level0_loops"):
         _warn_level0(config)
     stops.add(config.eos_id)
+    speculate = getattr(args, "speculate", None)
+    _check_draft(level, config, speculate)
+    copy = speculate in ("int8", "int4")  # a second model over the same floats: not handed over
     model = build(
-        level, config, params, dtype, args.device, weights=weights, compile=compile, owned=True
+        level, config, params, dtype, args.device, weights=weights, compile=compile, owned=not copy
     )
+    draft = _draft(speculate, model, level, config, params, dtype, args, compile)
     return Loaded(
-        model, level, name, tokenizer, template, tuple(sorted(stops)), dtype, model_context=longest
-    )
+        model, level, name, tokenizer, template, tuple(sorted(stops)), dtype,
+        model_context=longest, draft=draft,
+    )  # fmt: skip
+
+
+def _check_draft(level, config, speculate: str | None) -> None:
+    """``--speculate``'s draft fits this model and level: int8 and int4 copies are level 3's,
+    ``layers:N`` needs fewer layers than the model has; one line before the model is built."""
+    if speculate in ("int8", "int4") and not level.__name__.endswith("level3_sdpa_flash"):
+        raise UsageError(
+            f"--speculate {speculate} drafts with level 3's {speculate} weights (--level 3)"
+        )
+    if speculate and speculate.startswith("layers:"):
+        n = int(speculate.partition(":")[2])
+        if not 1 <= n < config.n_layers:
+            raise UsageError(
+                f"--speculate {speculate}: the model has {config.n_layers} layers; N must be 1 to {config.n_layers - 1}"
+            )
+
+
+def _draft(speculate, model, level, config, params, dtype, args, compile):
+    """The draft ``--speculate`` names, or None: the n-gram lookup, level 3's int8 or int4 copy
+    of the model (compiled as the model is), or the model's first N layers."""
+    if speculate is None:
+        return None
+    from levels.common.speculative import ModelDraft, NGramDraft, first_layers
+
+    if speculate == "ngram":
+        return NGramDraft()
+    if speculate.startswith("layers:"):
+        return ModelDraft(first_layers(model, int(speculate.partition(":")[2])), seed=args.seed)
+    copy = build(level, config, params, dtype, args.device, weights=speculate, compile=compile)
+    return ModelDraft(copy, seed=args.seed)
 
 
 def _numpy_dtype(dtype: str):
@@ -298,9 +334,11 @@ class Speed:
     prompt_s: float
     new_tokens: int  # the first comes from the prompt's pass, each later one from a decode step
     decode_s: float  # from the first new token to the last
+    speculation: Any = None  # with --speculate: its passes and guesses (speculative.Counts)
 
     def line(self, what: str) -> str:
-        """``[prompt ... | decode ... | what]``; the decode only when there were decode steps."""
+        """``[prompt ... | decode ... | what]``; the decode only when there were decode steps,
+        and with speculation what it drafted and kept."""
         parts = [f"prompt {_tokens(self.prompt_tokens)}"]
         if self.new_tokens == 0:  # interrupted before the prompt's pass ended
             parts[0] += f", no new token after {self.prompt_s:.2f} s"
@@ -310,6 +348,12 @@ class Speed:
         if steps > 0:
             parts.append(
                 f"decode {_tokens(steps)} in {self.decode_s:.2f} s ({_rate(steps, self.decode_s)})"
+            )
+        counts = self.speculation
+        if counts is not None and counts.passes:
+            parts.append(
+                f"speculated: {counts.drafted} drafted, {counts.accepted} kept, "
+                f"{steps / counts.passes:.2f} tokens a pass"
             )
         return f"[{' | '.join([*parts, what])}]"
 
@@ -371,6 +415,11 @@ def answer(loaded: Loaded, ids: list[int], args, out=None) -> tuple[str, Speed]:
 
     new = new_tokens(loaded, len(ids), args)
     decoder, holdback = StreamDecoder(loaded.tokenizer), Holdback(args.stop)
+    speculation = {}
+    if loaded.draft is not None:
+        from levels.common.speculative import Counts
+
+        speculation = {"draft": loaded.draft, "draft_tokens": args.draft_tokens, "counts": Counts()}
     tokens = loaded.model.stream(
         ids,
         new,
@@ -379,6 +428,7 @@ def answer(loaded: Loaded, ids: list[int], args, out=None) -> tuple[str, Speed]:
         top_p=args.top_p,
         seed=args.seed,
         stop_ids=loaded.stop_ids,
+        **speculation,
     )
     start = time.perf_counter()
     first = None
@@ -401,7 +451,8 @@ def answer(loaded: Loaded, ids: list[int], args, out=None) -> tuple[str, Speed]:
     out.flush()
     end = time.perf_counter()
     first = first or end
-    return holdback.text, Speed(len(ids), first - start, count, end - first)
+    speed = Speed(len(ids), first - start, count, end - first, speculation.get("counts"))
+    return holdback.text, speed
 
 
 def _report(loaded: Loaded, speed: Speed, threads: Threads) -> None:

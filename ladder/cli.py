@@ -385,7 +385,41 @@ def _run_arguments(p: argparse.ArgumentParser, *, temperature: float, top_p: flo
         help="end the answer where this text appears (repeatable); the model's own "
         "end-of-turn token always ends it",
     )
+    _speculation(p)
     _context_and_level3(p)
+
+
+def _speculation(p: argparse.ArgumentParser) -> None:
+    """Speculative decoding: a draft, and the guesses a pass."""
+    p.add_argument(
+        "--speculate",
+        type=_draft_kind,
+        default=None,
+        metavar="DRAFT",
+        help="decode speculatively: a draft guesses tokens and one pass of the model checks "
+        "them (the same tokens greedy, the same law sampled): ngram (lookup in the text so "
+        "far), int8 or int4 (the model's own copy in fewer bytes, level 3) or layers:N (the "
+        "model's first N layers)",
+    )
+    p.add_argument(
+        "--draft-tokens",
+        type=_count(1),
+        default=4,
+        metavar="K",
+        help="with --speculate: at most K guesses a pass (default 4)",
+    )
+
+
+def _draft_kind(text: str) -> str:
+    """``ngram``, ``int8``, ``int4`` or ``layers:N`` with N >= 1."""
+    if text in ("ngram", "int8", "int4"):
+        return text
+    head, _, n = text.partition(":")
+    if head == "layers" and n.isdigit() and int(n) >= 1:
+        return text
+    raise argparse.ArgumentTypeError(
+        f"expected ngram, int8, int4 or layers:N (N >= 1), got {text!r}"
+    )
 
 
 def _placement(p: argparse.ArgumentParser) -> None:

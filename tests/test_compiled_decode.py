@@ -92,7 +92,7 @@ def test_the_step_reads_the_positions_the_cache_holds():
 
     def run(*inputs):
         seen["inputs"] = inputs
-        return torch.zeros(2, GEMMA.vocab_size)
+        return torch.zeros(2, 1, GEMMA.vocab_size)
 
     step = compiled.CompiledDecode(model, 2, run=run, report=None)
     positions = torch.tensor(cache.next_positions())[:, None]  # (B,1)

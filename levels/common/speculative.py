@@ -344,11 +344,19 @@ def first_layers(model, n: int):
 
 @dataclass
 class Counts:
-    """What speculation did in a generation: target passes, tokens drafted, and kept."""
+    """What speculation did in a generation: target passes, tokens drafted, and kept, in all
+    and for each row's pass (``guessed``, ``kept``: what ``estimate_acceptance`` reads)."""
 
     passes: int = 0
     drafted: int = 0
     accepted: int = 0
+    guessed: list[int] = dataclasses.field(default_factory=list)
+    kept: list[int] = dataclasses.field(default_factory=list)
+
+    @property
+    def acceptance(self) -> float:
+        """``a``: the share of the tested guesses that were kept (NaN when none was tested)."""
+        return estimate_acceptance(self.kept, self.guessed)
 
 
 def speculate(model, prompts: np.ndarray, lengths: np.ndarray, steps: int, *, draft: Draft,
@@ -366,7 +374,8 @@ def speculate(model, prompts: np.ndarray, lengths: np.ndarray, steps: int, *, dr
     the slots every row kept (the fewest any row kept); what a row kept beyond them is fed
     again in its next pass (its keys computed again, at the same positions), so no slot is
     ever left behind, and a row with a backlog drafts less meanwhile (``k + 1`` tokens a
-    pass at most).
+    pass at most). A model that compiles its passes (level 3's ``compile=True``) runs them
+    compiled where ``model.prepare_decode(B, k + 1)`` prepared that shape.
     """
     counts = counts if counts is not None else Counts()
     B, pad = len(prompts), model.config.pad_id
@@ -387,7 +396,9 @@ def speculate(model, prompts: np.ndarray, lengths: np.ndarray, steps: int, *, dr
         guesses = [([], None) if done[b] else draft.propose(context[b], room[b], row=b, sampling=sampling)
                    for b in range(B)]  # fmt: skip
         fed = [[] if done[b] else backlog[b] + guesses[b][0] for b in range(B)]
-        T = max(map(len, fed))
+        # Every pass k + 1 tokens a row where the cache has room (padding at position -1, rolled
+        # back with the rest): one shape, which a compiled pass of k + 1 tokens takes.
+        T = max(max(map(len, fed)), min(k + 1, cache.capacity - cache.length))
         ids = [f + [pad] * (T - len(f)) for f in fed]  # (B, T), a finished row all padding
         positions = [[cached[b] + t if t < len(fed[b]) else -1 for t in range(T)] for b in range(B)]
         before = cache.length
@@ -401,6 +412,8 @@ def speculate(model, prompts: np.ndarray, lengths: np.ndarray, steps: int, *, dr
             p_rows = distribution(logits[b, at : at + len(tokens) + 1], sampling)  # (n + 1, V)
             n, t = verify(p_rows, q_rows, tokens, None if sampling.greedy else generators[b])
             counts.drafted, counts.accepted = counts.drafted + len(tokens), counts.accepted + n
+            counts.guessed.append(len(tokens))
+            counts.kept.append(n)
             for token in [*tokens[:n], t]:
                 new[b].append(token)
                 if token in stop_ids or len(made[b]) + len(new[b]) == steps:

@@ -14,7 +14,9 @@ blocks, norm, head) on one token per row, wrapped, not a copy of it. What makes 
 shapes fixed:
 
 * the new token of each row goes into cache slot ``slot`` (a tensor, not an
-  int the compiler would specialise on), at its position ``positions (B,1)``;
+  int the compiler would specialise on), at its position ``positions (B,1)``; a pass of
+  ``T`` tokens a row (speculative decoding's verification of ``T - 1`` guesses) into the
+  ``T`` slots of ``slot (T,)``, compiled for that ``T``;
 * ``key_positions (B,S)``, every filled slot's position (the new one's included),
   written into the cache by the caller before the step: ``S`` is the one size left
   symbolic (it grows by one a step; one compiled program serves every length), and
@@ -80,8 +82,8 @@ def masked_sdpa(q, k, v, *, mask=None, scale=None, dropout_p=0.0):
 
 
 class SlotCache:
-    """The cache as the compiled step sees it: per layer ``k, v (B,Hkv,C,Dh)``, the new slot
-    written at ``slot``, the first ``S`` read back, ``S`` the width of ``key_positions``."""
+    """The cache as the compiled step sees it: per layer ``k, v (B,Hkv,C,Dh)``, the new slots
+    written at ``slot (T,)``, the first ``S`` read back, ``S`` the width of ``key_positions``."""
 
     def __init__(self, keys: Sequence, values: Sequence, slot: torch.Tensor, key_positions):
         self.keys, self.values, self.slot, self.key_positions = keys, values, slot, key_positions
@@ -91,19 +93,19 @@ class SlotCache:
         return self.key_positions
 
     def update(self, index: int, k_new: torch.Tensor, v_new: torch.Tensor):
-        """``k_new, v_new (B,Hkv,1,Dh)`` into slot ``slot`` of layer ``index`` -> the views
+        """``k_new, v_new (B,Hkv,T,Dh)`` into slots ``slot`` of layer ``index`` -> the views
         ``(B,Hkv,S,Dh)`` of its first ``S`` slots."""
         k, v = self.keys[index], self.values[index]  # (B,Hkv,C,Dh)
-        k[:, :, self.slot] = k_new  # in place: one position of one layer
+        k[:, :, self.slot] = k_new  # in place: T positions of one layer
         v[:, :, self.slot] = v_new
         S = self.key_positions.shape[1]
         return k.narrow(2, 0, S), v.narrow(2, 0, S)  # (B,Hkv,S,Dh)
 
 
 class DecodeStep(nn.Module):
-    """One pass of one token per row of a level-3 decoder-only ``model`` (its parameters, not
-    copies): ``forward(ids (B,1), positions (B,1), slot (1,), key_positions (B,S), keys,
-    values) -> logits (B,V)``, ``keys``/``values`` the cache's layers ``(B,Hkv,C,Dh)``,
+    """One pass of ``T`` tokens a row of a level-3 decoder-only ``model`` (its parameters, not
+    copies): ``forward(ids (B,T), positions (B,T), slot (T,), key_positions (B,S), keys,
+    values) -> logits (B,T,V)``, ``keys``/``values`` the cache's layers ``(B,Hkv,C,Dh)``,
     written in place at ``slot``: ``Transformer.forward`` over a ``SlotCache``."""
 
     def __init__(self, model: nn.Module):
@@ -114,7 +116,7 @@ class DecodeStep(nn.Module):
         if isinstance(keys, torch.Tensor):  # the whole buffers (L,B,Hkv,C,Dh): its layers
             keys, values = keys.unbind(0), values.unbind(0)
         cache = SlotCache(keys, values, slot, key_positions)
-        return Transformer.forward(self.model, ids, positions, cache)[:, 0]  # (B,1,V) -> (B,V)
+        return Transformer.forward(self.model, ids, positions, cache)  # (B,T,V)
 
 
 def state_of(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -266,14 +268,15 @@ def _source_digest() -> str:
     return digest.hexdigest()
 
 
-def cache_key(model: nn.Module, batch: int) -> str:
+def cache_key(model: nn.Module, batch: int, tokens: int = 1) -> str:
     """What a compiled step depends on, but the weights' values: the config, the dtype, the
-    batch, the weights' format, the code, torch, the CPU's vector instructions, and the
-    threads torch runs with (the step is compiled for them)."""
+    batch and the tokens a row, the weights' format, the code, torch, the CPU's vector
+    instructions, and the threads torch runs with (the step is compiled for them)."""
     facts = {
         "config": asdict(model.config),
         "dtype": str(model.dtype),
         "batch": batch,
+        "tokens": tokens,
         "weights": getattr(model, "weights", "float"),
         "code": _source_digest(),
         "torch": torch.__version__,
@@ -285,21 +288,26 @@ def cache_key(model: nn.Module, batch: int) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def package_path(model: nn.Module, batch: int, cache_dir: Path | None = None) -> Path:
-    """Where the compiled step of ``model`` for ``batch`` rows is kept: ``compiled/`` in the
-    user's cache (``levels.registry.cache_dir``), named by ``cache_key``."""
+def package_path(
+    model: nn.Module, batch: int, cache_dir: Path | None = None, tokens: int = 1
+) -> Path:
+    """Where the compiled step of ``model`` for ``batch`` rows of ``tokens`` is kept:
+    ``compiled/`` in the user's cache (``levels.registry.cache_dir``), named by ``cache_key``."""
     from ..registry import cache_dir as user_cache
 
-    return (cache_dir or user_cache()) / "compiled" / f"decode-{cache_key(model, batch)}.pt2"
+    name = f"decode-{cache_key(model, batch, tokens)}.pt2"
+    return (cache_dir or user_cache()) / "compiled" / name
 
 
-def _example(model: nn.Module, batch: int, length: int):
-    """Inputs of the step's shapes: ``length`` slots read, a cache of ``model``'s capacity."""
+def _example(model: nn.Module, batch: int, length: int, tokens: int = 1):
+    """Inputs of the step's shapes: ``tokens`` new a row after the cache's first slots, the
+    keys ``length`` slots in all, a cache of ``model``'s capacity."""
     cfg, device, dtype = model.config, model.device, model.dtype
     C, Hkv, Dh = cfg.max_seq_len, cfg.kv_heads, cfg.d_head
-    ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
-    positions = torch.full((batch, 1), length - 1, dtype=torch.long, device=device)
-    slot = torch.full((1,), length - 1, dtype=torch.long, device=device)
+    start = length - tokens  # the slot of the first new token
+    ids = torch.zeros(batch, tokens, dtype=torch.long, device=device)
+    positions = torch.arange(start, length, device=device).expand(batch, tokens).contiguous()
+    slot = torch.arange(start, length, device=device)
     key_positions = torch.arange(length, device=device).expand(batch, length).contiguous()
     layer = (batch, Hkv, C, Dh)
     keys = tuple(torch.zeros(layer, dtype=dtype, device=device) for _ in range(cfg.n_layers))
@@ -307,15 +315,15 @@ def _example(model: nn.Module, batch: int, length: int):
     return ids, positions, slot, key_positions, keys, values
 
 
-def export_step(model: nn.Module, batch: int):
-    """``torch.export`` of the step at ``batch`` rows (``StatelessStep``), ``S`` symbolic in
-    ``[2, C - 1]`` (the cache's last slot is decoded eagerly: a view of all ``C`` slots is
-    the whole buffer, a case the compiler would have to special-case), with the one-row
-    products decomposed."""
+def export_step(model: nn.Module, batch: int, tokens: int = 1):
+    """``torch.export`` of the step at ``batch`` rows of ``tokens`` (``StatelessStep``), ``S``
+    symbolic in ``[tokens + 1, C - 1]`` (the cache's last slot is decoded eagerly: a view of
+    all ``C`` slots is the whole buffer, a case the compiler would have to special-case),
+    with the one-row products decomposed."""
     C = model.config.max_seq_len
-    S = torch.export.Dim("S", min=2, max=C - 1)
+    S = torch.export.Dim("S", min=tokens + 1, max=C - 1)
     state = state_of(model)
-    args = (state, *_example(model, batch, min(8, C - 1)))
+    args = (state, *_example(model, batch, min(tokens + 8, C - 1), tokens))
     L = model.config.n_layers
     shapes = ({name: None for name in state}, None, None, None, {1: S}, (None,) * L, (None,) * L)
     with torch.no_grad(), _bare_attention(model):
@@ -323,7 +331,7 @@ def export_step(model: nn.Module, batch: int):
     return program.run_decompositions(decompositions())
 
 
-def compile_step(model: nn.Module, batch: int, path: Path) -> None:
+def compile_step(model: nn.Module, batch: int, path: Path, tokens: int = 1) -> None:
     """Export the step and compile it ahead of time into ``path`` (a ``.pt2`` package)."""
     import torch._inductor  # the compiler itself, only where it compiles
 
@@ -335,7 +343,7 @@ def compile_step(model: nn.Module, batch: int, path: Path) -> None:
             # raised while it exports and compiles: nothing the caller can act on.
             warnings.filterwarnings("ignore", category=FutureWarning, module="copyreg")
             warnings.filterwarnings("ignore", category=DeprecationWarning, module="torch")
-            program = export_step(model, batch)
+            program = export_step(model, batch, tokens)
             # Inductor decides which loops to split over threads from the thread count it
             # compiles with: a step compiled for one thread runs on one whatever is set
             # later, and one compiled for two runs its split loops badly on one (measured:
@@ -351,51 +359,55 @@ def compile_step(model: nn.Module, batch: int, path: Path) -> None:
 
 
 class CompiledDecode:
-    """A compiled step bound to a model and a batch size, called as the plain pass is for one
-    new token per row: ``(ids (B,1), positions (B,1), cache) -> logits (B,1,V)``.
+    """A compiled step bound to a model, a batch size and the tokens a row, called as the
+    plain pass is: ``(ids (B,T), positions (B,T), cache) -> logits (B,T,V)``.
 
     ``whole_cache``: every step reads all ``C`` slots, the unfilled ones at position ``-1``
     (on a GPU: CUDA graphs replay fixed shapes only); otherwise the step reads the first
-    ``S = length + 1`` slots, ``S`` the one symbolic size of the compiled program.
+    ``S = length + T`` slots, ``S`` the one symbolic size of the compiled program.
     """
 
-    def __init__(self, model, batch: int, run: Callable, report, *, whole_cache=False):
-        self.model, self.batch, self.run, self.report = model, batch, run, report
-        self.whole_cache = whole_cache
+    def __init__(self, model, batch: int, run: Callable, report, *, tokens=1, whole_cache=False):
+        self.model, self.batch, self.tokens, self.run = model, batch, tokens, run
+        self.report, self.whole_cache = report, whole_cache
 
     def fits(self, ids: torch.Tensor, cache) -> bool:
-        """Whether this step can take the next position: the batch it was compiled for, the
-        static cache's layout, and (reading a prefix) a slot before the cache's last."""
+        """Whether this step can take the pass: the batch and tokens it was compiled for, the
+        static cache's layout, and (reading a prefix) room before the cache's last slot."""
         last = self.model.config.max_seq_len - (0 if self.whole_cache else 1)
-        return ids.shape[0] == self.batch and cache.length + 1 <= last and hasattr(cache, "k")
+        shape = tuple(ids.shape) == (self.batch, self.tokens)
+        return shape and cache.length + self.tokens <= last and hasattr(cache, "k")
 
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
-        slot = torch.full((1,), cache.length, dtype=torch.long, device=ids.device)
-        key_positions = cache.extend(positions)  # (B,S): the new slot's position written
+        slot = torch.arange(cache.length, cache.length + self.tokens, device=ids.device)
+        key_positions = cache.extend(positions)  # (B,S): the new slots' positions written
         if self.whole_cache:
             inputs = (ids, positions, slot, cache.positions, cache.k, cache.v)
         else:
             inputs = (ids, positions, slot, key_positions, cache.k.unbind(0), cache.v.unbind(0))
-        return self.run(*inputs).unsqueeze(1)  # (B,V) -> (B,1,V)
+        return self.run(*inputs)  # (B,T,V)
 
 
-def build(model: nn.Module, batch: int, *, cache_dir: Path | None = None) -> CompiledDecode:
-    """The compiled step of ``model`` for ``batch`` rows: on a CPU loaded from the cache, or
-    compiled and cached; on a GPU, ``torch.compile``'s (compiled at its first call)."""
+def build(
+    model: nn.Module, batch: int, tokens: int = 1, *, cache_dir: Path | None = None
+) -> CompiledDecode:
+    """The compiled step of ``model`` for ``batch`` rows of ``tokens``: on a CPU loaded from the
+    cache, or compiled and cached; on a GPU, ``torch.compile``'s (compiled at its first call)."""
     start = time.perf_counter()
     if model.device.type == "cuda":
         step = torch.compile(DecodeStep(model), mode="reduce-overhead", fullgraph=True)
         report = CompileReport("compiled", 0.0, reason="torch.compile, reduce-overhead")
         run = _with_bare_attention(model, _static_cache(step))
-        return CompiledDecode(model, batch, run, report, whole_cache=True)
+        return CompiledDecode(model, batch, run, report, tokens=tokens, whole_cache=True)
     row_major_(model)
-    path = package_path(model, batch, cache_dir)
+    path = package_path(model, batch, cache_dir, tokens)
     how = "loaded"
     if not path.is_file():
-        compile_step(model, batch, path)
+        compile_step(model, batch, path, tokens)
         how = "compiled"
     step = _Runner(_load(path), list(state_of(model).values()))
-    return CompiledDecode(model, batch, step, CompileReport(how, time.perf_counter() - start, path))
+    report = CompileReport(how, time.perf_counter() - start, path)
+    return CompiledDecode(model, batch, step, report, tokens=tokens)
 
 
 def _load(path: Path):

@@ -161,7 +161,9 @@ class DecoderOnlyTransformer(_Quantizable, level2.DecoderOnlyTransformer):
     of a batch size (and thread count) compiles it, or loads it from the user's cache
     (``prepare_decode`` does it beforehand, and says which, ``decode_report``); every later
     one of that batch size runs it, but the cache's last slot, which runs eagerly, as does
-    every pass of a model without a C++ compiler. The prompt stays eager: it is a batched
+    every pass of a model without a C++ compiler. A pass of ``k + 1`` tokens a row
+    (speculative decoding's verification) runs compiled where ``prepare_decode(batch,
+    k + 1)`` prepared it. The prompt stays eager: it is a batched
     product, already arithmetic-bound, of a new length every time. ``state_dict()`` keys
     are the canonical names (``token_embedding.weight``, ``layers.{i}.*``, ``norm.*``).
     """
@@ -179,21 +181,24 @@ class DecoderOnlyTransformer(_Quantizable, level2.DecoderOnlyTransformer):
         self.compiled_decode = compile
         if compile:  # every engine's one-token passes go through the compiled step
             self.transformer = self._compiled_or_plain
-        # By (batch size, torch's threads): a CPU step is compiled for the threads it runs on.
-        self._steps: dict[tuple[int, int], compiled.CompiledDecode | None] = {}
+        # By (batch size, tokens a pass, torch's threads): a CPU step is compiled for the
+        # threads it runs on.
+        self._steps: dict[tuple[int, int, int], compiled.CompiledDecode | None] = {}
         self.decode_report: compiled.CompileReport | None = None
 
-    def prepare_decode(self, batch: int = 1) -> compiled.CompileReport:
-        """Compile the decode step for ``batch`` rows and the threads torch runs with now, or
-        load it from the cache -> how it went (compiled, loaded, or eager and why)."""
-        key = (batch, torch.get_num_threads())
+    def prepare_decode(self, batch: int = 1, tokens: int = 1) -> compiled.CompileReport:
+        """Compile the pass of ``tokens`` new tokens for each of ``batch`` rows (a decode step:
+        one; speculative decoding's verification: ``k + 1``) for the threads torch runs with
+        now, or load it from the cache -> how it went (compiled, loaded, or eager and why).
+        A pass of one token is prepared at its first call; of several, only here."""
+        key = (batch, tokens, torch.get_num_threads())
         if key not in self._steps:
             reason = compiled.compiler_missing() if self.device.type == "cpu" else None
             if reason is not None:
                 self._steps[key] = None
                 self.decode_report = compiled.CompileReport("eager", 0.0, reason=reason)
             else:
-                self._steps[key] = step = compiled.build(self, batch)
+                self._steps[key] = step = compiled.build(self, batch, tokens)
                 self.decode_report = step.report
         return self.decode_report
 
@@ -205,13 +210,16 @@ class DecoderOnlyTransformer(_Quantizable, level2.DecoderOnlyTransformer):
         return step(ids, positions, cache)  # (B,1,V)
 
     def _compiled_step(self, ids: torch.Tensor, cache, last) -> compiled.CompiledDecode | None:
-        """The compiled step for this pass: one new token per row into a cache, no gradient."""
-        if cache is None or last or ids.shape[1] != 1:
+        """The compiled step for this pass: new tokens into a cache, no gradient; one token a
+        row (compiled at its first call), or as many as a prepared step takes."""
+        if cache is None or last:
             return None
         if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
             return None  # the compiled step has no backward
-        self.prepare_decode(ids.shape[0])
-        step = self._steps[(ids.shape[0], torch.get_num_threads())]
+        B, T = ids.shape
+        if T == 1:
+            self.prepare_decode(B)
+        step = self._steps.get((B, T, torch.get_num_threads()))
         return step if step is not None and step.fits(ids, cache) else None
 
 
