@@ -205,21 +205,36 @@ def _level3_options(level, args, dtype: str) -> tuple[str, bool]:
     return weights, asked
 
 
-def _prepare_decode(model) -> None:
+def _prepare_decode(model, tokens: int = 1) -> None:
     """With ``--compile``, level 3's decode step compiled now (or loaded from the cache), once,
     saying which on stderr: after the first prompt is known to fit (a refused one costs no
-    compile), before its answer, whose tokens/s are then the compiled step's."""
-    if not getattr(model, "compiled_decode", False) or model.decode_report is not None:
+    compile), before its answer, whose tokens/s are then the compiled step's. ``tokens``:
+    the pass of that many tokens (``--speculate``'s verification of ``K`` guesses, ``K + 1``)."""
+    if not getattr(model, "compiled_decode", False):
+        return
+    if tokens == 1 and model.decode_report is not None:
         return
     from levels.level3_sdpa_flash import compiled
 
-    if compiled.compiler_missing() is None and not compiled.package_path(model, 1).is_file():
+    path = compiled.package_path(model, 1, tokens=tokens)
+    if compiled.compiler_missing() is None and not path.is_file():
+        what = "decode step" if tokens == 1 else f"verification of {tokens} tokens"
         print(
-            "compiling the decode step for this model, once (later runs load it from the cache)",
+            f"compiling the {what} for this model, once (later runs load it from the cache)",
             file=sys.stderr,
             flush=True,
         )
-    print(model.prepare_decode(1).line(), file=sys.stderr, flush=True)
+    print(model.prepare_decode(1, tokens).line(), file=sys.stderr, flush=True)
+
+
+def _prepare(loaded: Loaded, args) -> None:
+    """Every compiled pass an answer runs: the decode step and, with ``--speculate``, the
+    verification of ``--draft-tokens`` guesses and the draft's own decode step."""
+    _prepare_decode(loaded.model)
+    if loaded.draft is not None:
+        _prepare_decode(loaded.model, args.draft_tokens + 1)
+        if hasattr(loaded.draft, "model"):
+            _prepare_decode(loaded.draft.model)
 
 
 def _warn_level0(config) -> None:
@@ -310,7 +325,7 @@ def _draft(speculate, model, level, config, params, dtype, args, compile):
     from levels.common.speculative import ModelDraft, NGramDraft, first_layers
 
     if speculate == "ngram":
-        return NGramDraft()
+        return NGramDraft(max_n=4, min_n=2)  # a guess from a match of two tokens at least
     if speculate.startswith("layers:"):
         return ModelDraft(first_layers(model, int(speculate.partition(":")[2])), seed=args.seed)
     copy = build(level, config, params, dtype, args.device, weights=speculate, compile=compile)
@@ -539,7 +554,7 @@ def chat(args: argparse.Namespace) -> int:
                 print(f"not sent: {exc}", file=sys.stderr)  # the conversation goes on without it
                 continue
             messages[:] = prompt.messages
-            _prepare_decode(loaded.model)  # before the first answer: compiled, or loaded
+            _prepare(loaded, args)  # before the first answer: compiled, or loaded
             reply, speed = answer(loaded, prompt.ids, args)
             print()
             _report(loaded, speed, threads)
@@ -663,7 +678,7 @@ def generate(args: argparse.Namespace) -> int:
     threads = _threads(args)
     new_tokens(loaded, len(ids), args)  # before the prompt is echoed
     with threads.limit():
-        _prepare_decode(loaded.model)  # for these threads
+        _prepare(loaded, args)  # for these threads
         print(args.prompt, end="", flush=True)
         _, speed = answer(loaded, ids, args)
     print()
