@@ -5,7 +5,7 @@
                                                    # Triton kernel takes at most 3 hours
 
 The measure: prose at 180 words a minute, plus 9 seconds for every line of code or of
-printed output (a fenced block's non-blank lines, and an indented formula's), which a
+printed output (a fenced block's non-blank lines, and a formula's: ``$$`` or indented), which a
 reader reads more slowly than prose and often runs. Prose is what a reader reads of the
 Markdown: headings, paragraphs, list items and table cells, with link targets, HTML tags
 and comments, and images' file names left out (an image's description is not counted:
@@ -67,7 +67,14 @@ def measure(text: str, *, stop_at_first_kernel: bool = False) -> tuple[Length, b
     kernel = False  # that block quotes a Triton kernel
     blank_before = True  # the line before was blank
     in_list = in_indented = False  # inside a list item; inside an indented block (a formula)
+    in_math = False  # inside a $$ ... $$ formula
     for line in text.splitlines():
+        if line.strip() == "$$":
+            in_math = not in_math
+            continue
+        if in_math:
+            lines += 1  # a line of a formula reads as slowly as a line of code
+            continue
         if fence is not None:
             if line.strip().startswith(fence) and set(line.strip()) == {fence[0]}:
                 fence = None
