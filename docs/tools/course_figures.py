@@ -98,7 +98,8 @@ def record_attention_shapes(out: Path) -> None:
 
 
 def draw_attention_shapes(data: Path, png: Path) -> None:
-    """Seven matrices left to right with their shapes, the numbers written in each cell."""
+    """Seven matrices in two rows a page can hold (the inputs and the scores, then the
+    weights and the output), with their shapes, the numbers written in each cell."""
     import numpy as np
 
     r = json.loads(data.read_text())
@@ -116,9 +117,11 @@ def draw_attention_shapes(data: Path, png: Path) -> None:
         ("V", v, f"(S, Dv) = ({S}, {Dv})", "key j", "feature", "coolwarm", 2.0),
         ("4. O = P V", output, f"(T, Dv) = ({T}, {Dv})", "query i", "feature", "coolwarm", 2.0),
     ]  # fmt: skip
-    widths = [p[1].shape[1] for p in panels]
-    fig = _figure(17.0, 3.7)
-    axes = fig.subplots(1, len(panels), width_ratios=widths)
+    fig = _figure(10.0, 7.4)
+    rows = fig.subfigures(2, 1)
+    first, second = panels[:4], panels[4:]
+    axes = list(rows[0].subplots(1, 4, width_ratios=[p[1].shape[1] for p in first]))
+    axes += list(rows[1].subplots(1, 3, width_ratios=[p[1].shape[1] for p in second]))
     for ax, (title, m, shape, ylabel, xlabel, cmap, lim) in zip(axes, panels, strict=True):
         lo = 0.0 if cmap == "Greens" else -lim
         ax.imshow(m, cmap=cmap, vmin=lo, vmax=lim)
@@ -128,16 +131,16 @@ def draw_attention_shapes(data: Path, png: Path) -> None:
                 ax.text(j, i, "-inf", ha="center", va="center", fontsize=7.5)
                 continue
             dark = abs(x) > 0.7 * lim  # the ends of both colour maps are dark
-            ax.text(j, i, f"{x:.2f}", ha="center", va="center", fontsize=7.5,
+            ax.text(j, i, f"{x:.2f}", ha="center", va="center", fontsize=8.5,
                     color="white" if dark else "black")  # fmt: skip
-        ax.set_title(f"{title}\n{shape}", fontsize=10)
+        ax.set_title(f"{title}\n{shape}", fontsize=10.5)
         ax.set_xticks(range(m.shape[1]))
         ax.set_yticks(range(m.shape[0]))
         ax.tick_params(labelsize=7)
         ax.set_xlabel(xlabel, fontsize=8)
         ax.set_ylabel(ylabel, fontsize=8)
     fig.suptitle(
-        "one head of causal attention, T = S = 5, Dh = 4 (level 1's attention_weights): "
+        "one head of causal attention, T = S = 5, Dh = 4 (level 1's attention_weights):\n"
         "1. the scores, scaled, 2. masked, 3. normalised row by row, 4. averaging the values",
         fontsize=11,
     )
@@ -377,9 +380,11 @@ def record_flash_tiles(out: Path) -> None:
 
 
 def draw_flash_tiles(data: Path, png: Path) -> None:
-    """Top: the memory picture (the Q tile and the state on chip, K and V tiles streaming
-    past, the score tile of each step). Bottom: m, l and the output acc / l of every query
-    row after each key tile."""
+    """Top: the memory picture of this kernel's loop order, FlashAttention-2's (the Q tile
+    and the state on chip, K and V tiles streaming past), FlashAttention-1's beside it (a
+    K, V tile on chip, the Q tiles and their state streaming through memory), and the score
+    tile of each step. Bottom: m, l and the output acc / l of every query row after each
+    key tile."""
     import numpy as np
     from matplotlib.patches import FancyArrowPatch, Rectangle
 
@@ -388,11 +393,14 @@ def draw_flash_tiles(data: Path, png: Path) -> None:
     n_tiles = len(steps)
     scores = np.array(r["scores"])
     final = np.array(steps[-1]["out"])
-    fig = _figure(14.0, 8.6)
-    top, bottom = fig.subfigures(2, 1, height_ratios=[1.15, 1.0])
-    axes = top.subplots(1, n_tiles + 1, width_ratios=[1.25] + [1] * n_tiles)
+    fig = _figure(16.0, 8.8)
+    top, bottom = fig.subfigures(2, 1, height_ratios=[1.2, 1.0])
+    axes = top.subplots(1, n_tiles + 2, width_ratios=[1.25, 1.25] + [1] * n_tiles)
+    _flash1_order(axes[1], n_tiles)
+    axes = [axes[0], *axes[2:]]
 
     ax = axes[0]  # the layout in memory
+    ax.set_title("this kernel: FlashAttention-2's order", fontsize=9)
     ax.set_xlim(0, 10)
     ax.set_ylim(0, 10)
     ax.axis("off")
@@ -476,6 +484,34 @@ def draw_flash_tiles(data: Path, png: Path) -> None:
     fig.savefig(png, dpi=110)
 
 
+def _flash1_order(ax, n_tiles: int) -> None:
+    """FlashAttention-1's loop order (Dao et al. 2022, Algorithm 1), in the style of the
+    kernel's panel: a K, V tile held on chip, the query tiles with their output and m, l
+    read from memory, updated, and written back."""
+    from matplotlib.patches import FancyArrowPatch, Rectangle
+
+    ax.set_xlim(0, 10)
+    ax.set_ylim(0, 10)
+    ax.axis("off")
+    ax.set_title("FlashAttention-1's order, for comparison", fontsize=9)
+    ax.add_patch(Rectangle((0.2, 5.6), 9.6, 4.2, facecolor="#fdf0d5", edgecolor="0.5"))
+    ax.text(5, 9.3, "HBM (K, V: each tile read once)", ha="center", fontsize=9)
+    for i in range(n_tiles):
+        for row, name in ((7.7, "Q"), (6.1, "O,m,l ")):
+            ax.add_patch(Rectangle((1.2 + 2.1 * i, row), 1.8, 1.1, facecolor="#f4a261",
+                                   alpha=0.5 if row < 7 else 1.0, edgecolor="0.3"))  # fmt: skip
+            ax.text(2.1 + 2.1 * i, row + 0.55, f"{name}{i}", ha="center", va="center", fontsize=7)
+    ax.add_patch(Rectangle((0.2, 0.2), 9.6, 4.4, facecolor="#e9f5db", edgecolor="0.5"))
+    ax.text(5, 4.05, "on chip", ha="center", fontsize=9)
+    ax.add_patch(Rectangle((0.6, 0.7), 3.2, 2.6, facecolor="#8ecae6", edgecolor="0.3"))
+    ax.text(2.2, 2.0, "Kj, Vj tile\nheld for the\ninner loop", ha="center", va="center", fontsize=8)
+    ax.text(6.8, 2.0, "each Qi, with its\nOi, mi, li read,\nupdated, written\nback", ha="center",
+            va="center", fontsize=8)  # fmt: skip
+    ax.add_patch(FancyArrowPatch((4.6, 6.0), (4.6, 3.4), arrowstyle="-|>", mutation_scale=14))
+    ax.add_patch(FancyArrowPatch((5.6, 3.4), (5.6, 6.0), arrowstyle="-|>", mutation_scale=14))
+    ax.text(5.8, 4.8, "Oi, mi, li\nback", fontsize=7.5, va="center")
+
+
 # ----------------------------------------------------------------------------- backward loops
 
 BWD_T, BWD_S, BWD_BLOCK = 64, 64, 16
@@ -553,6 +589,9 @@ def draw_backward_loops(data: Path, png: Path) -> None:
         for i in range(n_q):
             for j in range(n_k):
                 ax.add_patch(Rectangle((j, i), 1, 1, facecolor="white", edgecolor="0.8"))
+                if _partial(i, j, r["block"], r["T"], r["S"]):  # the causal rule cuts this tile
+                    ax.add_patch(Rectangle((j, i), 1, 1, facecolor="none", edgecolor="0.35",
+                                           hatch="////", lw=0, zorder=2))  # fmt: skip
         for program in range(n_k if name == "dkdv" else n_q):
             mine = sorted(p for p in visited if program_of(*p) == program)
             colour = f"C{program}"
@@ -573,7 +612,17 @@ def draw_backward_loops(data: Path, png: Path) -> None:
         ax.set_title(title, fontsize=10)
     fig.suptitle(
         f"level 4's backward kernels, causal, T = S = {r['T']}, tiles of {r['block']}: which tiles "
-        "each program reads (found by poisoning tiles with NaN); blank tiles are never loaded",
+        "each program reads (found by poisoning tiles with NaN);\nblank tiles are never loaded; "
+        "hatched: the diagonal tiles, loaded and masked (some of their pairs are not allowed)",
         fontsize=10,
     )
     fig.savefig(png, dpi=110)
+
+
+def _partial(i: int, j: int, block: int, T: int, S: int) -> bool:
+    """Query tile ``i`` and key tile ``j`` hold both allowed and forbidden pairs (causal,
+    bottom-right): the tile is on the diagonal, and its loads are masked."""
+    queries = range(i * block, min(T, (i + 1) * block))
+    keys = range(j * block, min(S, (j + 1) * block))
+    allowed = [key <= query + S - T for query in queries for key in keys]
+    return any(allowed) and not all(allowed)
