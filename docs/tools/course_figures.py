@@ -26,7 +26,11 @@ does; its sidecar digest then ties the PNG to the file and the drawing code.
   read off level 4's forward kernel (docs/level4_triton_kernel.md);
 * ``backward_loops``: which (query tile, key tile) pairs each program of the
   two backward kernels visits, and in which order, found by poisoning tiles
-  with NaN (docs/level4_part2.md).
+  with NaN (docs/level4_part2.md);
+* ``model_diagram``: the decoder-only transformer as a block diagram, labelled
+  with the sizes of the model of real text (docs/prelude.md);
+* ``split_heads``: where each feature of a token goes when level 0's
+  ``split_heads`` cuts ``D`` into ``H`` heads (docs/prelude.md).
 """
 
 from __future__ import annotations
@@ -626,3 +630,139 @@ def _partial(i: int, j: int, block: int, T: int, S: int) -> bool:
     keys = range(j * block, min(S, (j + 1) * block))
     allowed = [key <= query + S - T for query in queries for key in keys]
     return any(allowed) and not all(allowed)
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+def record_model_diagram(out: Path) -> None:
+    """The sizes of the model of real text (``lab.text.TextSpec``'s config) and the shapes of
+    its parameters, which the prelude's block diagram is labelled with."""
+    from lab.text import TextSpec
+    from levels.common.params import param_shapes
+
+    c = TextSpec().config()
+    shapes = param_shapes(c, "decoder_only")
+    _write(
+        out,
+        {
+            "made_by": "record_model_diagram",
+            "V": c.vocab_size, "D": c.d_model, "H": c.n_heads, "F": c.d_ff,
+            "layers": c.n_layers, "T": c.max_seq_len,
+            "shapes": {name: list(s) for name, s in shapes.items() if name.startswith(
+                ("token_embedding", "layers.0.", "norm."))},
+        },
+    )  # fmt: skip
+
+
+def draw_model_diagram(data: Path, png: Path) -> None:
+    """The decoder-only transformer as boxes, bottom to top, each arrow labelled with the
+    shape it carries; the repeated block drawn once, inside a frame."""
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+    r = json.loads(data.read_text())
+    V, D, H, F, L = r["V"], r["D"], r["H"], r["F"], r["layers"]
+    fig = _figure(7.2, 8.2)
+    ax = fig.subplots()
+    ax.set_xlim(0, 10)
+    ax.set_ylim(0, 17.4)
+    ax.axis("off")
+
+    def box(y, text, colour, x=2.2, w=5.6, h=1.0):
+        ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.08", facecolor=colour,
+                                    edgecolor="0.35"))  # fmt: skip
+        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=9.5)
+
+    def arrow(y0, y1, label="", x=5.0):
+        ax.add_patch(FancyArrowPatch((x, y0), (x, y1), arrowstyle="-|>", mutation_scale=12,
+                                     color="0.25"))  # fmt: skip
+        if label:
+            ax.text(x + 0.25, (y0 + y1) / 2, label, va="center", fontsize=8.5, color="0.2")
+
+    box(0.2, '"The cat sat on the mat."  (text)', "white")
+    arrow(1.3, 2.0)
+    box(2.0, f"tokenizer: byte-level BPE, V = {V} pieces", "#e5e5e5")
+    arrow(3.1, 3.8, "ids (B, T): integers in [0, V)")
+    box(3.8, f"embedding: row t of E (V, D) = ({V}, {D}), times √D", "#cde4f5")
+    arrow(4.9, 5.8, f"x (B, T, D), D = {D}")
+    ax.add_patch(FancyBboxPatch((1.4, 5.8), 7.2, 6.1, boxstyle="round,pad=0.1", facecolor="none",
+                                edgecolor="0.5", ls="--"))  # fmt: skip
+    ax.text(8.45, 11.55, f"× {L} blocks", ha="right", fontsize=9.5, color="0.3")
+    box(6.1, "norm1 (LayerNorm)", "#f3e6c4", w=2.6)
+    box(6.1, f"self-attention\n{H} heads of Dh = {D // H}, causal", "#f6c8a8", x=5.2, w=3.0)
+    ax.add_patch(FancyArrowPatch((4.85, 6.6), (5.25, 6.6), arrowstyle="-|>", mutation_scale=10))
+    ax.text(5.0, 7.55, "x = x + SelfAttention(norm1(x))", ha="center", fontsize=9)
+    arrow(7.9, 8.9)
+    box(8.9, "norm2 (LayerNorm)", "#f3e6c4", w=2.6)
+    box(8.9, f"feed-forward\n{D} → F = {F} → {D}, GELU", "#d6ecc9", x=5.2, w=3.0)
+    ax.add_patch(FancyArrowPatch((4.85, 9.4), (5.25, 9.4), arrowstyle="-|>", mutation_scale=10))
+    ax.text(5.0, 10.35, "x = x + FeedForward(norm2(x))", ha="center", fontsize=9)
+    arrow(11.9, 12.6, "x (B, T, D)")
+    box(12.6, "final norm (LayerNorm)", "#f3e6c4")
+    arrow(13.7, 14.4)
+    box(14.4, f"head: x Eᵀ, the embedding reused ({D} → {V})", "#cde4f5")
+    arrow(15.5, 16.2, f"logits (B, T, V): a score for each of the {V} next tokens")
+    fig.suptitle(
+        "the decoder-only transformer, bottom to top, as the model of real text sizes it\n"
+        f"(V = {V}, D = {D}, H = {H}, F = {F}, {L} blocks); each branch's output is added "
+        "to x",
+        fontsize=10,
+    )
+    fig.savefig(png, dpi=110)
+
+
+# ----------------------------------------------------------------------------- splitting into heads
+
+SPLIT_T, SPLIT_D, SPLIT_H = 3, 8, 2
+
+
+def record_split_heads(out: Path) -> None:
+    """Level 0's ``split_heads`` and ``merge_heads`` on a ``(1, T, D)`` array whose entry
+    ``(t, d)`` is ``10 t + d``, so the picture can show where each number goes."""
+    from levels.level0_loops import ops
+
+    x = [[[float(10 * t + d) for d in range(SPLIT_D)] for t in range(SPLIT_T)]]  # (1, T, D)
+    heads = ops.split_heads(x, SPLIT_H)  # (1, H, T, Dh)
+    _write(
+        out,
+        {
+            "made_by": "record_split_heads",
+            "x": x[0], "heads": heads[0], "merged_back": ops.merge_heads(heads)[0] == x[0],
+        },
+    )  # fmt: skip
+
+
+def draw_split_heads(data: Path, png: Path) -> None:
+    """x (T, D) with each feature coloured by the head it goes to, then the H matrices
+    (T, Dh) it becomes."""
+    import numpy as np
+    from matplotlib.colors import ListedColormap
+
+    r = json.loads(data.read_text())
+    x, heads = np.array(r["x"]), np.array(r["heads"])
+    T, D = x.shape
+    H, _, Dh = heads.shape
+    colours = ["#8ecae6", "#f4a261", "#b5e48c", "#cdb4db"]
+    fig = _figure(9.0, 2.5)
+    axes = fig.subplots(1, 1 + H, width_ratios=[D] + [Dh] * H)
+    owner = np.repeat(np.arange(H), Dh)[None, :].repeat(T, 0)  # (T, D): the head of each feature
+    axes[0].imshow(owner, cmap=ListedColormap(colours[:H]), vmin=0, vmax=H - 1)
+    axes[0].set_title(f"q of one sequence: (T, D) = ({T}, {D})\nfeature d goes to head d // Dh",
+                      fontsize=9.5)  # fmt: skip
+    for (t, d), value in np.ndenumerate(x):
+        axes[0].text(d, t, f"{value:.0f}", ha="center", va="center", fontsize=9)
+    for h in range(H):
+        ax = axes[1 + h]
+        ax.imshow(np.full((T, Dh), h), cmap=ListedColormap(colours[:H]), vmin=0, vmax=H - 1)
+        for (t, d), value in np.ndenumerate(heads[h]):
+            ax.text(d, t, f"{value:.0f}", ha="center", va="center", fontsize=9)
+        ax.set_title(f"head {h}: (T, Dh) = ({T}, {Dh})", fontsize=9.5)
+    for ax in axes:
+        ax.set_xticks([])
+        ax.set_yticks(range(T), [f"token {t}" for t in range(T)], fontsize=8)
+    fig.suptitle(
+        f"splitting into H = {H} heads (level 0's split_heads): the entry of token t, feature d "
+        "is 10 t + d; merge_heads puts them back",
+        fontsize=10,
+    )
+    fig.savefig(png, dpi=110)
