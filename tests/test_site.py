@@ -179,5 +179,6 @@ def test_the_search_finds_online_softmax_and_three_pages_look_right(served):
         ):
             browser.open(served + page)
             browser.wait_for(f"(m => m[0] === m[1])({MATH})")
+            browser.evaluate("new Promise(done => setTimeout(done, 600))")  # the header's fade
             browser.screenshot(SCREENSHOTS / name)
         assert browser.errors == []
