@@ -99,26 +99,21 @@ def _matmul_kernel(
     BLOCK_N: tl.constexpr,  # columns of C per program
     BLOCK_K: tl.constexpr,  # the shared dimension, this much per loop step
 ):  # fmt: skip
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,) this tile's rows
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,) its columns
-    acc = _tile_product(
-        A, B, offs_m, offs_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-        BLOCK_M, BLOCK_N, BLOCK_K,
+    _matmul_tile(
+        A, B, C, tl.program_id(0), tl.program_id(1), M, N, K, stride_am, stride_ak,
+        stride_bk, stride_bn, stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K,
     )  # fmt: skip
-    tl.store(
-        C + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn,
-        acc,
-        mask=(offs_m[:, None] < M) & (offs_n[None, :] < N),
-    )
 
 
 @triton.jit
-def _tile_product(
-    A, B, offs_m, offs_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+def _matmul_tile(
+    A, B, C, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+    stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    """The ``(BLOCK_M, BLOCK_N)`` tile of ``A @ B`` at rows ``offs_m``, columns ``offs_n``,
-    in float32: the loop over the shared dimension that both matmul kernels run."""
+    """Tile ``(pid_m, pid_n)`` of ``C = A @ B``, ``(BLOCK_M, BLOCK_N)``, computed in float32
+    and stored: what one program of either matmul kernel does once it knows its tile."""
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,) this tile's rows
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,) its columns
     offs_k = tl.arange(0, BLOCK_K)  # (BLOCK_K,)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)  # the C tile, in registers throughout
     for start_k in range(0, K, BLOCK_K):
@@ -134,7 +129,11 @@ def _tile_product(
             other=0.0,
         )  # (BLOCK_K, BLOCK_N)
         acc += tl.dot(a, b, input_precision="ieee")  # (BLOCK_M, BLOCK_K) @ (BLOCK_K, BLOCK_N)
-    return acc
+    tl.store(
+        C + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn,
+        acc,
+        mask=(offs_m[:, None] < M) & (offs_n[None, :] < N),
+    )
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, *, block_m=16, block_n=16, block_k=16):
@@ -189,17 +188,10 @@ def _grouped_matmul_kernel(
     pid_m = first_m + (pid % in_group) % rows  # down the group's rows first,
     pid_n = (pid % in_group) // rows  # then one column to the right
     tl.store(Order + pid_m * tiles_n + pid_n, pid)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
-    acc = _tile_product(
-        A, B, offs_m, offs_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-        BLOCK_M, BLOCK_N, BLOCK_K,
+    _matmul_tile(
+        A, B, C, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+        stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K,
     )  # fmt: skip
-    tl.store(
-        C + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn,
-        acc,
-        mask=(offs_m[:, None] < M) & (offs_n[None, :] < N),
-    )
 
 
 def grouped_matmul(
