@@ -12,6 +12,7 @@ from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullFormatter
 
 from .records import Record
 
@@ -71,9 +72,9 @@ def roofline(records: list[Record], path: str | Path, *, title: str = "") -> Pat
     if not decode or not streams:
         raise ValueError("nothing to plot: no measured real-model decode records")
     threads = sorted({r.shape["threads"] for r in decode})
-    fig = Figure(figsize=(6 * len(threads), 4.6), layout="constrained")
+    fig = Figure(figsize=(5 * len(threads) + 2.6, 4.6), layout="constrained")
     FigureCanvasAgg(fig)
-    axes = fig.subplots(1, len(threads), squeeze=False)[0]
+    axes = fig.subplots(1, len(threads), squeeze=False, sharey=True)[0]
     names = dict.fromkeys(r.level for r in decode)
     colour = {name: f"C{i % 10}" for i, name in enumerate(names)}
     markers = {"float32": "o", "bfloat16": "s", "float16": "D", "int8": "^", "int4": "v"}
@@ -85,7 +86,7 @@ def roofline(records: list[Record], path: str | Path, *, title: str = "") -> Pat
         xs = [lo * (hi / lo) ** (i / 50) for i in range(51)]
         ax.plot(xs, [stream.gbs * 1e9 / x for x in xs], color="black", lw=1)
         ax.annotate(
-            f"ceiling: {stream.gbs:.0f} GB/s read ({stream.level})",
+            f"the read stream: {stream.gbs:.0f} GB/s ({stream.level})",
             (xs[5], stream.gbs * 1e9 / xs[5]),
             fontsize="small",
         )
@@ -95,11 +96,13 @@ def roofline(records: list[Record], path: str | Path, *, title: str = "") -> Pat
                        label=f"{r.level} {fmt}")  # fmt: skip
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # the decades alone: minor labels overlap
         ax.set_xlabel("bytes read per decoded token (weights and cache)")
-        ax.set_ylabel("decode tokens/s")
         ax.set_title(f"SmolLM2-135M decode, {n} thread{'s' if n > 1 else ''}")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize="x-small")
+    axes[0].set_ylabel("decode tokens/s")
+    # One legend for every panel, beside them: inside, it hid points.
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside right upper", fontsize="small")
     if title:
         fig.suptitle(title)
     path = Path(path)

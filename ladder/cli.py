@@ -154,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     _chat(commands)
     _generate(commands)
     _serve(commands)
+    _docs(commands)
     return parser
 
 
@@ -643,6 +644,24 @@ def _serve(commands) -> None:
         help="the largest request body, in bytes (default 1 MiB; larger: 413)",
     )  # fmt: skip
     p.set_defaults(run="ladder.serve:serve")
+
+
+def _docs(commands) -> None:
+    p = commands.add_parser(
+        "docs",
+        help="build the course as a site, strictly, and serve it on 127.0.0.1",
+        description=(
+            "Build docs/ as a site (mkdocs --strict: a broken link, a missing page or image, "
+            "any warning fails it) and serve it on 127.0.0.1 until Ctrl-C. Needs the docs "
+            "extra: pip install -e '.[docs]'."
+        ),
+    )
+    p.add_argument(
+        "--port", type=_count(0), default=8000, help="the port (default 8000; 0: a free one)"
+    )
+    p.add_argument("--site-dir", type=Path, default=None, help="where to build (default: site/)")
+    p.add_argument("--no-serve", action="store_true", help="build only")
+    p.set_defaults(run="ladder.docs:run")
 
 
 # ----------------------------------------------------------------------------- running

@@ -200,6 +200,10 @@ COMMANDS: dict[str, list[tuple[str, Check]]] = {
         ('ladder generate -p "The capital of France is" --level 2', run(MODEL, extended=True, expect="Paris", **SMOL)),
         ('ladder generate --model runs/reverse.pt --input "5 9 4 7"', run(MODEL, extended=True, expect="5 9 4 7 -> 7 4 9 5")),
         ("ladder serve", SERVE),
+        ("ladder docs", Elsewhere(
+            "tests/test_site.py::test_ladder_docs_serves_the_site_on_loopback",
+            "ladder docs on a free port, its pages fetched, stopped by Ctrl-C",
+        )),  # fmt: skip
     ],
     "docs/serving.md": [
         ("ladder serve", SERVE),

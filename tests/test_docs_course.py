@@ -3,8 +3,9 @@
 ``tests/test_docs.py`` runs every block and checks every quotation; this file checks
 what sits around them and is easy to leave stale:
 
-* each level chapter's file table names exactly the files of the level's package
-  (and every file any table names exists);
+* each level chapter's file table names the files the chapter teaches, and the
+  appendix's table the rest of the level's package: every file is in one of the two,
+  none in both (and every file any table names exists);
 * every count of ``Kernels`` fields, hooks or pieces written in words is one of
   ``CLAIMS``, and equals what the code says;
 * every relative link of ``docs/*.md`` and ``README.md`` reaches a file, and a
@@ -17,7 +18,8 @@ what sits around them and is easy to leave stale:
 * the rendered figures (``docs/tools/figures.py``) were drawn from the committed data
   and drawing code, the induction-head data came from the lab's current defaults, and
   the explanatory figures' data is what the library computes now;
-* docs/decoding.md's real-model tables are the committed benchmark run, cell for cell.
+* the real-model tables of docs/decoding.md and docs/benchmarks.md are the committed
+  benchmark run, cell for cell.
 """
 
 from __future__ import annotations
@@ -97,13 +99,18 @@ def test_every_file_a_table_names_exists(path):
 
 
 @pytest.mark.parametrize("name", levels.LEVELS)
-def test_each_level_chapter_lists_its_package_files(name):
-    """A file added to a rung's package is a row in its chapter's table (``__init__.py`` aside)."""
-    listed = {f for _, f in _table_files(DOCS / f"{name}.md")}
+def test_each_level_file_is_in_its_chapter_or_the_appendix(name):
+    """A file added to a rung's package is a row of its chapter's table, if the chapter
+    teaches it, or of the appendix's table of the files the chapters leave out; never of
+    both (``__init__.py`` aside)."""
+    taught = {f for _, f in _table_files(DOCS / f"{name}.md")}
+    left_out = {f for _, f in _table_files(DOCS / "appendix.md")}
     package = {_rel(p) for p in (ROOT / "levels" / name).glob("*.py") if p.name != "__init__.py"}
-    assert package <= listed, (
-        f"docs/{name}.md's file table leaves out {sorted(package - listed)}: add a row per file"
+    assert package <= taught | left_out, (
+        f"docs/{name}.md's file table, or the appendix's, leaves out "
+        f"{sorted(package - taught - left_out)}: add a row per file"
     )
+    assert not taught & left_out, f"listed as taught and as left out: {sorted(taught & left_out)}"
 
 
 # ----------------------------------------------------------------------------- counts in words
@@ -147,7 +154,7 @@ CLAIMS = [
         lambda: [_fields(), _replaced("level3_sdpa_flash")],
     ),
     (
-        "docs/level4_part2.md",
+        "docs/appendix.md",
         r"with (\w+) of the (\w+) fields of its `Kernels`\s+replaced",
         lambda: [_replaced("level4_triton_kernel"), _fields()],
     ),
@@ -165,7 +172,7 @@ COUNTED = re.compile(
 @pytest.mark.parametrize("file,pattern,truth", CLAIMS, ids=[c[0] for c in CLAIMS])
 def test_counts_written_in_words_match_the_code(file, pattern, truth):
     path = ROOT / file
-    if file.endswith("level4_part2.md") or "level4" in pattern:
+    if file.endswith("appendix.md"):  # its count is level 4's, which needs triton
         try:
             levels.load("level4_triton_kernel")
         except levels.LevelUnavailable as exc:
@@ -344,16 +351,18 @@ def test_the_explanatory_figures_show_what_the_code_computes_now(figure, tmp_pat
     )
 
 
-def test_the_decoding_page_quotes_the_committed_real_model_run():
-    """Every tokens/s, GB/s, share and error docs/decoding.md tabulates for the real model
-    is docs/tools/decode_tables.py's rendering of docs/data/real_model_cpu.json, the run
-    the roofline figure is drawn from."""
+def test_the_decoding_pages_quote_the_committed_real_model_run():
+    """Every tokens/s, GB/s, share and error docs/decoding.md (and, for the weight formats,
+    docs/benchmarks.md) tabulates for the real model is docs/tools/decode_tables.py's
+    rendering of docs/data/real_model_cpu.json, the run the roofline figure is drawn from."""
     from decode_tables import DATA, tables
 
-    page = (DOCS / "decoding.md").read_text()
-    for name, table in tables(DATA).items():
-        assert table in page, (
-            f"docs/decoding.md does not hold the {name} table of {_rel(DATA)} as rendered: "
+    pages = {"rungs": "decoding.md", "prompt": "decoding.md", "formats": "benchmarks.md"}
+    rendered = tables(DATA)
+    assert set(rendered) == set(pages)
+    for name, table in rendered.items():
+        assert table in (DOCS / pages[name]).read_text(), (
+            f"docs/{pages[name]} does not hold the {name} table of {_rel(DATA)} as rendered: "
             f"paste it from `python docs/tools/decode_tables.py`\n{table}"
         )
 

@@ -160,3 +160,41 @@ def test_attention_v3_refuses_more_queries_than_keys():
     q, k, v = _qkv(1, 1, 5, 3, 4)
     with pytest.raises(ValueError, match="T <= S"):
         tutorial.attention_v3(q, k, v)
+
+
+# ----------------------------------------------------------------------------- C. grouped order
+
+
+@pytest.mark.parametrize("M,K,N", [(70, 40, 100), (16, 16, 16), (129, 17, 33)])
+@pytest.mark.parametrize("group_m", [1, 3, 4, 8])
+def test_grouped_matmul_matches_float64_in_any_order(M, K, N, group_m):
+    """Every tile computed once whatever the order (3 leaves a short last group of rows at
+    70 and 129 rows, 8 more rows than 16 has); float32 sums of K products, as above."""
+    g = torch.Generator().manual_seed(M + K + N + group_m)
+    a, b = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g)
+    c, order = tutorial.grouped_matmul(a.to(DEVICE), b.to(DEVICE), group_m=group_m)
+    torch.testing.assert_close(
+        c.cpu().double(), a.double() @ b.double(), atol=1e-5 * K**0.5, rtol=1e-5
+    )
+    tiles_m, tiles_n = order.shape
+    assert sorted(order.flatten().tolist()) == list(range(tiles_m * tiles_n))  # a permutation
+    # The kernel's order is the one program_order computes (which the chapter uses at sizes
+    # too large to launch under the interpreter).
+    for pid, (m, n) in enumerate(tutorial.program_order(tiles_m, tiles_n, group_m)):
+        assert order[m, n].item() == pid
+
+
+def test_grouped_order_walks_down_a_group_before_moving_right():
+    """Five rows of tiles in groups of two: programs 0, 1 take column 0 of rows 0, 1; the last
+    group holds one row, walked left to right. group_m = 1 is row-major."""
+    order = tutorial.program_order(5, 3, 2)
+    assert order[:4] == [(0, 0), (1, 0), (0, 1), (1, 1)]
+    assert order[-3:] == [(4, 0), (4, 1), (4, 2)]
+    assert tutorial.program_order(2, 3, 1) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+
+
+def test_grouped_matmul_refuses_a_group_of_no_rows():
+    with pytest.raises(ValueError, match="group_m"):
+        tutorial.grouped_matmul(
+            torch.zeros(16, 16, device=DEVICE), torch.zeros(16, 16, device=DEVICE), group_m=0
+        )

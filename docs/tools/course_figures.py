@@ -26,7 +26,11 @@ does; its sidecar digest then ties the PNG to the file and the drawing code.
   read off level 4's forward kernel (docs/level4_triton_kernel.md);
 * ``backward_loops``: which (query tile, key tile) pairs each program of the
   two backward kernels visits, and in which order, found by poisoning tiles
-  with NaN (docs/level4_part2.md).
+  with NaN (docs/level4_part2.md);
+* ``model_diagram``: the decoder-only transformer as a block diagram, labelled
+  with the sizes of the model of real text (docs/prelude.md);
+* ``split_heads``: where each feature of a token goes when level 0's
+  ``split_heads`` cuts ``D`` into ``H`` heads (docs/prelude.md).
 """
 
 from __future__ import annotations
@@ -99,7 +103,8 @@ def record_attention_shapes(out: Path) -> None:
 
 
 def draw_attention_shapes(data: Path, png: Path) -> None:
-    """Seven matrices left to right with their shapes, the numbers written in each cell."""
+    """Seven matrices in two rows a page can hold (the inputs and the scores, then the
+    weights and the output), with their shapes, the numbers written in each cell."""
     import numpy as np
 
     r = json.loads(data.read_text())
@@ -117,9 +122,11 @@ def draw_attention_shapes(data: Path, png: Path) -> None:
         ("V", v, f"(S, Dv) = ({S}, {Dv})", "key j", "feature", "coolwarm", 2.0),
         ("4. O = P V", output, f"(T, Dv) = ({T}, {Dv})", "query i", "feature", "coolwarm", 2.0),
     ]  # fmt: skip
-    widths = [p[1].shape[1] for p in panels]
-    fig = _figure(17.0, 3.7)
-    axes = fig.subplots(1, len(panels), width_ratios=widths)
+    fig = _figure(10.0, 7.4)
+    rows = fig.subfigures(2, 1)
+    first, second = panels[:4], panels[4:]
+    axes = list(rows[0].subplots(1, 4, width_ratios=[p[1].shape[1] for p in first]))
+    axes += list(rows[1].subplots(1, 3, width_ratios=[p[1].shape[1] for p in second]))
     for ax, (title, m, shape, ylabel, xlabel, cmap, lim) in zip(axes, panels, strict=True):
         lo = 0.0 if cmap == "Greens" else -lim
         ax.imshow(m, cmap=cmap, vmin=lo, vmax=lim)
@@ -129,16 +136,16 @@ def draw_attention_shapes(data: Path, png: Path) -> None:
                 ax.text(j, i, "-inf", ha="center", va="center", fontsize=7.5)
                 continue
             dark = abs(x) > 0.7 * lim  # the ends of both colour maps are dark
-            ax.text(j, i, f"{x:.2f}", ha="center", va="center", fontsize=7.5,
+            ax.text(j, i, f"{x:.2f}", ha="center", va="center", fontsize=8.5,
                     color="white" if dark else "black")  # fmt: skip
-        ax.set_title(f"{title}\n{shape}", fontsize=10)
+        ax.set_title(f"{title}\n{shape}", fontsize=10.5)
         ax.set_xticks(range(m.shape[1]))
         ax.set_yticks(range(m.shape[0]))
         ax.tick_params(labelsize=7)
         ax.set_xlabel(xlabel, fontsize=8)
         ax.set_ylabel(ylabel, fontsize=8)
     fig.suptitle(
-        "one head of causal attention, T = S = 5, Dh = 4 (level 1's attention_weights): "
+        "one head of causal attention, T = S = 5, Dh = 4 (level 1's attention_weights):\n"
         "1. the scores, scaled, 2. masked, 3. normalised row by row, 4. averaging the values",
         fontsize=11,
     )
@@ -378,9 +385,11 @@ def record_flash_tiles(out: Path) -> None:
 
 
 def draw_flash_tiles(data: Path, png: Path) -> None:
-    """Top: the memory picture (the Q tile and the state on chip, K and V tiles streaming
-    past, the score tile of each step). Bottom: m, l and the output acc / l of every query
-    row after each key tile."""
+    """Top: the memory picture of this kernel's loop order, FlashAttention-2's (the Q tile
+    and the state on chip, K and V tiles streaming past), FlashAttention-1's beside it (a
+    K, V tile on chip, the Q tiles and their state streaming through memory), and the score
+    tile of each step. Bottom: m, l and the output acc / l of every query row after each
+    key tile."""
     import numpy as np
     from matplotlib.patches import FancyArrowPatch, Rectangle
 
@@ -389,11 +398,14 @@ def draw_flash_tiles(data: Path, png: Path) -> None:
     n_tiles = len(steps)
     scores = np.array(r["scores"])
     final = np.array(steps[-1]["out"])
-    fig = _figure(14.0, 8.6)
-    top, bottom = fig.subfigures(2, 1, height_ratios=[1.15, 1.0])
-    axes = top.subplots(1, n_tiles + 1, width_ratios=[1.25] + [1] * n_tiles)
+    fig = _figure(16.0, 8.8)
+    top, bottom = fig.subfigures(2, 1, height_ratios=[1.2, 1.0])
+    axes = top.subplots(1, n_tiles + 2, width_ratios=[1.25, 1.25] + [1] * n_tiles)
+    _flash1_order(axes[1], n_tiles)
+    axes = [axes[0], *axes[2:]]
 
     ax = axes[0]  # the layout in memory
+    ax.set_title("this kernel: FlashAttention-2's order", fontsize=9)
     ax.set_xlim(0, 10)
     ax.set_ylim(0, 10)
     ax.axis("off")
@@ -477,6 +489,34 @@ def draw_flash_tiles(data: Path, png: Path) -> None:
     fig.savefig(png, dpi=110)
 
 
+def _flash1_order(ax, n_tiles: int) -> None:
+    """FlashAttention-1's loop order (Dao et al. 2022, Algorithm 1), in the style of the
+    kernel's panel: a K, V tile held on chip, the query tiles with their output and m, l
+    read from memory, updated, and written back."""
+    from matplotlib.patches import FancyArrowPatch, Rectangle
+
+    ax.set_xlim(0, 10)
+    ax.set_ylim(0, 10)
+    ax.axis("off")
+    ax.set_title("FlashAttention-1's order, for comparison", fontsize=9)
+    ax.add_patch(Rectangle((0.2, 5.6), 9.6, 4.2, facecolor="#fdf0d5", edgecolor="0.5"))
+    ax.text(5, 9.3, "HBM (K, V: each tile read once)", ha="center", fontsize=9)
+    for i in range(n_tiles):
+        for row, name in ((7.7, "Q"), (6.1, "O,m,l ")):
+            ax.add_patch(Rectangle((1.2 + 2.1 * i, row), 1.8, 1.1, facecolor="#f4a261",
+                                   alpha=0.5 if row < 7 else 1.0, edgecolor="0.3"))  # fmt: skip
+            ax.text(2.1 + 2.1 * i, row + 0.55, f"{name}{i}", ha="center", va="center", fontsize=7)
+    ax.add_patch(Rectangle((0.2, 0.2), 9.6, 4.4, facecolor="#e9f5db", edgecolor="0.5"))
+    ax.text(5, 4.05, "on chip", ha="center", fontsize=9)
+    ax.add_patch(Rectangle((0.6, 0.7), 3.2, 2.6, facecolor="#8ecae6", edgecolor="0.3"))
+    ax.text(2.2, 2.0, "Kj, Vj tile\nheld for the\ninner loop", ha="center", va="center", fontsize=8)
+    ax.text(6.8, 2.0, "each Qi, with its\nOi, mi, li read,\nupdated, written\nback", ha="center",
+            va="center", fontsize=8)  # fmt: skip
+    ax.add_patch(FancyArrowPatch((4.6, 6.0), (4.6, 3.4), arrowstyle="-|>", mutation_scale=14))
+    ax.add_patch(FancyArrowPatch((5.6, 3.4), (5.6, 6.0), arrowstyle="-|>", mutation_scale=14))
+    ax.text(5.8, 4.8, "Oi, mi, li\nback", fontsize=7.5, va="center")
+
+
 # ----------------------------------------------------------------------------- backward loops
 
 BWD_T, BWD_S, BWD_BLOCK = 64, 64, 16
@@ -554,6 +594,9 @@ def draw_backward_loops(data: Path, png: Path) -> None:
         for i in range(n_q):
             for j in range(n_k):
                 ax.add_patch(Rectangle((j, i), 1, 1, facecolor="white", edgecolor="0.8"))
+                if _partial(i, j, r["block"], r["T"], r["S"]):  # the causal rule cuts this tile
+                    ax.add_patch(Rectangle((j, i), 1, 1, facecolor="none", edgecolor="0.35",
+                                           hatch="////", lw=0, zorder=2))  # fmt: skip
         for program in range(n_k if name == "dkdv" else n_q):
             mine = sorted(p for p in visited if program_of(*p) == program)
             colour = f"C{program}"
@@ -574,7 +617,153 @@ def draw_backward_loops(data: Path, png: Path) -> None:
         ax.set_title(title, fontsize=10)
     fig.suptitle(
         f"level 4's backward kernels, causal, T = S = {r['T']}, tiles of {r['block']}: which tiles "
-        "each program reads (found by poisoning tiles with NaN); blank tiles are never loaded",
+        "each program reads (found by poisoning tiles with NaN);\nblank tiles are never loaded; "
+        "hatched: the diagonal tiles, loaded and masked (some of their pairs are not allowed)",
+        fontsize=10,
+    )
+    fig.savefig(png, dpi=110)
+
+
+def _partial(i: int, j: int, block: int, T: int, S: int) -> bool:
+    """Query tile ``i`` and key tile ``j`` hold both allowed and forbidden pairs (causal,
+    bottom-right): the tile is on the diagonal, and its loads are masked."""
+    queries = range(i * block, min(T, (i + 1) * block))
+    keys = range(j * block, min(S, (j + 1) * block))
+    allowed = [key <= query + S - T for query in queries for key in keys]
+    return any(allowed) and not all(allowed)
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+def record_model_diagram(out: Path) -> None:
+    """The sizes of the model of real text (``lab.text.TextSpec``'s config) and the shapes of
+    its parameters, which the prelude's block diagram is labelled with."""
+    from lab.text import TextSpec
+    from levels.common.params import param_shapes
+
+    c = TextSpec().config()
+    shapes = param_shapes(c, "decoder_only")
+    _write(
+        out,
+        {
+            "made_by": "record_model_diagram",
+            "V": c.vocab_size, "D": c.d_model, "H": c.n_heads, "F": c.d_ff,
+            "layers": c.n_layers, "T": c.max_seq_len,
+            "shapes": {name: list(s) for name, s in shapes.items() if name.startswith(
+                ("token_embedding", "layers.0.", "norm."))},
+        },
+    )  # fmt: skip
+
+
+def draw_model_diagram(data: Path, png: Path) -> None:
+    """The decoder-only transformer as boxes, bottom to top, each arrow labelled with the
+    shape it carries; the repeated block drawn once, inside a frame."""
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+    r = json.loads(data.read_text())
+    V, D, H, F, L = r["V"], r["D"], r["H"], r["F"], r["layers"]
+    fig = _figure(7.2, 8.2)
+    ax = fig.subplots()
+    ax.set_xlim(0, 10)
+    ax.set_ylim(0, 17.4)
+    ax.axis("off")
+
+    def box(y, text, colour, x=2.2, w=5.6, h=1.0):
+        ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.08", facecolor=colour,
+                                    edgecolor="0.35"))  # fmt: skip
+        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=9.5)
+
+    def arrow(y0, y1, label="", x=5.0):
+        ax.add_patch(FancyArrowPatch((x, y0), (x, y1), arrowstyle="-|>", mutation_scale=12,
+                                     color="0.25"))  # fmt: skip
+        if label:
+            ax.text(x + 0.25, (y0 + y1) / 2, label, va="center", fontsize=8.5, color="0.2")
+
+    box(0.2, '"The cat sat on the mat."  (text)', "white")
+    arrow(1.3, 2.0)
+    box(2.0, f"tokenizer: byte-level BPE, V = {V} pieces", "#e5e5e5")
+    arrow(3.1, 3.8, "ids (B, T): integers in [0, V)")
+    box(3.8, f"embedding: row t of E (V, D) = ({V}, {D}), times √D", "#cde4f5")
+    arrow(4.9, 5.8, f"x (B, T, D), D = {D}")
+    ax.add_patch(FancyBboxPatch((1.4, 5.8), 7.2, 6.1, boxstyle="round,pad=0.1", facecolor="none",
+                                edgecolor="0.5", ls="--"))  # fmt: skip
+    ax.text(8.45, 11.55, f"× {L} blocks", ha="right", fontsize=9.5, color="0.3")
+    box(6.1, "norm1 (LayerNorm)", "#f3e6c4", w=2.6)
+    box(6.1, f"self-attention\n{H} heads of Dh = {D // H}, causal", "#f6c8a8", x=5.2, w=3.0)
+    ax.add_patch(FancyArrowPatch((4.85, 6.6), (5.25, 6.6), arrowstyle="-|>", mutation_scale=10))
+    ax.text(5.0, 7.55, "x = x + SelfAttention(norm1(x))", ha="center", fontsize=9)
+    arrow(7.9, 8.9)
+    box(8.9, "norm2 (LayerNorm)", "#f3e6c4", w=2.6)
+    box(8.9, f"feed-forward\n{D} → F = {F} → {D}, GELU", "#d6ecc9", x=5.2, w=3.0)
+    ax.add_patch(FancyArrowPatch((4.85, 9.4), (5.25, 9.4), arrowstyle="-|>", mutation_scale=10))
+    ax.text(5.0, 10.35, "x = x + FeedForward(norm2(x))", ha="center", fontsize=9)
+    arrow(11.9, 12.6, "x (B, T, D)")
+    box(12.6, "final norm (LayerNorm)", "#f3e6c4")
+    arrow(13.7, 14.4)
+    box(14.4, f"head: x Eᵀ, the embedding reused ({D} → {V})", "#cde4f5")
+    arrow(15.5, 16.2, f"logits (B, T, V): a score for each of the {V} next tokens")
+    fig.suptitle(
+        "the decoder-only transformer, bottom to top, as the model of real text sizes it\n"
+        f"(V = {V}, D = {D}, H = {H}, F = {F}, {L} blocks); each branch's output is added "
+        "to x",
+        fontsize=10,
+    )
+    fig.savefig(png, dpi=110)
+
+
+# ----------------------------------------------------------------------------- splitting into heads
+
+SPLIT_T, SPLIT_D, SPLIT_H = 3, 8, 2
+
+
+def record_split_heads(out: Path) -> None:
+    """Level 0's ``split_heads`` and ``merge_heads`` on a ``(1, T, D)`` array whose entry
+    ``(t, d)`` is ``10 t + d``, so the picture can show where each number goes."""
+    from levels.level0_loops import ops
+
+    x = [[[float(10 * t + d) for d in range(SPLIT_D)] for t in range(SPLIT_T)]]  # (1, T, D)
+    heads = ops.split_heads(x, SPLIT_H)  # (1, H, T, Dh)
+    _write(
+        out,
+        {
+            "made_by": "record_split_heads",
+            "x": x[0], "heads": heads[0], "merged_back": ops.merge_heads(heads)[0] == x[0],
+        },
+    )  # fmt: skip
+
+
+def draw_split_heads(data: Path, png: Path) -> None:
+    """x (T, D) with each feature coloured by the head it goes to, then the H matrices
+    (T, Dh) it becomes."""
+    import numpy as np
+    from matplotlib.colors import ListedColormap
+
+    r = json.loads(data.read_text())
+    x, heads = np.array(r["x"]), np.array(r["heads"])
+    T, D = x.shape
+    H, _, Dh = heads.shape
+    colours = ["#8ecae6", "#f4a261", "#b5e48c", "#cdb4db"]
+    fig = _figure(9.0, 2.5)
+    axes = fig.subplots(1, 1 + H, width_ratios=[D] + [Dh] * H)
+    owner = np.repeat(np.arange(H), Dh)[None, :].repeat(T, 0)  # (T, D): the head of each feature
+    axes[0].imshow(owner, cmap=ListedColormap(colours[:H]), vmin=0, vmax=H - 1)
+    axes[0].set_title(f"q of one sequence: (T, D) = ({T}, {D})\nfeature d goes to head d // Dh",
+                      fontsize=9.5)  # fmt: skip
+    for (t, d), value in np.ndenumerate(x):
+        axes[0].text(d, t, f"{value:.0f}", ha="center", va="center", fontsize=9)
+    for h in range(H):
+        ax = axes[1 + h]
+        ax.imshow(np.full((T, Dh), h), cmap=ListedColormap(colours[:H]), vmin=0, vmax=H - 1)
+        for (t, d), value in np.ndenumerate(heads[h]):
+            ax.text(d, t, f"{value:.0f}", ha="center", va="center", fontsize=9)
+        ax.set_title(f"head {h}: (T, Dh) = ({T}, {Dh})", fontsize=9.5)
+    for ax in axes:
+        ax.set_xticks([])
+        ax.set_yticks(range(T), [f"token {t}" for t in range(T)], fontsize=8)
+    fig.suptitle(
+        f"splitting into H = {H} heads (level 0's split_heads): the entry of token t, feature d "
+        "is 10 t + d; merge_heads puts them back",
         fontsize=10,
     )
     fig.savefig(png, dpi=110)

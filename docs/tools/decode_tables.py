@@ -1,10 +1,11 @@
-"""docs/decoding.md's tables of the real model, rendered from the benchmark run they quote.
+"""The real model's tables (docs/decoding.md, docs/benchmarks.md), rendered from the run they quote.
 
     python docs/tools/decode_tables.py   # print them, from docs/data/real_model_cpu.json
 
 The run is ``ladder bench --scenario real-model --json docs/data/real_model_cpu.json``;
 ``tests/test_docs_course.py`` checks that every table printed here stands, as printed,
-in docs/decoding.md, so the page cannot quote a number the committed run does not hold.
+in docs/decoding.md (the weight formats' in docs/benchmarks.md), so no page can quote
+a number the committed run does not hold.
 """
 
 from __future__ import annotations

@@ -360,6 +360,8 @@ FIGURES = (
     _recorded("kv_cache"),
     _recorded("flash_tiles"),
     _recorded("backward_loops"),
+    _recorded("model_diagram"),
+    _recorded("split_heads"),
     RenderedFigure(IMG / "text_model.png", DATA / "text_model.json", draw_text_model),
 )
 

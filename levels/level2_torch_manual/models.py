@@ -250,24 +250,27 @@ class KVCache(Cache):
     slots filled so far, ``(B,Hkv,length,Dh)``, and every slot's position ``positions
     (B,length)`` (``-1``: padding); capacity ``max_seq_len`` slots.
 
-    A pass calls ``extend(positions)`` once (the new slots' positions: the cache now
-    holds them), then each layer ``update(index, k, v)``. Simple and obviously right, but
-    every step copies the whole cache (``O(N^2)`` traffic over ``N`` steps): level 3's
-    ``StaticKVCache`` writes in place. ``rollback`` (setting the length back) and an
+    A pass calls ``extend(positions)`` once (the new slots' positions, written in place:
+    the cache now holds them), then each layer ``update(index, k, v)``. Simple and
+    obviously right, but every step copies the whole cache (``O(N^2)`` traffic over ``N``
+    steps): level 3's ``StaticKVCache`` writes its keys and values in place too. ``rollback`` (setting the length back) and an
     encoder-decoder's memory keys are ``levels.common.cache.Cache``'s.
     """
 
     def __init__(self, config: TransformerConfig, batch: int, *, device=None, dtype=None):
         super().__init__(config, batch, device)
-        self.positions = torch.empty(batch, 0, dtype=torch.long, device=device)  # (B, length)
+        # Every slot's position, (B, C), written in place: -1 (padding) where nothing is.
+        self.positions = torch.full((batch, self.capacity), -1, dtype=torch.long, device=device)
         self.keys: list[torch.Tensor | None] = [None] * config.n_layers  # (B,Hkv,length,Dh)
         self.values: list[torch.Tensor | None] = [None] * config.n_layers
 
     def extend(self, positions: torch.Tensor) -> torch.Tensor:
-        """Take ``T`` new slots at ``positions (B,T)`` -> every slot's position ``(B,length+T)``."""
-        self.positions = torch.cat([self.positions[:, : self.length], positions], dim=1)
-        self.length = self.positions.shape[1]
-        return self.positions
+        """Write ``positions (B,T)`` at slots ``[length, length + T)`` -> every filled slot's
+        position, ``(B,length+T)`` (a view)."""
+        T = positions.shape[1]
+        self.positions.narrow(1, self.length, T).copy_(positions)
+        self.length += T
+        return self.positions.narrow(1, 0, self.length)
 
     def update(self, index: int, k: torch.Tensor, v: torch.Tensor):
         """Layer ``index``'s keys and values of the new slots, ``(B,Hkv,T,Dh)`` -> of every slot,
@@ -283,6 +286,12 @@ class KVCache(Cache):
         """Each row's next position, ``(B,)`` numpy: after its largest one (0 when empty)."""
         filled = self.positions[:, : self.length]  # (B, length)
         return to_numpy(filled.amax(dim=1) + 1) if self.length else to_numpy(filled.sum(dim=1))
+
+    def rollback(self, length: int) -> None:
+        """Forget the slots after ``length``; their positions become padding again, so that a
+        step that reads the whole buffer (a compiled one on a GPU) sees none of them."""
+        super().rollback(length)
+        self.positions[:, length:] = -1
 
 
 # Level 2's pieces: the written-out attention core (``attention.py``) and norms, this cache.

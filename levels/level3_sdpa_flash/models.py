@@ -51,8 +51,8 @@ class FeedForward(level2.FeedForward):
 
 
 class StaticKVCache(level2.KVCache):
-    """Level 2's cache with its keys and values ``(n_layers, B, Hkv, C, Dh)`` and positions
-    ``(B, C)`` allocated once, to capacity ``C = max_seq_len``, and written in place.
+    """Level 2's cache with its keys and values ``(n_layers, B, Hkv, C, Dh)`` allocated once,
+    to capacity ``C = max_seq_len``, and written in place, as its positions are.
 
     A pass's ``T`` new slots are written at ``[length, length + T)`` and attention reads
     the filled prefix ``[:length]`` as a view, with no copy (level 2's cache copies every
@@ -69,14 +69,6 @@ class StaticKVCache(level2.KVCache):
         kw = {"device": device, "dtype": dtype or torch.float32}
         self.k = zeros((L, batch, H, C, Dh), **kw)  # (L,B,Hkv,C,Dh)
         self.v = zeros((L, batch, H, C, Dh), **kw)  # (L,B,Hkv,C,Dh)
-        self.positions = torch.full((batch, C), -1, dtype=torch.long, device=device)  # (B,C)
-
-    def extend(self, positions: torch.Tensor) -> torch.Tensor:
-        """Write ``positions (B,T)`` at slots ``[length, length + T)`` -> the filled ``(B,length+T)``."""
-        T = positions.shape[1]
-        self.positions.narrow(1, self.length, T).copy_(positions)
-        self.length += T
-        return self.positions.narrow(1, 0, self.length)  # (B,length): a view
 
     def update(self, index: int, k_new: torch.Tensor, v_new: torch.Tensor):
         """Write ``k_new, v_new (B,Hkv,T,Dh)`` into layer ``index`` at the pass's slots -> views
@@ -86,12 +78,6 @@ class StaticKVCache(level2.KVCache):
         k.narrow(2, self.length - T, T).copy_(k_new)
         v.narrow(2, self.length - T, T).copy_(v_new)
         return k.narrow(2, 0, self.length), v.narrow(2, 0, self.length)
-
-    def rollback(self, length: int) -> None:
-        """Forget the slots after ``length``; their positions become padding again, so a step
-        that reads the whole buffer (a compiled one on a GPU) sees none of them."""
-        super().rollback(length)
-        self.positions[:, length:] = -1
 
 
 KERNELS = Kernels(attention=attend, layer_norm=LayerNorm, rms_norm=RMSNorm, kv_cache=StaticKVCache)

@@ -1,7 +1,7 @@
-"""Level 4's on-ramp: five small Triton kernels, each one idea past the last, up to the
+"""Level 4's on-ramp: six small Triton kernels, each one idea past the last, up to the
 shape of the real forward kernel (flash_forward.py).
 
-Two warm-ups, lettered, climb as Triton's own tutorials begin (01 vector add,
+Three warm-ups, lettered, climb as Triton's own tutorials begin (01 vector add,
 03 matrix multiplication); then three versions of one kernel, numbered as
 llm.c's ``dev/cuda`` numbers its kernel versions (docs/level4_triton_kernel.md
 reads them in order):
@@ -13,6 +13,11 @@ B. ``matmul``: tiles and ``tl.dot``. One program per ``BLOCK_M x BLOCK_N``
    tile of the output (a 2-D grid), walking the shared dimension ``BLOCK_K``
    at a time with a float32 accumulator held in registers: the loop every
    attention kernel below runs, with a softmax added.
+C. ``grouped_matmul``: what the compiler decides. The same product with its
+   tile chosen by ``@triton.autotune`` (one configuration, with the
+   ``num_warps`` and ``num_stages`` a GPU compile reads), and its programs
+   handed their tiles in grouped order (Triton's tutorial 03), so that the
+   programs running at once share the rows of A and columns of B they read.
 1. ``softmax_rows``: a reduction inside a program. One program per row, a
    block of ``BLOCK`` columns, the row's max and sum taken in registers. One
    read and one write of the row.
@@ -94,8 +99,21 @@ def _matmul_kernel(
     BLOCK_N: tl.constexpr,  # columns of C per program
     BLOCK_K: tl.constexpr,  # the shared dimension, this much per loop step
 ):  # fmt: skip
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,) this tile's rows
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,) its columns
+    _matmul_tile(
+        A, B, C, tl.program_id(0), tl.program_id(1), M, N, K, stride_am, stride_ak,
+        stride_bk, stride_bn, stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K,
+    )  # fmt: skip
+
+
+@triton.jit
+def _matmul_tile(
+    A, B, C, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+    stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """Tile ``(pid_m, pid_n)`` of ``C = A @ B``, ``(BLOCK_M, BLOCK_N)``, computed in float32
+    and stored: what one program of either matmul kernel does once it knows its tile."""
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,) this tile's rows
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,) its columns
     offs_k = tl.arange(0, BLOCK_K)  # (BLOCK_K,)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)  # the C tile, in registers throughout
     for start_k in range(0, K, BLOCK_K):
@@ -135,6 +153,84 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, block_m=16, block_n=16, block_k=
         c.stride(0), c.stride(1), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
     )  # fmt: skip
     return c
+
+
+# ----------------------------------------------------------------------------- C. what the compiler decides
+
+# One configuration, so the autotuner has nothing to time (under the interpreter it could
+# not: it times real launches). On a GPU the list holds the candidates, and the first call
+# for each new (M, N, K) times them all and keeps the fastest. num_warps and num_stages
+# are the compiler's: the interpreter runs a program as one numpy thread and ignores both.
+MATMUL_CONFIGS = [
+    triton.Config({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}, num_warps=4, num_stages=2)
+]
+
+
+@triton.autotune(configs=MATMUL_CONFIGS, key=["M", "N", "K"])
+@triton.jit
+def _grouped_matmul_kernel(
+    A,  # (M, K) left operand
+    B,  # (K, N) right operand
+    C,  # (M, N) output
+    Order,  # (tiles_m, tiles_n) int32: the program that computed each tile of C
+    M, N, K,  # the sizes, as in _matmul_kernel
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    GROUP_M: tl.constexpr,  # rows of tiles a group of programs walks down before moving right
+    BLOCK_M: tl.constexpr,  # the autotuner's choice, from MATMUL_CONFIGS
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)  # a 1-D grid: the program's place in launch order
+    tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    in_group = GROUP_M * tiles_n  # programs per group: GROUP_M rows of tiles, every column
+    first_m = (pid // in_group) * GROUP_M  # the group's first row of tiles
+    rows = tl.minimum(tiles_m - first_m, GROUP_M)  # the last group may have fewer rows
+    pid_m = first_m + (pid % in_group) % rows  # down the group's rows first,
+    pid_n = (pid % in_group) // rows  # then one column to the right
+    tl.store(Order + pid_m * tiles_n + pid_n, pid)
+    _matmul_tile(
+        A, B, C, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+        stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K,
+    )  # fmt: skip
+
+
+def grouped_matmul(
+    a: torch.Tensor, b: torch.Tensor, *, group_m: int = 4
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``a @ b`` as ``matmul`` computes it, its tiles handed out in grouped order (Triton's
+    tutorial 03): -> ``(c (M, N), order (tiles_m, tiles_n))``, ``order`` the program that
+    computed each tile. ``group_m = 1`` is row-major order, one row of tiles after another."""
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(
+            f"matmul takes a (M, K) and b (K, N), got {tuple(a.shape)}, {tuple(b.shape)}"
+        )
+    if not (a.dtype == b.dtype == torch.float32):
+        raise TypeError("the tutorial's matmul takes float32 operands")
+    if group_m < 1:
+        raise ValueError(f"group_m must be at least 1, got {group_m}")
+    (M, K), N = a.shape, b.shape[1]
+    tile = MATMUL_CONFIGS[0].kwargs  # one configuration: its tiles size the order's table
+    tiles_m, tiles_n = triton.cdiv(M, tile["BLOCK_M"]), triton.cdiv(N, tile["BLOCK_N"])
+    c = torch.empty((M, N), device=a.device, dtype=torch.float32)  # (M, N)
+    order = torch.full((tiles_m, tiles_n), -1, device=a.device, dtype=torch.int32)
+    grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
+    _grouped_matmul_kernel[grid](
+        a, b, c, order, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+        c.stride(0), c.stride(1), GROUP_M=group_m,
+    )  # fmt: skip
+    return c, order
+
+
+def program_order(tiles_m: int, tiles_n: int, group_m: int) -> list[tuple[int, int]]:
+    """The tile ``(pid_m, pid_n)`` of C that program ``pid`` computes, for every ``pid``:
+    ``_grouped_matmul_kernel``'s arithmetic, in Python, for sizes too large to launch."""
+    out = []
+    for pid in range(tiles_m * tiles_n):
+        in_group = group_m * tiles_n
+        first_m = (pid // in_group) * group_m
+        rows = min(tiles_m - first_m, group_m)
+        out.append((first_m + (pid % in_group) % rows, (pid % in_group) // rows))
+    return out
 
 
 # ----------------------------------------------------------------------------- 1. softmax_rows

@@ -1,0 +1,184 @@
+"""The course as a site: built strictly by ``ladder docs``, served, and read in a real browser.
+
+The default run builds the site (``mkdocs build --strict``, seconds) and checks that the
+strict build refuses a broken link and a missing image, and that ``ladder docs`` serves
+what it built on the loopback address. The extended run opens every page of the
+navigation in headless Chromium (``tests/browser.py``): no console error, every image
+decoded with a size, every formula rendered by KaTeX, and the search finding "online
+softmax"; it saves screenshots of three pages in ``out/site/`` for a person to look at.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import urllib.request
+from pathlib import Path
+
+import pytest
+from course_length import nav_pages
+from markdown_blocks import ROOT
+
+from ladder.cli import main
+
+SCREENSHOTS = ROOT / "out" / "site"
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """The site, built by ``ladder docs --no-serve`` (strict)."""
+    where = tmp_path_factory.mktemp("site")
+    assert main(["docs", "--no-serve", "--site-dir", str(where)]) == 0
+    return where
+
+
+def test_every_page_of_the_navigation_is_built(site):
+    pages = nav_pages()
+    assert len(pages) == len(list((ROOT / "docs").glob("*.md")))  # every page is in the nav
+    for page in pages:
+        assert (site / page.with_suffix(".html").name).is_file(), page.name
+    assert (site / "search" / "search_index.json").is_file()
+    assert (site / "assets" / "katex" / "katex.min.js").is_file()
+
+
+def test_the_built_pages_fetch_nothing_from_outside(site):
+    """Every script, style sheet, font and image the pages name is a file of the site."""
+    import re
+
+    for html in site.glob("*.html"):
+        text = html.read_text()
+        remote = re.findall(r'(?:src|href)="(https?://[^"]+)"', text)
+        # Links a reader follows are fine; what a page loads by itself must be local.
+        loaded = [u for u in remote if re.search(r"\.(js|css|woff2?|ttf|png|svg)(\?|$)", u)]
+        assert not loaded, f"{html.name} loads {loaded}"
+
+
+def test_the_strict_build_refuses_a_broken_link_and_a_missing_image(tmp_path):
+    docs = tmp_path / "docs"
+    shutil.copytree(ROOT / "docs", docs)
+    page = docs / "appendix.md"
+    page.write_text(
+        page.read_text() + "\n[gone](no_such_page.md) and ![lost](img/no_such_figure.png)\n"
+    )
+    shutil.copy(ROOT / "mkdocs.yml", tmp_path / "mkdocs.yml")
+    run = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(tmp_path / "mkdocs.yml"),
+         "-d", str(tmp_path / "site")],
+        capture_output=True, text=True, env=dict(os.environ, NO_MKDOCS_2_WARNING="1"),
+    )  # fmt: skip
+    assert run.returncode != 0
+    assert "no_such_page.md" in run.stderr and "no_such_figure.png" in run.stderr, run.stderr
+
+
+def test_ladder_docs_serves_the_site_on_loopback(tmp_path):
+    """``ladder docs --port 0`` builds, prints its address, serves the pages, and stops on
+    Ctrl-C with status 0."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ladder", "docs", "--port", "0", "--site-dir", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        line = process.stdout.readline()  # after the build: "the course: http://127.0.0.1:N/ ..."
+        assert line.startswith("the course: http://127.0.0.1:"), (line, process.stderr.read())
+        url = line.split()[2]
+        with urllib.request.urlopen(url + "prelude.html", timeout=10) as response:
+            assert response.status == 200 and b"Prelude" in response.read()
+    finally:
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=20)
+    assert process.returncode == 0, err
+
+
+def test_ladder_docs_misuse_is_one_line(capsys):
+    assert main(["docs", "--port", "70000"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["ladder docs: error: --port 70000: a port is at most 65535"]
+
+
+# ----------------------------------------------------------------------------- in a browser
+
+
+@pytest.fixture(scope="module")
+def served(site):
+    """The built site on a free loopback port, for the length of the module."""
+    handler = functools.partial(_Quiet, directory=str(site))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+    server.server_close()
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002
+        pass
+
+
+# Every image of the page decoded, with its natural size: [src, width, height] each.
+IMAGES = """Promise.all([...document.images].map(img => img.decode().then(
+    () => [img.currentSrc, img.naturalWidth, img.naturalHeight],
+    () => [img.currentSrc, 0, 0])))"""
+# The page's formulas: how many, how many KaTeX rendered, how many it refused, and how many
+# rendered with an empty box.
+MATH = """(() => {
+    const all = [...document.querySelectorAll('.arithmatex')];
+    const done = all.filter(e => e.querySelector('.katex'));
+    const empty = done.filter(e => e.getBoundingClientRect().width === 0);
+    return [all.length, done.length, document.querySelectorAll('.katex-error').length,
+            empty.length];
+})()"""
+
+
+@pytest.mark.extended
+def test_every_page_loads_in_a_browser_with_its_images_and_math(served):
+    from browser import Browser
+
+    pages = [p.with_suffix(".html").name for p in nav_pages()]
+    images = formulas = 0
+    with Browser() as browser:
+        for page in pages:
+            before = len(browser.errors)
+            browser.open(served + page)
+            decoded = browser.evaluate(IMAGES)
+            assert all(w > 0 and h > 0 for _, w, h in decoded), (page, decoded)
+            images += len(decoded)
+            found = browser.wait_for(f"(m => m[0] === m[1] ? m : null)({MATH})")
+            assert found is not None, (page, browser.evaluate(MATH))
+            assert found[2] == 0 and found[3] == 0, (page, found)
+            formulas += found[0]
+            assert browser.errors[before:] == [], (page, browser.errors[before:])
+        # The checks saw something: the course has figures and formulas.
+        assert images >= 10 and formulas >= 10, (images, formulas)
+
+
+@pytest.mark.extended
+def test_the_search_finds_online_softmax_and_three_pages_look_right(served):
+    from browser import Browser
+
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with Browser(height=1100) as browser:
+        browser.open(served + "index.html?q=online+softmax")
+        results = browser.wait_for(
+            "[...document.querySelectorAll('.md-search-result__item')]"
+            ".map(e => [new URL(e.querySelector('a').href).pathname, e.innerText])"
+        )
+        assert results, "the search showed no result for 'online softmax'"
+        hits = [href for href, text in results if "online softmax" in text.lower()]
+        assert "/level4_triton_kernel.html" in hits, results
+        browser.screenshot(SCREENSHOTS / "search.png")
+        for page, name in (
+            ("prelude.html", "prelude.png"),
+            ("level4_triton_kernel.html#the-online-softmax-derived", "online_softmax.png"),
+        ):
+            browser.open(served + page)
+            browser.wait_for(f"(m => m[0] === m[1])({MATH})")
+            browser.evaluate("new Promise(done => setTimeout(done, 600))")  # the header's fade
+            browser.screenshot(SCREENSHOTS / name)
+        assert browser.errors == []
