@@ -140,6 +140,7 @@ def stream_decoder_only(
     top_p: float | None = None,
     seed: int | None = None,
     stop_ids: tuple[int, ...] = (),
+    constraint: Any = None,
     to_native: ToNative | None = None,
     to_numpy: ToNumpy | None = None,
 ) -> Iterator[int]:
@@ -152,6 +153,8 @@ def stream_decoder_only(
     step. It ends after ``max_new_tokens`` tokens, or after yielding a token
     of ``stop_ids`` (the model's end-of-turn ids); a caller may stop earlier
     (a stop string in the text). Arguments are checked before any model call.
+    ``constraint`` (``constrained.Constraint``: ``apply(logits)``, ``advance(token)``)
+    masks the logits before each pick and takes each token picked.
     """
     to_native = to_native or model.ops.asarray
     to_numpy = to_numpy or model.ops.to_numpy
@@ -172,7 +175,11 @@ def stream_decoder_only(
     logits, cache = model.prefill(to_native(tokens), last_only=True)
     last = to_numpy(logits)  # (1, V): the head on the prompt's last position only
     for step in range(max_new_tokens):
+        if constraint is not None:
+            last = constraint.apply(last)
         token = int(pick(last, sampling, generators)[0])
+        if constraint is not None:
+            constraint.advance(token)
         yield token
         if token in stop_ids or step == max_new_tokens - 1:
             return
