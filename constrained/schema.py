@@ -14,7 +14,8 @@ The subset, and what each part becomes (whitespace between the parts only with
   whole string; ``constrained.regex`` says which patterns);
 * integers: ``minimum``, ``maximum``, ``exclusiveMinimum``, ``exclusiveMaximum``, as
   exact digit ranges (``0|[1-9][0-9]?|1[0-4][0-9]|150`` for 0 to 150); numbers:
-  ``minimum``/``maximum`` with whole-number bounds (then written without an exponent);
+  ``minimum``/``maximum`` with whole-number bounds (then written without an exponent),
+  at most 16 digits after the point and 3 in an exponent (``FRACTION``, ``EXPONENT``);
 * arrays: ``items``, ``minItems``, ``maxItems``;
 * ``enum``, ``const`` (beside ``type`` only), ``anyOf``, ``allOf`` of one schema,
   ``$ref`` to ``#/$defs/...`` (or ``#/definitions/...``), not recursive;
@@ -65,7 +66,12 @@ KNOWN = SHAPING | set().union(*FOR_TYPE.values())
 # A string's character: written as itself, or as one of JSON's escapes (no surrogate \u).
 CHAR = r'(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u(?:[0-9A-Ca-cE-Fe-f][0-9A-Fa-f]{3}|[Dd][0-7][0-9A-Fa-f]{2}))'
 STRING = f'"{CHAR}*"'
-NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
+# A number's fraction has at most 16 digits and its exponent at most 3: past float64's 17
+# significant digits and its exponents of 308 a digit changes nothing a client reads, and
+# an unbounded run of digits is a loop a model can stay in until its tokens run out.
+FRACTION = r"\.[0-9]{1,16}"
+EXPONENT = r"[eE][+-]?[0-9]{1,3}"
+NUMBER = rf"-?(?:0|[1-9][0-9]*)(?:{FRACTION})?(?:{EXPONENT})?"
 WHITESPACE = r"[ \t\n\r]*"
 _META = set("\\^$.|?*+()[]{}/-\"'")
 
@@ -449,10 +455,10 @@ def _integers(lo: int | None, hi: int | None) -> str:
 def _magnitudes(lo: int, hi: int | None) -> str:
     """The decimals from ``lo`` to ``hi`` (naturals; None: unbounded), without an exponent:
     an integer part in ``[lo, hi)`` with any fraction, or ``hi`` itself with a zero one."""
-    fraction = r"(?:\.[0-9]+)?"
+    fraction = f"(?:{FRACTION})?"
     if hi is None:
         return f"{_naturals(lo, None)}{fraction}"
-    top = rf"{hi}(?:\.0+)?"
+    top = rf"{hi}(?:\.0{{1,16}})?"
     return top if lo == hi else _alt([_naturals(lo, hi - 1) + fraction, top])
 
 
