@@ -385,7 +385,27 @@ def _run_arguments(p: argparse.ArgumentParser, *, temperature: float, top_p: flo
         help="end the answer where this text appears (repeatable); the model's own "
         "end-of-turn token always ends it",
     )
+    _output_language(p)
     _context_and_level3(p)
+
+
+def _output_language(p: argparse.ArgumentParser) -> None:
+    """What the output must be: a JSON schema's texts or a regex's (constrained/)."""
+    language = p.add_mutually_exclusive_group()
+    language.add_argument(
+        "--json-schema",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the answer is JSON valid under this schema (a file; each token masked to keep "
+        "the text a prefix of such JSON; unsupported keywords are refused by name)",
+    )
+    language.add_argument(
+        "--regex",
+        default=None,
+        metavar="PATTERN",
+        help="the answer is a whole match of this regular expression",
+    )
 
 
 def _placement(p: argparse.ArgumentParser) -> None:

@@ -476,3 +476,42 @@ def test_a_token_the_mask_refused_cannot_be_taken():
     with pytest.raises(ValueError, match="not allowed"):
         constraint.advance(EOS)  # the text is not whole yet
     assert parse("ab") == index.language.tree
+
+
+# ----------------------------------------------------------------------------- the commands
+
+
+def test_ladder_generate_follows_a_regex_and_chat_a_schema(capsys, tmp_path, smollm2_gguf):
+    from ladder.cli import main as ladder
+
+    common = ["--level", "3", "--no-compile", "--threads", "1"]
+    assert (
+        ladder(["generate", "-p", "The Berlin wall fell in", "--regex", " [0-9]{4}", *common]) == 0
+    )
+    out = capsys.readouterr().out.rstrip("\n")
+    assert re.fullmatch(r"The Berlin wall fell in [0-9]{4}", out), out
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+              "required": ["city"]}  # fmt: skip
+    (tmp_path / "city.json").write_text(json.dumps(schema))
+    question = "What is the capital of France? Answer in JSON."
+    assert (
+        ladder(["chat", "-p", question, "--json-schema", str(tmp_path / "city.json"), *common]) == 0
+    )
+    jsonschema.validate(json.loads(capsys.readouterr().out), schema)
+
+
+@pytest.mark.parametrize(
+    "flags, says",
+    [(["--regex", "a(?=b)"], "--regex: lookaround"),
+     (["--json-schema", "missing.json"], "--json-schema missing.json: No such file"),
+     (["--json-schema", "pyproject.toml"], "not JSON"),
+     (["--regex", "a{5000}"], "over the limit of 1000")],
+)  # fmt: skip
+def test_a_bad_schema_or_pattern_is_one_line_before_the_model_loads(capsys, flags, says):
+    from ladder.cli import main as ladder
+
+    start = time.perf_counter()
+    assert ladder(["chat", "-p", "Hi", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and says in err, err
+    assert time.perf_counter() - start < 5  # refused before any model loads

@@ -102,7 +102,9 @@ def examples(n: int):
 
 @examples(50)
 @given(schema=_schemas(), seed=st.integers(0, 2**32 - 1))
-def test_smollm2_masks_equal_the_definition_over_generated_schemas(smollm2_vocabulary, schema, seed):
+def test_smollm2_masks_equal_the_definition_over_generated_schemas(
+    smollm2_vocabulary, schema, seed
+):
     COUNTS["smollm2 schemas"] += 1
     _compare_walk("smollm2", smollm2_vocabulary, Language.schema(schema), seed, steps=8)
 
@@ -129,7 +131,9 @@ def test_gemma3_masks_equal_the_definition_over_generated_schemas(gemma3_vocabul
 
 @examples(25)
 @given(pattern=_patterns(), seed=st.integers(0, 2**32 - 1))
-def test_gemma3_masks_equal_the_definition_over_generated_patterns(gemma3_vocabulary, pattern, seed):
+def test_gemma3_masks_equal_the_definition_over_generated_patterns(
+    gemma3_vocabulary, pattern, seed
+):
     COUNTS["gemma3 patterns"] += 1
     _compare_walk("gemma3", gemma3_vocabulary, Language.regex(pattern), seed, steps=3)
 
