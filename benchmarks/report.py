@@ -315,6 +315,22 @@ RATIOS: tuple[Ratio, ...] = (
         of="tokens_per_s",
         detail=(TOKENS,),
     ),
+    # What constrained decoding costs: a token's mask against a compiled decode step (the
+    # target: at most 5%), and eight clients under schemas against eight without (at least 90%).
+    Ratio(
+        "a token's mask / the compiled decode step, per token",
+        {"scenario": "serve mask"},
+        {"scenario": "serve step"},
+        percent=True,
+    ),
+    Ratio(
+        "8 clients at once: constrained / unconstrained",
+        {"scenario": "serve constrained", "clients": 8},
+        {"scenario": "serve", "clients": 8},
+        of="tokens_per_s",
+        detail=(TOKENS,),
+        percent=True,
+    ),
     # Over the matmul peak's own fraction, 1: each level's best "% peak", and where.
     Ratio(
         "best fraction of peak: {num.level}",

@@ -15,7 +15,12 @@ answer is checked against the same request asked alone first, on the same server
   Poisson process at ``RATE`` a second), each to be answered: none lost;
 * ``shared prefix``: ``PREFIXED`` requests behind one system prompt of about 200 tokens,
   one after the other: the prompt tokens each one's prefill computed (``prompt_tokens -
-  cached_tokens``) and its time to the first token, the first request against the rest.
+  cached_tokens``) and its time to the first token, the first request against the rest;
+* ``serve constrained``: the eight requests of ``clients=8`` again, each under one of eight
+  schemas (``response_format``; ``constrained.examples``), alone then all at once: the
+  throughput against the unconstrained eight's;
+* ``serve step``: the compiled server's time per output token (the median of its answers'
+  ``timings``), which a token's mask (``serve mask``, ``constrained.py``) is set against.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import numpy as np
 
 from serving.launch import serving
 
+from .constrained import constrained_records
 from .records import FIGURE, OK, WRONG, Record
 
 NEW = 32  # tokens per request of the throughput runs
@@ -48,8 +54,15 @@ BATCHED = "ladder serve --max-batch 8"
 COMPILED = "ladder serve --max-batch 1 --compile"
 
 
-def _ask(base: str, messages: list[dict], new: int) -> dict:
+# The schemas of the constrained run, one per client: those of nested objects and arrays.
+CONSTRAINED = ("person", "tags", "point", "optional properties", "nested", "references",
+               "product", "log")  # fmt: skip
+
+
+def _ask(base: str, messages: list[dict], new: int, response_format: dict | None = None) -> dict:
     body = {"messages": messages, "temperature": 0, "max_tokens": new}
+    if response_format is not None:
+        body["response_format"] = response_format
     request = urllib.request.Request(
         f"{base}/v1/chat/completions", data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json"},
@@ -96,7 +109,13 @@ def _once(seconds: float) -> dict:
 
 
 def _record(
-    level: str, clients: int, seconds: float, answers: list, alone: list, **shape
+    level: str,
+    clients: int,
+    seconds: float,
+    answers: list,
+    alone: list,
+    scenario="serve",
+    **shape,
 ) -> Record:
     tokens = sum(a["usage"]["completion_tokens"] for a in answers if a)
     right = all(
@@ -111,7 +130,7 @@ def _record(
     ]
     return Record(
         level=level,
-        scenario="serve",
+        scenario=scenario,
         device="cpu",
         dtype="float32",
         shape={"clients": clients, "requests": len(answers), **shape},
@@ -155,11 +174,14 @@ def serve_records(quick: bool) -> list[Record]:
     jobs = [(_question(i), NEW) for i in range(8)]
     with serving(*COMMON, "--max-batch", "1", "--compile") as base:
         records = [_one_after_another(base, COMPILED, jobs)[1]]
+        records.append(_step_record([_ask(base, *job) for job in jobs]))
+    records += constrained_records(_file())
     with serving(*COMMON, "--max-batch", "8") as base:
         alone, record = _one_after_another(base, BATCHED, jobs)
         records.append(record)
         seconds, answers = _together(base, jobs)
         records.append(_record(BATCHED, 8, seconds, answers, alone, new=NEW))
+        records.append(_constrained_record(base, jobs))
         arrivals = [(_question(100 + i), ARRIVAL_NEW) for i in range(n_arrivals)]
         times = np.cumsum([rng.expovariate(RATE) for _ in arrivals]).tolist()
         seconds, answers = _together(base, arrivals, start_at=times)
@@ -185,6 +207,33 @@ def serve_records(quick: bool) -> list[Record]:
         answers = [_ask(base, m, 1) for m in shared]
     records.append(_prefix_record(answers))
     return records
+
+
+def _constrained_record(base: str, jobs: list) -> Record:
+    """The eight jobs, each under one of the ``CONSTRAINED`` schemas: alone (the answers
+    the timed ones are held to, and each schema's first compile), then all at once."""
+    from constrained.examples import SCHEMAS
+
+    formats = [{"type": "json_schema", "json_schema": {"name": n.replace(" ", "_"),
+                "schema": SCHEMAS[n]}} for n in CONSTRAINED]  # fmt: skip
+    constrained = [(*job, f) for job, f in zip(jobs, formats, strict=True)]
+    alone = [_ask(base, *job)["choices"][0]["message"]["content"] for job in constrained]
+    seconds, answers = _together(base, constrained)
+    return _record(BATCHED, 8, seconds, answers, alone, scenario="serve constrained", new=NEW)
+
+
+def _step_record(answers: list[dict]) -> Record:
+    """The compiled server's time per output token: the median over its answers."""
+    steps = np.array([a["timings"]["time_per_output_token_s"] for a in answers])
+    return Record(
+        level=COMPILED, scenario="serve step", device="cpu", dtype="float32",
+        shape={"requests": len(answers), "new": NEW}, median_s=float(np.median(steps)),
+        q1_s=float(np.percentile(steps, 25)), q3_s=float(np.percentile(steps, 75)),
+        min_s=float(steps.min()), max_s=float(steps.max()), repeats=len(steps),
+        tokens_per_s=float(1 / np.median(steps)),
+        description="level 3, SmolLM2, float32, 1 thread, its decode step compiled: a token's "
+        "time after the first, the median of eight answers' timings",
+    )  # fmt: skip
 
 
 def _prefix_record(answers: list[dict]) -> Record:
