@@ -317,8 +317,39 @@ def parse(pattern: str, *, anchors: bool = True):
 
 def parse_search(pattern: str):
     """``pattern`` as a search reads it (JSON Schema's ``pattern``): ``(tree, anchored at the
-    start, anchored at the end)``."""
-    return _parse(pattern)
+    start, anchored at the end)``. An anchor beside a top-level ``|`` binds one alternative
+    only (``^a|b`` is "starts with a, or holds b"): refused, with the grouping to write."""
+    tree, start, end = _parse(pattern)
+    if (start or end) and _top_level_bar(pattern[int(start) : len(pattern) - int(end)]):
+        raise RegexError(
+            f"an anchor beside a top-level | in {pattern!r} binds one alternative only: "
+            "write ^(?:...|...)$"
+        )
+    return tree, start, end
+
+
+def _top_level_bar(body: str) -> bool:
+    """Whether ``body`` has a ``|`` outside every group and class."""
+    depth, in_class, i = 0, False, 0
+    while i < len(body):
+        c = body[i]
+        if c == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+            if body[i + 1 : i + 2] == "]":  # a leading ] is a member
+                i += 1
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif c == "|" and depth == 0:
+            return True
+        i += 1
+    return False
 
 
 def _parse(pattern: str):

@@ -231,10 +231,7 @@ class _Compiler:
         return "(?:true|false)"
 
     def of_string(self, schema, path) -> str:
-        low = _count(schema, "minLength", path, 0)
-        high = _count(schema, "maxLength", path, None)
-        if high is not None and high < low:
-            raise EmptyLanguage(f"{path}: maxLength {high} is less than minLength {low}")
+        low, high = _range(schema, "minLength", "maxLength", path)
         if "pattern" in schema:
             if "minLength" in schema or "maxLength" in schema:
                 raise UnsupportedSchema(
@@ -302,10 +299,7 @@ class _Compiler:
         return _alt(options)
 
     def of_array(self, schema, path) -> str:
-        low = _count(schema, "minItems", path, 0)
-        high = _count(schema, "maxItems", path, None)
-        if high is not None and high < low:
-            raise EmptyLanguage(f"{path}: maxItems {high} is less than minItems {low}")
+        low, high = _range(schema, "minItems", "maxItems", path)
         if "items" in schema:
             if not isinstance(schema["items"], dict | bool):
                 raise UnsupportedSchema(
@@ -414,6 +408,14 @@ def _is(value, kind: str) -> bool:
         "array": isinstance(value, list),
         "object": isinstance(value, dict),
     }[kind]
+
+
+def _range(schema: dict, least: str, most: str, path: str) -> tuple[int, int | None]:
+    """``(schema[least] or 0, schema[most] or None)``, checked, and in order."""
+    low, high = _count(schema, least, path, 0), _count(schema, most, path, None)
+    if high is not None and high < low:
+        raise EmptyLanguage(f"{path}: {most} {high} is less than {least} {low}")
+    return low, high
 
 
 def _count(schema: dict, word: str, path: str, default):

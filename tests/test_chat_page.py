@@ -90,6 +90,8 @@ def browser(tmp_path):
     """Chromium, headless, with a fresh profile: -> a function opening a URL as a ``Page``."""
     from websockets.sync.client import connect
 
+    from serving.launch import stop
+
     profile = tmp_path / "profile"
     process = None
     sockets = contextlib.ExitStack()
@@ -111,12 +113,7 @@ def browser(tmp_path):
     yield open_page
     sockets.close()
     if process is not None:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process)
 
 
 def _api_answer(base: str, messages: list[dict]) -> str:

@@ -34,17 +34,11 @@ import pytest
 from test_constrained import EOS, VOCAB
 
 from constrained import Index, Language, Tokens
+from constrained.examples import SCHEMAS
 
 jsonschema = pytest.importorskip("jsonschema")  # a dev dependency: a test peer only
 
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 20},
-        "age": {"type": "integer", "minimum": 0, "maximum": 150},
-    },
-    "required": ["name", "age"],
-}
+PERSON = SCHEMAS["person"]
 QUESTION = [{"role": "user", "content": "Describe a person as JSON."}]
 
 
