@@ -308,9 +308,9 @@ class _Parser:
         return ((value, value),)
 
 
-def parse(pattern: str, *, anchors: bool = True):
-    """``pattern`` -> its tree. ``anchors``: a leading ``^`` and a trailing ``$`` are read
-    (and dropped: the tree is matched whole); see ``parse_search`` for a search's."""
+def parse(pattern: str):
+    """``pattern`` -> its tree, matched whole (a leading ``^`` and a trailing ``$`` are read
+    and change nothing); ``parse_search`` reads a pattern as a search does."""
     tree, _, _ = _parse(pattern)
     return tree
 

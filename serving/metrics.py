@@ -23,6 +23,8 @@ import threading
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from .engine import Finished
+
 # Seconds: from a token of a small model on a GPU to a long prompt at level 0.
 FIRST_TOKEN_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 PER_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
@@ -105,8 +107,6 @@ class Metrics:
             self._waiting.add(key)
 
         def counted(event) -> None:
-            from .engine import Finished
-
             if isinstance(event, str):
                 with self._lock:
                     if key in self._waiting:

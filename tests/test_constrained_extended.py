@@ -42,20 +42,25 @@ def _report():
         print(f"\nmask equality: {key}: {n}")
 
 
-def _tokens(path) -> Tokens:
+def _tokenizer(path):
     from levels import gguf
 
-    return Tokens.from_tokenizer(gguf.load_tokenizer(path))
+    return gguf.load_tokenizer(path)
 
 
 @pytest.fixture(scope="module")
 def smollm2_vocabulary(smollm2_gguf) -> Tokens:
-    return _tokens(smollm2_gguf)
+    return Tokens.from_tokenizer(_tokenizer(smollm2_gguf))
 
 
 @pytest.fixture(scope="module")
-def gemma3_vocabulary(gemma3_gguf) -> Tokens:
-    return _tokens(gemma3_gguf)
+def gemma3_tokenizer(gemma3_gguf):
+    return _tokenizer(gemma3_gguf)  # 262,144 pieces: seconds, once
+
+
+@pytest.fixture(scope="module")
+def gemma3_vocabulary(gemma3_tokenizer) -> Tokens:
+    return Tokens.from_tokenizer(gemma3_tokenizer)
 
 
 STOP = {"smollm2": (0, 2), "gemma3": (1, 106)}  # <|endoftext|> <|im_end|>; <eos> <end_of_turn>
@@ -136,6 +141,22 @@ def test_gemma3_masks_equal_the_definition_over_generated_patterns(
 ):
     COUNTS["gemma3 patterns"] += 1
     _compare_walk("gemma3", gemma3_vocabulary, Language.regex(pattern), seed, steps=3)
+
+
+def test_gemma3_token_bytes_are_what_it_decodes(gemma3_tokenizer, gemma3_vocabulary):
+    """Every text token of Gemma's that is not BPE's (its added ones: "\n\n", runs of
+    spaces, <start_of_image>) and a sample of the others decode to their bytes; a byte
+    token (<0xE2>) is its byte, whole characters from a run of them."""
+    tokenizer = gemma3_tokenizer
+    added = [i for i, t in tokenizer.get_added_tokens_decoder().items() if not t.special]
+    rng = np.random.default_rng(1)
+    for i in added + [int(i) for i in rng.integers(0, len(gemma3_vocabulary), 3000)]:
+        data = gemma3_vocabulary.bytes[i]
+        if data is not None and data.decode(errors="ignore").encode() == data:  # whole characters
+            assert data.decode() == tokenizer.decode([i], skip_special_tokens=True), i
+    euro = [tokenizer.token_to_id(f"<0x{b:02X}>") for b in "€".encode()]
+    assert b"".join(gemma3_vocabulary.bytes[i] for i in euro) == "€".encode()
+    assert tokenizer.decode(euro) == "€" and len(added) > 100
 
 
 def test_gemma3_masks_at_the_states_that_matter(gemma3_vocabulary):
