@@ -449,6 +449,7 @@ def _constrained_reference(config, params, prompt, n, index) -> list[int]:
 
 
 @pytest.mark.best_dtype
+@pytest.mark.interpreter_extended()  # level 4 under Triton's interpreter: 30 steps, seconds
 def test_greedy_constrained_output_is_the_same_tokens_at_every_level(case):
     """A random model (seeded) under SCHEMA's mask: each level's ``stream`` gives the
     reference model's tokens, ending at EOS with a text that validates; unconstrained, the
@@ -503,6 +504,7 @@ def test_a_token_the_mask_refused_cannot_be_taken():
 # ----------------------------------------------------------------------------- the commands
 
 
+@pytest.mark.extended  # SmolLM2 loaded twice, and two answers
 def test_ladder_generate_follows_a_regex_and_chat_a_schema(capsys, tmp_path, smollm2_gguf):
     from ladder.cli import main as ladder
 
