@@ -325,8 +325,8 @@ RATIOS: tuple[Ratio, ...] = (
     ),
     Ratio(
         "8 clients at once: constrained / unconstrained",
-        {"scenario": "serve constrained", "clients": 8},
-        {"scenario": "serve", "clients": 8},
+        {"scenario": "serve constrained", "schemas": 8},
+        {"scenario": "serve constrained", "schemas": 0},
         of="tokens_per_s",
         detail=(TOKENS,),
         percent=True,
