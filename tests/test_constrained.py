@@ -539,3 +539,17 @@ def test_a_bad_schema_or_pattern_is_one_line_before_the_model_loads(capsys, flag
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and says in err, err
     assert time.perf_counter() - start < 5  # refused before any model loads
+
+
+def test_the_benchmark_s_walk_stays_in_the_language_and_its_replay_takes_the_same_tokens():
+    """benchmarks/constrained.py times ``_replay`` over the tokens ``_walk`` chose: a walk
+    of allowed tokens whose text is a prefix of the language (whole where it ended), and a
+    replay that takes every one of them again."""
+    from benchmarks.constrained import STOPS, _replay, _walk
+
+    tokens = Tokens.from_list(VOCAB)  # ids 0 and 2, SmolLM2's end-of-turn ids, are specials here
+    index = Index(Language.schema(SCHEMA), tokens, STOPS)
+    path, visits = _walk(index, np.random.default_rng(0))
+    text = b"".join(tokens.bytes[t] for t in path if t not in STOPS)
+    assert visits and path[-1] in STOPS and index.language.accepts(text)  # it ended the text
+    _replay(index, path, np.zeros((1, len(tokens))))  # raises if a token is not allowed
