@@ -324,8 +324,16 @@ RATIOS: tuple[Ratio, ...] = (
         percent=True,
     ),
     Ratio(
-        "8 clients at once: constrained / unconstrained",
+        "8 clients at once: under 8 schemas / none",
         {"scenario": "serve constrained", "schemas": 8},
+        {"scenario": "serve constrained", "schemas": 0},
+        of="tokens_per_s",
+        detail=(TOKENS,),
+        percent=True,
+    ),
+    Ratio(
+        "8 clients at once: under a long string's schema / none (answers as long)",
+        {"scenario": "serve constrained", "schemas": 1},
         {"scenario": "serve constrained", "schemas": 0},
         of="tokens_per_s",
         detail=(TOKENS,),

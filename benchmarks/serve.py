@@ -17,8 +17,8 @@ answer is checked against the same request asked alone first, on the same server
   one after the other: the prompt tokens each one's prefill computed (``prompt_tokens -
   cached_tokens``) and its time to the first token, the first request against the rest;
 * ``serve constrained``: the eight requests of ``clients=8`` again, all at once, without a
-  schema and each under one of eight (``response_format``; ``constrained.examples``),
-  the two in turn ``ROUNDS`` times: the throughput of one against the other;
+  schema, each under one of eight (``response_format``; ``constrained.examples``), and
+  all under one long string's (``LONG``), in turn ``ROUNDS`` times: the throughputs;
 * ``serve step``: the compiled server's time per output token (the median of its answers'
   ``timings``), which a token's mask (``serve mask``, ``constrained.py``) is set against.
 """
@@ -58,6 +58,11 @@ COMPILED = "ladder serve --max-batch 1 --compile"
 # The schemas of the constrained run, one per client: those of nested objects and arrays.
 CONSTRAINED = ("person", "tags", "point", "optional properties", "nested", "references",
                "product", "log")  # fmt: skip
+
+
+# A schema whose answers all run their NEW tokens: one long string, every character a step.
+LONG = {"type": "object", "properties": {"answer": {"type": "string", "minLength": 160,
+        "maxLength": 320}}, "required": ["answer"]}  # fmt: skip
 
 
 def _ask(base: str, messages: list[dict], new: int, response_format: dict | None = None) -> dict:
@@ -211,21 +216,29 @@ def serve_records(quick: bool) -> list[Record]:
 
 
 def _constrained_records(base: str, jobs: list, alone: list[str]) -> list[Record]:
-    """The eight jobs at once without a schema and with one each (``CONSTRAINED``), the two
-    in turn ``ROUNDS`` times (on a shared machine the load drifts within seconds; taking
-    them in turn gives both the same drift), each held to its answers alone: the round of
-    median tokens/s of each."""
+    """The eight jobs at once three ways, in turn ``ROUNDS`` times (on a shared machine the
+    load drifts within seconds; taken in turn, the three see the same drift), each held to
+    its answers alone: without a schema (``schemas=0``), each under one of ``CONSTRAINED``
+    (``schemas=8``; their answers end sooner, so each request's prefill weighs more in the
+    tokens/s), and all under ``LONG`` (``schemas=1``: a string of at least 160 characters,
+    so every answer runs its ``NEW`` tokens, as the unconstrained ones do, and nearly every
+    token reaches a state no request has reached: its mask is a trie walk, then cached).
+    -> the round of median tokens/s of each way."""
     from constrained.examples import SCHEMAS
 
-    formats = [{"type": "json_schema", "json_schema": {"name": n.replace(" ", "_"),
-                "schema": SCHEMAS[n]}} for n in CONSTRAINED]  # fmt: skip
-    constrained = [(*job, f) for job, f in zip(jobs, formats, strict=True)]
-    held = [_ask(base, *job)["choices"][0]["message"]["content"] for job in constrained]
-    rounds: dict[int, list[Record]] = {0: [], len(formats): []}
+    def under(name: str, schema: dict) -> dict:
+        return {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}
+
+    ways = {0: jobs, 8: [(*job, under(n.replace(" ", "_"), SCHEMAS[n]))
+                         for job, n in zip(jobs, CONSTRAINED, strict=True)],
+            1: [(*job, under("long", LONG)) for job in jobs]}  # fmt: skip
+    held = {k: alone if k == 0 else [_ask(base, *job)["choices"][0]["message"]["content"]
+                                      for job in batch] for k, batch in ways.items()}  # fmt: skip
+    rounds: dict[int, list[Record]] = {k: [] for k in ways}
     for _ in range(ROUNDS):
-        for schemas, batch, answers_alone in ((0, jobs, alone), (len(formats), constrained, held)):
+        for schemas, batch in ways.items():
             seconds, answers = _together(base, batch)
-            rounds[schemas].append(_record(BATCHED, 8, seconds, answers, answers_alone,
+            rounds[schemas].append(_record(BATCHED, 8, seconds, answers, held[schemas],
                                            scenario="serve constrained", new=NEW,
                                            schemas=schemas))  # fmt: skip
     records = []
@@ -233,7 +246,7 @@ def _constrained_records(base: str, jobs: list, alone: list[str]) -> list[Record
         runs.sort(key=lambda r: r.tokens_per_s)
         record = runs[len(runs) // 2]
         record.note += (
-            f"; the median of {ROUNDS} rounds, in turn with the other: "
+            f"; the median of {ROUNDS} rounds, in turn with the others: "
             + ", ".join(f"{r.tokens_per_s:.1f}" for r in runs)
             + " tok/s"
         )
