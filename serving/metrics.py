@@ -84,8 +84,8 @@ class Metrics:
         pool = engine.pool
         if pool is not None:
             Gauge(
-                "ladder_kv_blocks_used", "KV-cache blocks held by running requests or a "
-                "cached prefix", registry=registry,
+                "ladder_kv_blocks_used", "KV-cache blocks held by running requests (a "
+                "finished one's prefix stays findable, and counts as free)", registry=registry,
             ).set_function(lambda: pool.blocks - pool.available)  # fmt: skip
             Gauge(
                 "ladder_kv_blocks_total", "KV-cache blocks in the pool", registry=registry
