@@ -590,8 +590,9 @@ def _serve(commands) -> None:
         help="serve a real model at any level over OpenAI's HTTP API",
         description=(
             "Load a model as ladder chat does and answer OpenAI's API on --host and --port "
-            "(POST /v1/chat/completions, /v1/completions, GET /v1/models, /health), with "
-            "each request's own sampling settings; up to --max-batch requests are decoded "
+            "(POST /v1/chat/completions, /v1/completions, GET /v1/models, /health, /metrics, "
+            "and / for a chat page in the browser), with each request's own sampling settings "
+            "and response_format (a JSON schema, any JSON object, a regex); up to --max-batch requests are decoded "
             "together, joining and leaving between steps, the others wait in the order they "
             "came (at most --max-queue, then 429). Ctrl-C stops it."
         ),
