@@ -127,14 +127,14 @@ def test_smollm2_masks_equal_the_definition_over_generated_patterns(
         _compare_text("smollm2", smollm2_vocabulary, language, data[: max(cut, 0)])
 
 
-@examples(25)
+@examples(50)
 @given(schema=_schemas(), seed=st.integers(0, 2**32 - 1))
 def test_gemma3_masks_equal_the_definition_over_generated_schemas(gemma3_vocabulary, schema, seed):
     COUNTS["gemma3 schemas"] += 1
     _compare_walk("gemma3", gemma3_vocabulary, Language.schema(schema), seed, steps=4)
 
 
-@examples(25)
+@examples(30)
 @given(pattern=_patterns(), seed=st.integers(0, 2**32 - 1))
 def test_gemma3_masks_equal_the_definition_over_generated_patterns(
     gemma3_vocabulary, pattern, seed
