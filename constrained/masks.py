@@ -27,6 +27,8 @@ from .automaton import DEAD
 from .language import Language
 from .vocabulary import Trie, token_bytes
 
+MASK_BYTES = 64 << 20  # the masks one index keeps, at most (then the oldest are dropped)
+
 
 class NoTokenAllowed(ValueError):
     """No token of the vocabulary continues the text (a vocabulary without some byte)."""
@@ -64,12 +66,16 @@ class Index:
         self._lock = threading.Lock()
 
     def mask(self, state: int) -> np.ndarray:
-        """``(V,)`` bool: the tokens allowed in ``state``."""
+        """``(V,)`` bool: the tokens allowed in ``state``. Kept up to ``MASK_BYTES`` (10k
+        states of SmolLM2's, 2k of Gemma 3's; a request reaches a state per token at most),
+        the oldest dropped first, so that no client's schema can hold the memory."""
         packed = self._masks.get(state)
         if packed is None:
             packed = np.packbits(self._walk(state))
             with self._lock:
                 self._masks[state] = packed
+                while len(self._masks) * packed.nbytes > MASK_BYTES:
+                    del self._masks[next(iter(self._masks))]
         return np.unpackbits(packed, count=len(self.tokens)).view(bool)
 
     def _walk(self, state: int) -> np.ndarray:

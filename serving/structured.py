@@ -25,7 +25,8 @@ import threading
 
 from constrained import Index, Language, Tokens
 
-KEPT = 64  # compiled formats kept, least recently used dropped first
+KEPT = 16  # compiled formats kept, least recently used dropped first (each with its masks,
+# up to constrained.masks.MASK_BYTES: 1 GiB at most in all)
 
 
 class FormatError(ValueError):

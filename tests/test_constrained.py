@@ -553,3 +553,16 @@ def test_the_benchmark_s_walk_stays_in_the_language_and_its_replay_takes_the_sam
     text = b"".join(tokens.bytes[t] for t in path if t not in STOPS)
     assert visits and path[-1] in STOPS and index.language.accepts(text)  # it ended the text
     _replay(index, path, np.zeros((1, len(tokens))))  # raises if a token is not allowed
+
+
+def test_an_index_keeps_at_most_its_budget_of_masks(monkeypatch):
+    """Past ``MASK_BYTES`` the oldest masks are dropped (and computed again if reached)."""
+    from constrained import masks
+
+    index = Index(Language.regex("[a-c]{0,40}"), Tokens.from_list(VOCAB), (EOS,))
+    monkeypatch.setattr(masks, "MASK_BYTES", 5 * len(np.packbits(np.zeros(len(VOCAB), bool))))
+    first = index.mask(0).copy()
+    for state in range(1, 12):
+        index.mask(state)
+    assert len(index._masks) == 5 and 0 not in index._masks
+    assert (index.mask(0) == first).all()
