@@ -174,12 +174,14 @@ class Server:
         return HTMLResponse(_page())
 
     async def scrape(self, request: HTTPRequest) -> Response:
+        """``/metrics``: the counters, in Prometheus's text format."""
         return Response(self.metrics.text(), media_type=self.metrics.content_type)
 
     async def health(self, request: HTTPRequest) -> JSONResponse:
-        """``{"status": "ok"}``, and the KV cache's blocks where requests share a pool: how many
-        there are, and how many no running request holds (a finished or cancelled one's
-        come back; those holding a prefix stay findable until taken)."""
+        """``{"status": "ok"}``, the model's name, the requests waiting (no token yet) and
+        running, and the KV cache's blocks where requests share a pool: how many there are,
+        and how many no running request holds (a finished or cancelled one's come back;
+        those holding a prefix stay findable until taken)."""
         body = {"status": "ok", "model": self.model_name, "queue": self.metrics.queue}
         pool = self.engine.pool
         if pool is not None:
