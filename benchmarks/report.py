@@ -324,6 +324,30 @@ RATIOS: tuple[Ratio, ...] = (
         same=("task",),
         detail=(TOKENS, "{num.note}"),
     ),
+    # What constrained decoding costs: a token's mask against a compiled decode step (the
+    # target: at most 5%), and eight clients under schemas against eight without (at least 90%).
+    Ratio(
+        "a token's mask / the compiled decode step, per token",
+        {"scenario": "serve mask"},
+        {"scenario": "serve step"},
+        percent=True,
+    ),
+    Ratio(
+        "8 clients at once: under 8 schemas / none",
+        {"scenario": "serve constrained", "schemas": 8},
+        {"scenario": "serve constrained", "schemas": 0},
+        of="tokens_per_s",
+        detail=(TOKENS,),
+        percent=True,
+    ),
+    Ratio(
+        "8 clients at once: under a long string's schema / none (answers as long)",
+        {"scenario": "serve constrained", "schemas": 1},
+        {"scenario": "serve constrained", "schemas": 0},
+        of="tokens_per_s",
+        detail=(TOKENS,),
+        percent=True,
+    ),
     # Over the matmul peak's own fraction, 1: each level's best "% peak", and where.
     Ratio(
         "best fraction of peak: {num.level}",

@@ -15,7 +15,12 @@ answer is checked against the same request asked alone first, on the same server
   Poisson process at ``RATE`` a second), each to be answered: none lost;
 * ``shared prefix``: ``PREFIXED`` requests behind one system prompt of about 200 tokens,
   one after the other: the prompt tokens each one's prefill computed (``prompt_tokens -
-  cached_tokens``) and its time to the first token, the first request against the rest.
+  cached_tokens``) and its time to the first token, the first request against the rest;
+* ``serve constrained``: the eight requests of ``clients=8`` again, all at once, without a
+  schema, each under one of eight (``response_format``; ``constrained.examples``), and
+  all under one long string's (``LONG``), in turn ``ROUNDS`` times: the throughputs;
+* ``serve step``: the compiled server's time per output token (the median of its answers'
+  ``timings``), which a token's mask (``serve mask``, ``constrained.py``) is set against.
 """
 
 from __future__ import annotations
@@ -31,11 +36,13 @@ import numpy as np
 
 from serving.launch import serving
 
+from .constrained import constrained_records
 from .records import FIGURE, OK, WRONG, Record
 
 NEW = 32  # tokens per request of the throughput runs
 ARRIVALS, ARRIVALS_QUICK, ARRIVAL_NEW = 200, 20, 8
 RATE = 4.0  # arrivals per second, on average
+ROUNDS = 3  # eight at once without schemas, then with, taken in turn this many times
 PREFIXED = 5  # requests behind one system prompt: the first computes it, the others find it
 SYSTEM = (
     "You are a careful assistant for a museum of natural history. Answer in one short "
@@ -48,8 +55,20 @@ BATCHED = "ladder serve --max-batch 8"
 COMPILED = "ladder serve --max-batch 1 --compile"
 
 
-def _ask(base: str, messages: list[dict], new: int) -> dict:
+# The schemas of the constrained run, one per client: those of nested objects and arrays.
+CONSTRAINED = ("person", "tags", "point", "optional properties", "nested", "references",
+               "product", "log")  # fmt: skip
+
+
+# A schema whose answers all run their NEW tokens: one long string, every character a step.
+LONG = {"type": "object", "properties": {"answer": {"type": "string", "minLength": 160,
+        "maxLength": 320}}, "required": ["answer"]}  # fmt: skip
+
+
+def _ask(base: str, messages: list[dict], new: int, response_format: dict | None = None) -> dict:
     body = {"messages": messages, "temperature": 0, "max_tokens": new}
+    if response_format is not None:
+        body["response_format"] = response_format
     request = urllib.request.Request(
         f"{base}/v1/chat/completions", data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json"},
@@ -96,7 +115,13 @@ def _once(seconds: float) -> dict:
 
 
 def _record(
-    level: str, clients: int, seconds: float, answers: list, alone: list, **shape
+    level: str,
+    clients: int,
+    seconds: float,
+    answers: list,
+    alone: list,
+    scenario="serve",
+    **shape,
 ) -> Record:
     tokens = sum(a["usage"]["completion_tokens"] for a in answers if a)
     right = all(
@@ -111,7 +136,7 @@ def _record(
     ]
     return Record(
         level=level,
-        scenario="serve",
+        scenario=scenario,
         device="cpu",
         dtype="float32",
         shape={"clients": clients, "requests": len(answers), **shape},
@@ -155,11 +180,14 @@ def serve_records(quick: bool) -> list[Record]:
     jobs = [(_question(i), NEW) for i in range(8)]
     with serving(*COMMON, "--max-batch", "1", "--compile") as base:
         records = [_one_after_another(base, COMPILED, jobs)[1]]
+        records.append(_step_record([_ask(base, *job) for job in jobs]))
+    records += constrained_records(_file())
     with serving(*COMMON, "--max-batch", "8") as base:
         alone, record = _one_after_another(base, BATCHED, jobs)
         records.append(record)
         seconds, answers = _together(base, jobs)
         records.append(_record(BATCHED, 8, seconds, answers, alone, new=NEW))
+        records += _constrained_records(base, jobs, alone)
         arrivals = [(_question(100 + i), ARRIVAL_NEW) for i in range(n_arrivals)]
         times = np.cumsum([rng.expovariate(RATE) for _ in arrivals]).tolist()
         seconds, answers = _together(base, arrivals, start_at=times)
@@ -185,6 +213,61 @@ def serve_records(quick: bool) -> list[Record]:
         answers = [_ask(base, m, 1) for m in shared]
     records.append(_prefix_record(answers))
     return records
+
+
+def _constrained_records(base: str, jobs: list, alone: list[str]) -> list[Record]:
+    """The eight jobs at once three ways, in turn ``ROUNDS`` times (on a shared machine the
+    load drifts within seconds; taken in turn, the three see the same drift), each held to
+    its answers alone: without a schema (``schemas=0``), each under one of ``CONSTRAINED``
+    (``schemas=8``; their answers end sooner, so each request's prefill weighs more in the
+    tokens/s), and all under ``LONG`` (``schemas=1``: a string of at least 160 characters,
+    so every answer runs its ``NEW`` tokens, as the unconstrained ones do, and nearly every
+    token reaches a state no request has reached: its mask is a trie walk, then cached).
+    -> the round of median tokens/s of each way."""
+    from constrained.examples import SCHEMAS
+
+    def under(name: str, schema: dict) -> dict:
+        return {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}
+
+    ways = {0: jobs, 8: [(*job, under(n.replace(" ", "_"), SCHEMAS[n]))
+                         for job, n in zip(jobs, CONSTRAINED, strict=True)],
+            1: [(*job, under("long", LONG)) for job in jobs]}  # fmt: skip
+    held = {k: alone if k == 0 else [_ask(base, *job)["choices"][0]["message"]["content"]
+                                      for job in batch] for k, batch in ways.items()}  # fmt: skip
+    rounds: dict[int, list[Record]] = {k: [] for k in ways}
+    for _ in range(ROUNDS):
+        for schemas, batch in ways.items():
+            seconds, answers = _together(base, batch)
+            rounds[schemas].append(_record(BATCHED, 8, seconds, answers, held[schemas],
+                                           scenario="serve constrained", new=NEW,
+                                           schemas=schemas))  # fmt: skip
+    records = []
+    for runs in rounds.values():
+        runs.sort(key=lambda r: r.tokens_per_s)
+        record = runs[len(runs) // 2]
+        record.note += (
+            f"; the median of {ROUNDS} rounds, in turn with the others: "
+            + ", ".join(f"{r.tokens_per_s:.1f}" for r in runs)
+            + " tok/s"
+        )
+        if any(r.status != OK for r in runs):
+            record.status = WRONG
+        records.append(record)
+    return records
+
+
+def _step_record(answers: list[dict]) -> Record:
+    """The compiled server's time per output token: the median over its answers."""
+    steps = np.array([a["timings"]["time_per_output_token_s"] for a in answers])
+    return Record(
+        level=COMPILED, scenario="serve step", device="cpu", dtype="float32",
+        shape={"requests": len(answers), "new": NEW}, median_s=float(np.median(steps)),
+        q1_s=float(np.percentile(steps, 25)), q3_s=float(np.percentile(steps, 75)),
+        min_s=float(steps.min()), max_s=float(steps.max()), repeats=len(steps),
+        tokens_per_s=float(1 / np.median(steps)),
+        description="level 3, SmolLM2, float32, 1 thread, its decode step compiled: a token's "
+        "time after the first, the median of eight answers' timings",
+    )  # fmt: skip
 
 
 def _prefix_record(answers: list[dict]) -> Record:

@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import dataclasses
 import importlib.util
+import json
 import os
 import re
 import sys
@@ -423,8 +424,9 @@ def _too_long(loaded: Loaded, n_prompt: int, args) -> str:
     return f"{text} (the model allows {longest}: try --context {enough})"
 
 
-def answer(loaded: Loaded, ids: list[int], args, out=None) -> tuple[str, Speed]:
-    """Stream the model's continuation of ``ids`` to ``out`` (stdout); -> ``(text, speed)``."""
+def answer(loaded: Loaded, ids: list[int], args, out=None, index=None) -> tuple[str, Speed]:
+    """Stream the model's continuation of ``ids`` to ``out`` (stdout); -> ``(text, speed)``.
+    ``index`` (``constrained.Index``): the answer held to its language."""
     out = out or sys.stdout
     from levels.tokenizer import Holdback, StreamDecoder
 
@@ -444,6 +446,7 @@ def answer(loaded: Loaded, ids: list[int], args, out=None) -> tuple[str, Speed]:
         seed=args.seed,
         stop_ids=loaded.stop_ids,
         **speculation,
+        constraint=None if index is None else index.constraint(),
     )
     start = time.perf_counter()
     first = None
@@ -528,8 +531,46 @@ HELP = """\
 Anything else is a turn of the conversation; a paste of several lines is one turn."""
 
 
+def output_language(args: argparse.Namespace):
+    """The language ``--json-schema`` or ``--regex`` names, compiled (None: neither), before
+    any model loads: a bad file or pattern is one line."""
+    from constrained import Language
+
+    path, pattern = getattr(args, "json_schema", None), getattr(args, "regex", None)
+    if path is not None:
+        try:
+            schema = json.loads(path.read_text())
+        except OSError as exc:
+            raise UsageError(f"--json-schema {path}: {exc.strerror}") from None
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise UsageError(f"--json-schema {path}: not JSON ({exc})") from None
+        try:
+            return Language.schema(schema)
+        except ValueError as exc:
+            raise UsageError(f"--json-schema {path}: {exc}") from None
+    if pattern is not None:
+        try:
+            return Language.regex(pattern)
+        except ValueError as exc:
+            raise UsageError(f"--regex: {exc}") from None
+    return None
+
+
+def _index(language, loaded: Loaded):
+    """The language over the loaded model's vocabulary (None without one)."""
+    if language is None:
+        return None
+    if loaded.tokenizer is None:
+        raise UsageError("--json-schema and --regex go with a text model, not a trained task's")
+    from constrained import Index, Tokens
+
+    return Index(language, Tokens.from_tokenizer(loaded.tokenizer), loaded.stop_ids)
+
+
 def chat(args: argparse.Namespace) -> int:
+    language = output_language(args)
     loaded = load(args, chat=True)
+    index = _index(language, loaded)
     threads = _threads(args)
     messages: list[dict[str, str]] = []
     if args.system is not None:
@@ -555,7 +596,7 @@ def chat(args: argparse.Namespace) -> int:
                 continue
             messages[:] = prompt.messages
             _prepare(loaded, args)  # before the first answer: compiled, or loaded
-            reply, speed = answer(loaded, prompt.ids, args)
+            reply, speed = answer(loaded, prompt.ids, args, index=index)
             print()
             _report(loaded, speed, threads)
             messages.append({"role": "assistant", "content": reply})
@@ -663,7 +704,9 @@ def _fit(loaded: Loaded, messages: list[dict[str, str]], args) -> Prompt:
 
 
 def generate(args: argparse.Namespace) -> int:
+    language = output_language(args)
     loaded = load(args, chat=False)
+    index = _index(language, loaded)
     if loaded.spec is not None:
         return _continue_symbols(loaded, args)
     if args.input is not None:
@@ -680,7 +723,7 @@ def generate(args: argparse.Namespace) -> int:
     with threads.limit():
         _prepare(loaded, args)  # for these threads
         print(args.prompt, end="", flush=True)
-        _, speed = answer(loaded, ids, args)
+        _, speed = answer(loaded, ids, args, index=index)
     print()
     _report(loaded, speed, threads)
     return 0

@@ -387,6 +387,7 @@ def _run_arguments(p: argparse.ArgumentParser, *, temperature: float, top_p: flo
         "end-of-turn token always ends it",
     )
     _speculation(p)
+    _output_language(p)
     _context_and_level3(p)
 
 
@@ -420,6 +421,25 @@ def _draft_kind(text: str) -> str:
         return text
     raise argparse.ArgumentTypeError(
         f"expected ngram, int8, int4 or layers:N (N >= 1), got {text!r}"
+    )
+
+
+def _output_language(p: argparse.ArgumentParser) -> None:
+    """What the output must be: a JSON schema's texts or a regex's (constrained/)."""
+    language = p.add_mutually_exclusive_group()
+    language.add_argument(
+        "--json-schema",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the answer is JSON valid under this schema (a file; each token masked to keep "
+        "the text a prefix of such JSON; unsupported keywords are refused by name)",
+    )
+    language.add_argument(
+        "--regex",
+        default=None,
+        metavar="PATTERN",
+        help="the answer is a whole match of this regular expression",
     )
 
 
@@ -605,8 +625,9 @@ def _serve(commands) -> None:
         help="serve a real model at any level over OpenAI's HTTP API",
         description=(
             "Load a model as ladder chat does and answer OpenAI's API on --host and --port "
-            "(POST /v1/chat/completions, /v1/completions, GET /v1/models, /health), with "
-            "each request's own sampling settings; up to --max-batch requests are decoded "
+            "(POST /v1/chat/completions, /v1/completions, GET /v1/models, /health, /metrics, "
+            "and / for a chat page in the browser), with each request's own sampling settings "
+            "and response_format (a JSON schema, any JSON object, a regex); up to --max-batch requests are decoded "
             "together, joining and leaving between steps, the others wait in the order they "
             "came (at most --max-queue, then 429). Ctrl-C stops it."
         ),

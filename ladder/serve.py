@@ -70,7 +70,8 @@ def serve(args: argparse.Namespace) -> int:
         )
     print(
         f"serving {loaded.name} at {loaded.level.__name__.rsplit('.', 1)[-1]}, {batch} "
-        f"({threads}), on http://{args.host}:{args.port}/v1 (Ctrl-C stops)",
+        f"({threads}), on http://{args.host}:{args.port}/v1, a chat page at "
+        f"http://{args.host}:{args.port}/ (Ctrl-C stops)",
         file=sys.stderr,
         flush=True,
     )

@@ -7,8 +7,15 @@ can honour):
   ``stream`` as server-sent events (a chunk per piece of text, ended by
   ``data: [DONE]``), ``stream_options.include_usage`` (a last chunk with the usage);
 * ``POST /v1/completions``: a ``prompt`` string continued as it is, no template;
-* ``GET /v1/models``: the one model served; ``GET /health`` (with the KV cache's
-  blocks, total and free).
+* ``GET /v1/models``: the one model served; ``GET /health`` (the model, the requests
+  waiting and running, and the KV cache's blocks, total and free);
+* ``GET /``: a page to chat with the model in a browser (``static/chat.html``: one file,
+  no external assets, over the routes above); ``GET /metrics``: Prometheus's text
+  format (``metrics.py``).
+
+``response_format`` holds the output to a JSON schema, any JSON object, or a regex
+(``structured.py``), streaming or not; a schema outside the subset is a 400 naming
+the keyword.
 
 Sampling as OpenAI's defaults: ``temperature`` 1 (0 is greedy, the tokens of
 ``ladder chat``), ``top_p`` 1; ``top_k`` as an extra field; ``seed`` makes a
@@ -29,17 +36,22 @@ cancels its request; the engine goes on with the others.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request as HTTPRequest
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from .engine import Engine, Finished, QueueFull, Request
+from .metrics import Metrics, StatusCounter
+from .structured import FormatError, Formats
 
 MAX_BODY = 1 << 20  # bytes: a request body larger than this is refused (413)
 MAX_STOPS = 4  # as OpenAI
@@ -142,22 +154,35 @@ class Server:
     def __init__(self, engine: Engine, model_name: str, *, max_body: int = MAX_BODY):
         self.engine, self.model_name, self.max_body = engine, model_name, max_body
         self.created = int(time.time())
+        self.formats = Formats(engine.loaded.tokenizer, engine.loaded.stop_ids)
+        self.metrics = Metrics(engine)
 
     def app(self) -> Starlette:
-        return Starlette(
-            routes=[
-                Route("/health", self.health, methods=["GET"]),
-                Route("/v1/models", self.models, methods=["GET"]),
-                Route("/v1/chat/completions", self.chat, methods=["POST"]),
-                Route("/v1/completions", self.completions, methods=["POST"]),
-            ]
-        )
+        routes = [
+            Route("/health", self.health, methods=["GET"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/", self.page, methods=["GET"]),
+            Route("/metrics", self.scrape, methods=["GET"]),
+        ]
+        counted = Middleware(StatusCounter, metrics=self.metrics, routes=[r.path for r in routes])
+        return Starlette(routes=routes, middleware=[counted])
+
+    async def page(self, request: HTTPRequest) -> HTMLResponse:
+        """The chat page: one static file, read once."""
+        return HTMLResponse(_page())
+
+    async def scrape(self, request: HTTPRequest) -> Response:
+        """``/metrics``: the counters, in Prometheus's text format."""
+        return Response(self.metrics.text(), media_type=self.metrics.content_type)
 
     async def health(self, request: HTTPRequest) -> JSONResponse:
-        """``{"status": "ok"}``, and the KV cache's blocks where requests share a pool: how many
-        there are, and how many no running request holds (a finished or cancelled one's
-        come back; those holding a prefix stay findable until taken)."""
-        body = {"status": "ok"}
+        """``{"status": "ok"}``, the model's name, the requests waiting (no token yet) and
+        running, and the KV cache's blocks where requests share a pool: how many there are,
+        and how many no running request holds (a finished or cancelled one's come back;
+        those holding a prefix stay findable until taken)."""
+        body = {"status": "ok", "model": self.model_name, "queue": self.metrics.queue}
         pool = self.engine.pool
         if pool is not None:
             body["kv_blocks"] = {"total": pool.blocks, "free": pool.available}
@@ -190,6 +215,7 @@ class Server:
                 raise APIError(400, "'stream_options' must be an object", param="stream_options")
             usage_chunk = bool(options.get("include_usage")) and stream
             request = self._request(ids, settings)
+            request.constraint = await self._format(body)
             events = self._submit(request)
         except APIError as exc:
             return exc.response()
@@ -255,11 +281,22 @@ class Server:
             )
         return Request(ids, asked or room, **settings)
 
+    async def _format(self, body: dict):
+        """The request's ``response_format`` as its own ``Constraint`` (None: none), compiled
+        off the event loop (a first compile takes milliseconds to a second)."""
+        try:
+            index = await asyncio.to_thread(self.formats.index, body.get("response_format"))
+        except FormatError as exc:
+            raise APIError(400, str(exc), param="response_format") from None
+        return None if index is None else index.constraint()
+
     def _submit(self, request: Request) -> asyncio.Queue:
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
+        deliver = self.metrics.watch(lambda e: loop.call_soon_threadsafe(events.put_nowait, e))
         try:
-            self.engine.submit(request, lambda e: loop.call_soon_threadsafe(events.put_nowait, e))
+            self.engine.submit(request, deliver)
         except QueueFull as exc:
+            self.metrics.refused(deliver)
             raise APIError(429, str(exc), kind="rate_limit_error", code="queue_full") from None
         return events
 
@@ -332,3 +369,9 @@ class Server:
             yield "data: [DONE]\n\n"
         finally:
             request.cancel()  # the client left, or the answer is done: either way, stop
+
+
+@functools.cache
+def _page() -> str:
+    """``static/chat.html``, read on first use."""
+    return (Path(__file__).parent / "static" / "chat.html").read_text()

@@ -83,6 +83,7 @@ class Request:
     stop: tuple[str, ...] = ()
     id: str = ""
     cancelled: threading.Event = field(default_factory=threading.Event)
+    constraint: Any = None  # its own constrained.Constraint: the logits masked before its pick
 
     def cancel(self) -> None:
         """Stop it before its next token (or before it starts)."""
@@ -232,6 +233,7 @@ class Engine:
             top_p=request.top_p,
             seed=request.seed,
             stop_ids=self.loaded.stop_ids,
+            constraint=request.constraint,
         )
         for token in tokens:
             if answer.take(token):
@@ -383,7 +385,12 @@ class _Batch:
         self.engine.preempted += 1
 
     def _take(self, answer: _Answer, logits) -> None:
-        if answer.take(answer.pick(logits)):
+        try:
+            token = answer.pick(logits)
+        except ValueError as exc:  # its constraint allows no token: its failure alone
+            answer.deliver(exc)
+            return self._drop(answer)
+        if answer.take(token):
             self._say(f"{answer.name} done ({answer.reason}, {answer.count} tokens)")
             self._drop(answer)
 
@@ -451,8 +458,15 @@ class _Answer:
             self.cached = seq.count
 
     def pick(self, logits) -> int:
-        """The next token from its logits ``(1, V)``, as the request alone would pick it."""
-        return int(pick(logits, self.sampling, self.generators)[0])
+        """The next token from its logits ``(1, V)``, as the request alone would pick it
+        (under its constraint, which then takes the token)."""
+        constraint = self.request.constraint
+        if constraint is not None:
+            logits = constraint.apply(logits)
+        token = int(pick(logits, self.sampling, self.generators)[0])
+        if constraint is not None:
+            constraint.advance(token)
+        return token
 
     def take(self, token: int) -> bool:
         """Take the next token; -> whether the request is done (and then finished)."""

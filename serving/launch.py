@@ -50,11 +50,16 @@ def serving(*flags: str, start_s: float = START_S) -> Iterator[str]:
                 time.sleep(0.2)
         yield base
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process)
         if process.stdout is not None:
             process.stdout.close()
+
+
+def stop(process: subprocess.Popen, wait_s: float = 30) -> None:
+    """Terminate ``process``, and kill it if it has not ended within ``wait_s``."""
+    process.terminate()
+    try:
+        process.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

@@ -178,6 +178,16 @@ SERVE_CURL = Elsewhere(
     "the same stream, read by the openai client",
 )
 
+# Output under a schema: the page's file is the reader's own; the tests write one.
+CHAT_SCHEMA = Elsewhere(
+    "tests/test_constrained.py::test_ladder_generate_follows_a_regex_and_chat_a_schema",
+    "ladder chat -p ... --json-schema FILE with a schema file the test writes (extended)",
+)
+SERVE_SCHEMA = Elsewhere(
+    "tests/test_serve_structured.py::test_a_chat_answer_follows_its_schema_whole_and_streamed",
+    "the same schema asked of ladder serve on a free port, whole and streamed (extended)",
+)
+
 EXTENDED_TESTS = ("tests/test_real_gemma.py::", "test_the_whole_matrix_compiles_for")
 
 COMMANDS: dict[str, list[tuple[str, Check]]] = {
@@ -204,10 +214,12 @@ COMMANDS: dict[str, list[tuple[str, Check]]] = {
             "tests/test_site.py::test_ladder_docs_serves_the_site_on_loopback",
             "ladder docs on a free port, its pages fetched, stopped by Ctrl-C",
         )),  # fmt: skip
+        ('ladder chat -p "A person, as JSON" --json-schema person.json', CHAT_SCHEMA),
     ],
     "docs/serving.md": [
         ("ladder serve", SERVE),
         ('curl -N http://127.0.0.1:8000/v1/chat/completions -H "Content-Type: application/json" -d \'{"model": "smollm2-135m", "messages": [{"role": "user", "content": "What is the capital of France?"}], "temperature": 0, "stream": true, "stream_options": {"include_usage": true}}\'', SERVE_CURL),
+        ('curl http://127.0.0.1:8000/v1/chat/completions -H "Content-Type: application/json" -d \'{"messages": [{"role": "user", "content": "Give me a person as JSON"}], "temperature": 0, "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 0, "maximum": 150}}, "required": ["name", "age"]}}}}\'', SERVE_SCHEMA),
     ],
     "docs/benchmarks.md": [
         ("ladder bench", run(BENCH, manual=True)),  # CI: the --quick run below, every scenario smaller

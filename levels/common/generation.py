@@ -171,6 +171,7 @@ def stream_decoder_only(
     draft: speculative.Draft | None = None,
     draft_tokens: int = 4,
     counts: speculative.Counts | None = None,
+    constraint: Any = None,
 ) -> Iterator[int]:
     """Continue one prompt ``(P,)`` token by token: yield each new id as soon as it is chosen.
 
@@ -184,6 +185,9 @@ def stream_decoder_only(
     the model runs without autograd during each step, not between them. ``draft``,
     ``draft_tokens`` and ``counts`` as ``generate_decoder_only``'s: a pass may then yield
     several tokens at once.
+    ``constraint`` (``constrained.Constraint``: ``apply(logits)``, ``advance(token)``)
+    masks the logits before each pick and takes each token picked (with a draft, the
+    guesses are verified under the mask).
     """
     config = model.config
     sampling = Sampling(temperature, top_k, top_p, seed)
@@ -203,7 +207,8 @@ def stream_decoder_only(
     generators = sampling.generators(1)
     if draft is not None:
         passes = speculative.speculate(model, tokens, np.array([P]), max_new_tokens, draft=draft, k=draft_tokens,
-                                       sampling=sampling, generators=generators, stop_ids=tuple(stop_ids), counts=counts)  # fmt: skip
+                                       sampling=sampling, generators=generators, stop_ids=tuple(stop_ids), counts=counts,
+                                       constraints=None if constraint is None else [constraint])  # fmt: skip
         yield from (token for new in passes for token in new[0])
         return
     native, to_numpy = _converters(model)
@@ -213,7 +218,11 @@ def stream_decoder_only(
         with model.arrays.inference():
             logits = model.transformer(native(ids), native(positions), cache, last=step == 0)
             last = to_numpy(logits)[:, -1].astype(np.float64)  # (1, V)
+        if constraint is not None:
+            last = constraint.apply(last)
         token = int(pick(last, sampling, generators)[0])
+        if constraint is not None:
+            constraint.advance(token)
         yield token
         if token in stop_ids:
             return

@@ -361,14 +361,18 @@ class Counts:
 
 def speculate(model, prompts: np.ndarray, lengths: np.ndarray, steps: int, *, draft: Draft,
               k: int, sampling: Sampling, generators, stop_ids: tuple[int, ...] = (),
-              counts: Counts | None = None) -> Iterator[list[list[int]]]:  # fmt: skip
+              counts: Counts | None = None, constraints=None) -> Iterator[list[list[int]]]:  # fmt: skip
     """Speculative decoding of ``steps`` tokens after each row's prompt (``prompts (B, P)``,
     right-padded, ``lengths (B,)`` real tokens): yields, after each target pass, the new
     tokens of every row (a finished row's: none). Every pass, each row's draft proposes up
     to ``k`` tokens, one target pass scores them all, and ``verify`` keeps a prefix and
     adds one token of the target's: the tokens are plain decoding's (greedy) or follow the
     target's law exactly (sampling). A row stops after a token of ``stop_ids``; ``counts``
-    (``Counts``) adds up the passes and the tokens drafted and kept.
+    (``Counts``) adds up the passes and the tokens drafted and kept. ``constraints`` (one a
+    row, ``constrained.Constraint``): the target's distributions are the masked ones, each
+    after the guesses before it, so that a guess the language refuses has ``p = 0`` and is
+    rejected by the rule itself; the text then stays in the language, with the law of
+    masked decoding one token at a time.
 
     Rows keep their own positions, and the cache one length for all: after a pass it keeps
     the slots every row kept (the fewest any row kept); what a row kept beyond them is fed
@@ -385,7 +389,14 @@ def speculate(model, prompts: np.ndarray, lengths: np.ndarray, steps: int, *, dr
     cache = model.new_cache(B)
     with model.arrays.inference():  # the prompt, and each row's first token from it
         logits = model.transformer(native(prompts), native(np.where(real, real.cumsum(1) - 1, -1)), cache, last=True)  # fmt: skip
-    made = [[int(t)] for t in pick(scores(logits)[:, -1], sampling, generators)]  # each row's new
+    first = scores(logits)[:, -1]  # (B, V)
+    if constraints is not None:
+        first = np.concatenate(
+            [c.apply(row[None]) for c, row in zip(constraints, first, strict=True)]
+        )
+    made = [[int(t)] for t in pick(first, sampling, generators)]  # each row's new
+    for b in range(B if constraints is not None else 0):
+        constraints[b].advance(made[b][0])
     yield [list(m) for m in made]
     cached = lengths.copy()  # each row's tokens in the cache
     done = np.array([steps <= 1 or m[-1] in stop_ids for m in made])
@@ -409,13 +420,18 @@ def speculate(model, prompts: np.ndarray, lengths: np.ndarray, steps: int, *, dr
         for b in np.flatnonzero(~done):
             tokens, q_rows = guesses[b]
             at = len(backlog[b]) - 1  # the logits after the row's last token before its guesses
-            p_rows = distribution(logits[b, at : at + len(tokens) + 1], sampling)  # (n + 1, V)
+            rows = logits[b, at : at + len(tokens) + 1]  # (n + 1, V)
+            if constraints is not None:
+                rows = _masked(rows, tokens, constraints[b])
+            p_rows = distribution(rows, sampling)  # (n + 1, V)
             n, t = verify(p_rows, q_rows, tokens, None if sampling.greedy else generators[b])
             counts.drafted, counts.accepted = counts.drafted + len(tokens), counts.accepted + n
             counts.guessed.append(len(tokens))
             counts.kept.append(n)
             for token in [*tokens[:n], t]:
                 new[b].append(token)
+                if constraints is not None:
+                    constraints[b].advance(token)
                 if token in stop_ids or len(made[b]) + len(new[b]) == steps:
                     done[b] = True
                     break
@@ -424,3 +440,20 @@ def speculate(model, prompts: np.ndarray, lengths: np.ndarray, steps: int, *, dr
         cache.rollback(before + min(kept))  # the slots every row kept
         cached += min(kept)
         yield new
+
+
+def _masked(rows: np.ndarray, tokens: list[int], constraint) -> np.ndarray:
+    """``rows (n + 1, V)``, row ``i`` masked by the language after the guesses ``tokens[:i]``
+    (``constraint``'s state, copied: the row's own moves on by what is kept). After a guess
+    the language refuses, the rows are that guess's own: it has ``p = 0`` and is rejected
+    there, so no later row is read."""
+    state, out = copy.copy(constraint), []
+    for i in range(len(rows)):
+        out.append(state.apply(rows[i][None])[0])
+        if i < len(tokens):
+            try:
+                state.advance(tokens[i])
+            except ValueError:  # refused: p(tokens[i]) = 0 in the row just masked
+                out += [out[-1]] * (len(rows) - 1 - i)
+                break
+    return np.array(out)
