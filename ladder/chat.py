@@ -327,10 +327,11 @@ def _draft(speculate, model, level, config, params, dtype, args, compile):
 
     if speculate == "ngram":
         return NGramDraft(max_n=4, min_n=2)  # a guess from a match of two tokens at least
+    seed = getattr(args, "seed", None)  # serve has none: each request's row is seeded by its own
     if speculate.startswith("layers:"):
-        return ModelDraft(first_layers(model, int(speculate.partition(":")[2])), seed=args.seed)
+        return ModelDraft(first_layers(model, int(speculate.partition(":")[2])), seed=seed)
     copy = build(level, config, params, dtype, args.device, weights=speculate, compile=compile)
-    return ModelDraft(copy, seed=args.seed)
+    return ModelDraft(copy, seed=seed)
 
 
 def _numpy_dtype(dtype: str):

@@ -634,6 +634,7 @@ def _serve(commands) -> None:
     )
     _model_source(p, with_aliases=False)
     _placement(p)
+    _speculation(p)  # the server's default draft: a request may ask for another, or none
     _context_and_level3(p)
     p.add_argument(
         "--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1: "

@@ -59,7 +59,8 @@ def serve(args: argparse.Namespace) -> int:
         prefix_cache=args.prefix_cache,
         limit=threads.limit,
     )
-    server = Server(engine, loaded.name, max_body=args.max_body)
+    server = Server(engine, loaded.name, max_body=args.max_body,
+                    speculate=getattr(args, "speculate", None), draft_tokens=args.draft_tokens)  # fmt: skip
     batch = "one at a time"
     if engine.pool is not None:
         pool = engine.pool

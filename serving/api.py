@@ -26,6 +26,13 @@ ignored. The usage counts ``prompt_tokens_details.cached_tokens`` (the prompt's
 tokens found in the engine's prefix cache) and each response carries ``timings`` (the wait in the queue,
 the time to the first token, the time per output token), as llama.cpp's server does.
 
+Speculative decoding: the server's draft (``ladder serve --speculate``) guesses each
+request's tokens unless the request says otherwise, with extra fields of our own:
+``speculate`` (``"ngram"``, ``"none"``, or the server's draft by its name) and
+``draft_tokens`` (the guesses a step, at least 1). The usage then counts
+``completion_tokens_details.accepted_prediction_tokens`` and
+``rejected_prediction_tokens``, OpenAI's names for the guessed tokens kept and not.
+
 Every bad request is a 4xx with OpenAI's error body, ``{"error": {"message", "type",
 "param", "code"}}``: malformed JSON or a wrong field (400), an unknown model (404), a
 body over the size limit (413), a prompt that leaves no room for one token (400,
@@ -151,8 +158,11 @@ def _messages(body: dict) -> list[dict[str, str]]:
 class Server:
     """The routes over one ``Engine`` serving the model named ``model_name``."""
 
-    def __init__(self, engine: Engine, model_name: str, *, max_body: int = MAX_BODY):
+    def __init__(self, engine: Engine, model_name: str, *, max_body: int = MAX_BODY,
+                 speculate: str | None = None, draft_tokens: int = 4):  # fmt: skip
         self.engine, self.model_name, self.max_body = engine, model_name, max_body
+        # The server's draft, by name (None: no speculation unless a request asks for ngram).
+        self.speculate, self.draft_tokens = speculate, draft_tokens
         self.created = int(time.time())
         self.formats = Formats(engine.loaded.tokenizer, engine.loaded.stop_ids)
         self.metrics = Metrics(engine)
@@ -215,6 +225,7 @@ class Server:
                 raise APIError(400, "'stream_options' must be an object", param="stream_options")
             usage_chunk = bool(options.get("include_usage")) and stream
             request = self._request(ids, settings)
+            request.draft, request.draft_tokens = self._draft(body)
             request.constraint = await self._format(body)
             events = self._submit(request)
         except APIError as exc:
@@ -281,6 +292,24 @@ class Server:
             )
         return Request(ids, asked or room, **settings)
 
+    def _draft(self, body: dict) -> tuple[object, int]:
+        """The request's draft and guesses a step: its ``speculate`` and ``draft_tokens``, or the
+        server's."""
+        from levels.common.speculative import NGramDraft
+
+        name = _field(body, "speculate", str, self.speculate or "none", what="a draft's name")
+        k = _field(body, "draft_tokens", int, self.draft_tokens, check=lambda v: v >= 1,
+                   what="an integer >= 1")  # fmt: skip
+        if name == "none":
+            return None, k
+        if name == self.speculate and self.engine.loaded.draft is not None:
+            return self.engine.loaded.draft, k
+        if name == "ngram":
+            return NGramDraft(max_n=4, min_n=2), k
+        served = f", or '{self.speculate}'" if self.speculate else ""
+        raise APIError(400, f"'speculate' must be 'ngram' or 'none'{served}, got {name!r}",
+                       param="speculate")  # fmt: skip
+
     async def _format(self, body: dict):
         """The request's ``response_format`` as its own ``Constraint`` (None: none), compiled
         off the event loop (a first compile takes milliseconds to a second)."""
@@ -307,6 +336,10 @@ class Server:
             "completion_tokens": done.completion_tokens,
             "total_tokens": done.prompt_tokens + done.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
+            "completion_tokens_details": {
+                "accepted_prediction_tokens": done.accepted_tokens,
+                "rejected_prediction_tokens": done.drafted_tokens - done.accepted_tokens,
+            },
         }
 
     @staticmethod

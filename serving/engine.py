@@ -84,6 +84,8 @@ class Request:
     id: str = ""
     cancelled: threading.Event = field(default_factory=threading.Event)
     constraint: Any = None  # its own constrained.Constraint: the logits masked before its pick
+    draft: Any = None  # speculative decoding: what guesses its tokens (levels.common.speculative)
+    draft_tokens: int = 4  # at most this many guesses a step
 
     def cancel(self) -> None:
         """Stop it before its next token (or before it starts)."""
@@ -103,6 +105,8 @@ class Finished:
     queued_s: float
     first_token_s: float  # from the start of its turn to its first token (the prefill)
     per_token_s: float  # the mean time per token after the first (0 with one token)
+    drafted_tokens: int = 0  # speculative decoding: the guesses its draft made
+    accepted_tokens: int = 0  # and those the model kept
 
 
 # What a consumer receives, in order: zero or more str (the text, piece by piece), then
@@ -234,6 +238,7 @@ class Engine:
             seed=request.seed,
             stop_ids=self.loaded.stop_ids,
             constraint=request.constraint,
+            **answer.speculation(),
         )
         for token in tokens:
             if answer.take(token):
@@ -319,11 +324,13 @@ class _Batch:
             n = min(len(answer.todo), budget)
             if not self._room([answer], n):
                 continue
-            ids, positions = self._inputs([answer.todo[:n]], [answer.seq.count])  # (1,n) each
+            ids, positions = self._inputs([answer.todo[:n]], [answer.seq.count], n)  # (1,n) each
             pass_ = partial(self.model.transformer, ids, positions, last=True)  # (1,1,V)
             logits = self._pass([answer], pass_)
             if logits is None:
                 continue
+            self._publish([answer])
+            logits = logits[:, -1]  # (1,V)
             budget -= n
             self.engine.prefills += 1
             self.engine.computed += n
@@ -332,38 +339,58 @@ class _Batch:
                 self._take(answer, logits[0:1])
 
     def _decode(self, decoding: list[_Answer]) -> None:
-        """One token for each request that has one to take, in one step."""
+        """One step for every request that has a token to take: its token, and the guesses of
+        its draft where it speculates, all in one pass that reads the weights once."""
         decoding = [a for a in decoding if not self._cancelled(a)]
-        if not decoding or not self._room(decoding, 1):
+        guesses = {a: a.guess() for a in decoding}  # ([], None) without a draft
+        T = 1 + max((len(g[0]) for g in guesses.values()), default=0)
+        if not decoding or not self._room(decoding, T):
             return
         decoding = [a for a in decoding if a in self.active]  # some may have been preempted
-        ids, positions = self._inputs(
-            [[a.todo[0]] for a in decoding], [a.seq.count for a in decoding]
-        )
-        logits = self._pass(decoding, partial(self.model.transformer, ids, positions))  # (B,1,V)
+        fed = [[a.todo[0], *guesses[a][0]] for a in decoding]
+        ids, positions = self._inputs(fed, [a.seq.count for a in decoding], T)
+        starts = [a.seq.count for a in decoding]
+        logits = self._pass(decoding, partial(self.model.transformer, ids, positions))  # (B,T,V)
         if logits is None:
             return
         self.engine.steps += 1
         self.engine.rows += len(decoding)
         self._say("decode " + " ".join(a.name for a in decoding))
         for i, answer in enumerate(decoding):
-            self._take(answer, logits[i : i + 1])
+            tokens, q = guesses[answer]
+            if not tokens:
+                self.pool.trim(answer.seq)  # blocks taken for a longer row's guesses go back
+                self._take(answer, logits[i, :1])
+                continue
+            n, last = answer.verify(logits[i, : len(tokens) + 1], tokens, q)
+            answer.seq.count = starts[i] + 1 + n  # its token and the guesses kept
+            self.pool.trim(answer.seq)  # the blocks of the guesses it did not keep go back
+            for token in [*tokens[:n], last]:
+                if answer.take(token):
+                    self._say(f"{answer.name} done ({answer.reason}, {answer.count} tokens)")
+                    self._drop(answer)
+                    break
+        self._publish(decoding)
 
     def _pass(self, answers: list[_Answer], step: Callable) -> Any:
-        """``step(cache=)`` over the answers' sequences -> its logits ``(B,V)`` as numpy, or None
-        (failed: each of them told and finished). The full blocks it filled are published."""
+        """``step(cache=)`` over the answers' sequences -> its logits ``(B,T,V)`` as numpy, or None
+        (failed: each of them told and finished)."""
         try:
-            logits = step(cache=self.cache([a.seq for a in answers]))[:, -1]  # (B,V)
+            logits = step(cache=self.cache([a.seq for a in answers]))  # (B,T,V)
             logits = self.engine.loaded.level.to_numpy(logits)
         except Exception as exc:  # these requests' failure, not the engine's
             for answer in answers:
                 answer.deliver(exc)
                 self._drop(answer)
             return None
-        for answer in answers:
-            if self.engine.prefix_cache:
-                self.pool.publish(answer.seq, answer.history)
         return logits
+
+    def _publish(self, answers: list[_Answer]) -> None:
+        """The full blocks the answers still running filled, filed for later prompts."""
+        if self.engine.prefix_cache:
+            for answer in answers:
+                if answer in self.active:
+                    self.pool.publish(answer.seq, answer.history)
 
     def _room(self, answers: list[_Answer], adding: int) -> bool:
         """Blocks for ``adding`` more positions of each of ``answers``, preempting the newest
@@ -410,15 +437,18 @@ class _Batch:
         self.pool.free(answer.seq)
         self.active.remove(answer)
 
-    def _inputs(self, ids: list[list[int]], starts: list[int]) -> tuple[Any, Any]:
+    def _inputs(self, ids: list[list[int]], starts: list[int], T: int) -> tuple[Any, Any]:
         """The plain pass's inputs, as a model runner makes them: ``ids (B,T)`` from the token
         lists the engine holds, and their positions, row ``b`` from ``starts[b]`` on (a
-        sequence's count: its slots are its positions), made on the model's device."""
+        sequence's count: its slots are its positions), a short row padded at position -1,
+        made on the model's device."""
         import torch
 
-        device = self.model.device
-        positions = [range(start, start + len(row)) for start, row in zip(starts, ids, strict=True)]
-        return torch.tensor(ids, device=device), torch.tensor(positions, device=device)
+        pad, device = self.model.config.pad_id, self.model.device
+        rows = [row + [pad] * (T - len(row)) for row in ids]  # (B,T)
+        positions = [[start + t if t < len(row) else -1 for t in range(T)]
+                     for start, row in zip(starts, ids, strict=True)]  # fmt: skip
+        return torch.tensor(rows, device=device), torch.tensor(positions, device=device)
 
 
 class _Answer:
@@ -440,6 +470,10 @@ class _Answer:
         self.generated: list[int] = []
         self.seq = None  # its place in the engine's pool while admitted (``Sequence``)
         self.cached: int | None = None  # prompt tokens found in the pool when first admitted
+        self.counts = _counts()  # what its draft guessed and the model kept
+        start = getattr(request.draft, "open", None)  # a model draft's row for it, its seed
+        if start is not None:
+            start(request.id, request.seed)
 
     @property
     def history(self) -> list[int]:
@@ -456,6 +490,43 @@ class _Answer:
         self.seq = seq
         if self.cached is None:
             self.cached = seq.count
+
+    def speculation(self) -> dict:
+        """Its draft, as ``stream`` takes it (nothing without one)."""
+        request = self.request
+        if request.draft is None:
+            return {}
+        return {"draft": request.draft, "draft_tokens": request.draft_tokens, "counts": self.counts}
+
+    def guess(self) -> tuple[list[int], Any]:
+        """Its draft's guesses of its next tokens after the one it took last, ``(tokens,
+        q_rows)``: as many as ``draft_tokens`` and what it may still take allow, none without
+        a draft."""
+        request = self.request
+        room = min(request.draft_tokens, request.max_tokens - self.count - 1)
+        if request.draft is None or room < 1:
+            return [], None
+        return request.draft.propose(self.history, room, row=request.id, sampling=self.sampling)
+
+    def verify(self, logits, tokens: list[int], q_rows) -> tuple[int, int]:
+        """``levels.common.speculative.verify`` of its guesses ``tokens`` against ``logits
+        (n + 1, V)``, under its constraint and with its own generator -> ``(kept, next token)``;
+        the constraint takes the tokens it emits."""
+        from levels.common import speculative
+        from levels.common.sampling import distribution
+
+        constraint = self.request.constraint
+        rows = logits if constraint is None else speculative.masked(logits, tokens, constraint)
+        rng = None if self.sampling.greedy else self.generators[0]
+        n, last = speculative.verify(distribution(rows, self.sampling), q_rows, tokens, rng)
+        self.counts.passes += 1
+        self.counts.drafted, self.counts.accepted = (
+            self.counts.drafted + len(tokens),
+            self.counts.accepted + n,
+        )
+        for token in [*tokens[:n], last] if constraint is not None else ():
+            constraint.advance(token)
+        return n, last
 
     def pick(self, logits) -> int:
         """The next token from its logits ``(1, V)``, as the request alone would pick it
@@ -497,8 +568,17 @@ class _Answer:
         end = time.perf_counter()
         first = self.first or end
         per_token = (end - first) / (self.count - 1) if self.count > 1 else 0.0
+        forget = getattr(self.request.draft, "forget", None)  # a model draft's cache of it
+        if forget is not None:
+            forget(self.request.id)
         self.deliver(
             Finished(reason, len(self.request.ids), self.count, self.cached or 0, self.queued_s,
-                     first - self.start, per_token)
+                     first - self.start, per_token, self.counts.drafted, self.counts.accepted)
         )  # fmt: skip
         return True
+
+
+def _counts():
+    from levels.common.speculative import Counts
+
+    return Counts()

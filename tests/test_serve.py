@@ -134,6 +134,22 @@ def test_limits_stops_and_seeds(client):
     assert drawn[0] == drawn[1]  # a seed repeats a sampled answer
 
 
+def test_a_speculated_answer_is_the_plain_one_and_its_usage_counts_the_guesses(client):
+    # A grounded question: the answer repeats the prompt's words, which the n-gram draft finds.
+    text = "The river Ness runs from Loch Ness to the sea at Inverness. " * 3
+    messages = [{"role": "user", "content": f"{text}Repeat the first sentence."}]
+    ask = dict(model="smollm2-135m", messages=messages, temperature=0, max_tokens=24)
+    plain = client.chat.completions.create(**ask)
+    guessed = client.chat.completions.create(**ask, extra_body={"speculate": "ngram", "draft_tokens": 4})
+    assert guessed.choices[0].message.content == plain.choices[0].message.content
+    assert guessed.usage.completion_tokens == plain.usage.completion_tokens
+    details = guessed.usage.completion_tokens_details
+    assert details.accepted_prediction_tokens > 0  # the repeated sentence is guessed and kept
+    assert details.accepted_prediction_tokens < guessed.usage.completion_tokens
+    none = plain.usage.completion_tokens_details
+    assert (none.accepted_prediction_tokens, none.rejected_prediction_tokens) == (0, 0)
+
+
 # ----------------------------------------------------------------------------- bad requests
 
 
@@ -160,6 +176,8 @@ def _error(status: int, body: dict, code: int, param=None, error_code=None) -> N
         ({"messages": [{"role": "user", "content": "x"}], "model": "gpt-9"}, 404, "model", "model_not_found"),
         ({"messages": [{"role": "user", "content": "word " * 2100}]}, 400, "messages", "context_length_exceeded"),
         ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 4000}, 400, "messages", "context_length_exceeded"),
+        ({"messages": [{"role": "user", "content": "x"}], "speculate": "eagle"}, 400, "speculate", None),
+        ({"messages": [{"role": "user", "content": "x"}], "draft_tokens": 0}, 400, "draft_tokens", None),
     ],
 )  # fmt: skip
 def test_a_bad_request_is_refused_with_the_field_named(server, body, code, param, error_code):
@@ -340,10 +358,11 @@ def test_serve_blocks_a_float32_batch_at_level_3_on_a_cpu_by_default():
 # ----------------------------------------------------------------------------- batching
 
 
-def _engine_run(level_name: str, requests: list, arrivals: list[int], **options):
+def _engine_run(level_name: str, requests: list, arrivals: list[int], draft=None, **options):
     """``requests`` submitted to an engine over a small float64 model of ``level_name``
     (``options`` the engine's), request ``i`` once the engine has run ``arrivals[i]`` decode
-    steps; -> (texts, reasons: (finish reason, completion tokens, cached tokens) each, the
+    steps; ``draft(model)``, when given, the draft every request speculates with; -> (texts,
+    reasons: (finish reason, completion tokens, cached tokens, drafted, accepted) each, the
     engine, the model)."""
     from types import SimpleNamespace
 
@@ -360,12 +379,17 @@ def _engine_run(level_name: str, requests: list, arrivals: list[int], **options)
     model = level.DecoderOnlyTransformer(config, params, dtype=torch.float64)
     loaded = SimpleNamespace(model=model, level=level, tokenizer=_Letters(), stop_ids=(7,))
     engine = Engine(loaded, max_queue=64, **options)
+    if draft is not None:
+        shared = draft(model)
+        for request in requests:
+            request.draft, request.draft_tokens = shared, 3
     texts, reasons, done = [""] * len(requests), [None] * len(requests), threading.Event()
 
     def deliver(i):
         def take(event):
             if isinstance(event, Finished):
-                reasons[i] = (event.finish_reason, event.completion_tokens, event.cached_tokens)
+                reasons[i] = (event.finish_reason, event.completion_tokens, event.cached_tokens,
+                              event.drafted_tokens, event.accepted_tokens)  # fmt: skip
                 if all(reasons):
                     done.set()
             elif isinstance(event, Exception):
@@ -447,6 +471,66 @@ def _requests(n: int, seed: int, prefix=(), longest=12, most_tokens=14):
                                 temperature=0.9 if sampled else 0.0, top_k=12 if sampled else None,
                                 top_p=0.95 if sampled else None, seed=100 + i if sampled else None))  # fmt: skip
     return requests
+
+
+@pytest.mark.parametrize("drafter", ["itself", "another model"])
+def test_speculated_requests_in_a_batch_answer_as_alone(drafter):
+    """Eight greedy requests behind a shared prefix, four at once in a pool too small for all,
+    each speculating with a draft: the model itself (every guess kept, runs that cross
+    blocks) or another model (most guesses rejected, their slots rolled back). Each text is
+    its text alone, plain; prefix hits and preemptions happen on the way; the usage counts
+    the guesses; and every block, a rejected guess's included, is back in the pool."""
+    import torch
+
+    from levels import init_params
+    from levels.common.speculative import ModelDraft
+
+    def draft(model):
+        if drafter == "itself":
+            return ModelDraft(model)
+        params = init_params(model.config, "decoder_only", seed=2, scheme="random")
+        return ModelDraft(type(model)(model.config, params, dtype=torch.float64))
+
+    requests = _requests(8, seed=6, prefix=list(range(10, 23)), longest=8, most_tokens=14)
+    for request in requests:  # greedy: the speculated tokens are the plain ones
+        request.temperature, request.top_k, request.top_p, request.seed = 0.0, None, None, None
+    texts, reasons, engine, model = _engine_run(
+        "level2_torch_manual", requests, [0, 0, 0, 0, 1, 2, 3, 4], draft=draft, max_batch=4,
+        blocks=20, block_size=4,
+    )  # fmt: skip
+    _assert_alone(requests, texts, reasons, engine, model)
+    assert engine.preempted > 0 and any(r[2] for r in reasons)  # preempted; prefixes found
+    drafted, accepted = (sum(r[i] for r in reasons) for i in (3, 4))
+    assert drafted >= 20 and (accepted == drafted if drafter == "itself" else accepted < drafted)
+
+
+def test_a_seeded_speculated_request_repeats_its_answer_in_any_batch():
+    """Sampled, seeded requests speculating with another model: the draft's draws are the
+    request's seed's, so each answer is the same whether it ran with others or alone (its
+    distribution is the plain one: ``verify``'s proof, tests/test_speculative.py)."""
+    import torch
+
+    from levels import init_params
+    from levels.common.speculative import ModelDraft
+
+    def draft(model):
+        params = init_params(model.config, "decoder_only", seed=2, scheme="random")
+        return ModelDraft(type(model)(model.config, params, dtype=torch.float64))
+
+    def run(indices, arrivals):
+        requests = _requests(6, seed=8, longest=8, most_tokens=14)
+        for request in requests:
+            request.temperature, request.top_k, request.top_p = 0.9, 12, 0.95
+            request.seed = 300 + requests.index(request)
+        chosen = [requests[i] for i in indices]
+        texts, reasons, *_ = _engine_run("level2_torch_manual", chosen, arrivals, draft=draft,
+                                         max_batch=4, blocks=40, block_size=4)  # fmt: skip
+        return dict(zip(indices, texts)), reasons
+
+    together, reasons = run(list(range(6)), [0, 0, 0, 1, 2, 3])
+    assert all(r[3] > r[4] > 0 for r in reasons[:5])  # guesses made, some kept, some not
+    for i in (0, 3, 4):
+        assert run([i], [0])[0][i] == together[i], f"request {i}"
 
 
 def test_a_pool_too_small_for_all_preempts_the_newest_and_each_answer_is_unchanged():

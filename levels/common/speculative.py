@@ -298,6 +298,15 @@ class ModelDraft:
         self._rows[row] = (cache, (context + tokens)[:common], rng)
         return tokens, np.array(rows) if rows else None
 
+    def open(self, row: int, seed: int | None) -> None:
+        """Start row ``row`` afresh, its draws seeded by ``seed`` (a server's request: its own
+        seed, so that a seeded request's guesses, and so its answer, repeat)."""
+        self._rows[row] = (self.model.new_cache(1), [], np.random.default_rng(seed))
+
+    def forget(self, row: int) -> None:
+        """Let row ``row``'s cache go (a server's request that ended)."""
+        self._rows.pop(row, None)
+
     def _new_row(self, row: int):
         rng = np.random.default_rng(None if self.seed is None else [self.seed, row])
         return self.model.new_cache(1), [], rng
@@ -422,7 +431,7 @@ def speculate(model, prompts: np.ndarray, lengths: np.ndarray, steps: int, *, dr
             at = len(backlog[b]) - 1  # the logits after the row's last token before its guesses
             rows = logits[b, at : at + len(tokens) + 1]  # (n + 1, V)
             if constraints is not None:
-                rows = _masked(rows, tokens, constraints[b])
+                rows = masked(rows, tokens, constraints[b])
             p_rows = distribution(rows, sampling)  # (n + 1, V)
             n, t = verify(p_rows, q_rows, tokens, None if sampling.greedy else generators[b])
             counts.drafted, counts.accepted = counts.drafted + len(tokens), counts.accepted + n
@@ -442,7 +451,7 @@ def speculate(model, prompts: np.ndarray, lengths: np.ndarray, steps: int, *, dr
         yield new
 
 
-def _masked(rows: np.ndarray, tokens: list[int], constraint) -> np.ndarray:
+def masked(rows: np.ndarray, tokens: list[int], constraint) -> np.ndarray:
     """``rows (n + 1, V)``, row ``i`` masked by the language after the guesses ``tokens[:i]``
     (``constraint``'s state, copied: the row's own moves on by what is kept). After a guess
     the language refuses, the rows are that guess's own: it has ``p = 0`` and is rejected

@@ -153,6 +153,16 @@ class BlockPool:
                     self._free.append(block)
         sequence.table, sequence.count, sequence.digests = [], 0, []
 
+    def trim(self, sequence: Sequence) -> None:
+        """Give back the blocks past ``sequence``'s count, all of them its own (taken for a
+        pass whose last positions it did not keep: a speculative step's rejected guesses)."""
+        keep = self.blocks_for(sequence.count)
+        for block in sequence.table[keep:]:
+            self.refs[block] -= 1
+            if self.refs[block] == 0:
+                self._free.append(block)
+        del sequence.table[keep:]
+
     def match(self, tokens: abc.Sequence[int]) -> Sequence:
         """A new sequence holding the longest run of published blocks that begins ``tokens``
         (whole blocks only; each one's reference counted)."""
