@@ -525,7 +525,7 @@ def test_a_seeded_speculated_request_repeats_its_answer_in_any_batch():
         chosen = [requests[i] for i in indices]
         texts, reasons, *_ = _engine_run("level2_torch_manual", chosen, arrivals, draft=draft,
                                          max_batch=4, blocks=40, block_size=4)  # fmt: skip
-        return dict(zip(indices, texts)), reasons
+        return dict(zip(indices, texts, strict=True)), reasons
 
     together, reasons = run(list(range(6)), [0, 0, 0, 1, 2, 3])
     assert all(r[3] > r[4] > 0 for r in reasons[:5])  # guesses made, some kept, some not
