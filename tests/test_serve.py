@@ -140,7 +140,9 @@ def test_a_speculated_answer_is_the_plain_one_and_its_usage_counts_the_guesses(c
     messages = [{"role": "user", "content": f"{text}Repeat the first sentence."}]
     ask = dict(model="smollm2-135m", messages=messages, temperature=0, max_tokens=24)
     plain = client.chat.completions.create(**ask)
-    guessed = client.chat.completions.create(**ask, extra_body={"speculate": "ngram", "draft_tokens": 4})
+    guessed = client.chat.completions.create(
+        **ask, extra_body={"speculate": "ngram", "draft_tokens": 4}
+    )
     assert guessed.choices[0].message.content == plain.choices[0].message.content
     assert guessed.usage.completion_tokens == plain.usage.completion_tokens
     details = guessed.usage.completion_tokens_details
