@@ -65,6 +65,7 @@ class Record:
     padding_waste: float | None = None  # padded positions / real tokens (varlen only)
     cache_bytes_per_token: int | None = None  # KV-cache bytes one position costs (kv-cache)
     description: str = ""  # the level's describe()
+    figures: dict[str, float] = field(default_factory=dict)  # a scenario's own (speculative: a, c)
     note: str = ""  # e.g. the SDPA backend that ran, or why a size was skipped
     machine: str = ""  # CPU model and threads, or the GPU's name
     date: str = ""  # when the run started, UTC, ISO 8601

@@ -154,11 +154,17 @@ def speculative_records(quick: bool) -> list[Record]:
                     c = timed.seconds / max(timed.guesses, 1) / step_s
                     verify = (seconds - timed.seconds) / counts.passes / step_s
                     predicted = speedup(a, k, c, verify) if np.isfinite(a) else float("nan")
+                    tokens_a_pass = (new - 1) / counts.passes
+                    figures = {"a": a, "c": c, "verification": verify,
+                               "tokens_a_pass": tokens_a_pass, "passes": counts.passes,
+                               "drafted": counts.drafted, "accepted": counts.accepted,
+                               "measured": plain_s / seconds, "predicted": predicted}  # fmt: skip
                     note = (f"a = {a:.2f}, c = {c:.3f}, verification = {verify:.2f} steps, "
-                            f"{(new - 1) / counts.passes:.2f} tokens a pass; speed-up "
+                            f"{tokens_a_pass:.2f} tokens a pass; speed-up "
                             f"{plain_s / seconds:.2f}x measured, {predicted:.2f}x predicted")  # fmt: skip
                     right = bool(torch.equal(got, plain))
-                    records.append(_record(task, name, k, new, seconds, right, note, plain_s))
+                    records.append(_record(task, name, k, new, seconds, right, note, plain_s,
+                                           figures))  # fmt: skip
     return records
 
 
@@ -170,7 +176,7 @@ def _timed(prompt_s: float, call, *args, **kwargs):
     return result, time.perf_counter() - start - prompt_s
 
 
-def _record(task, draft, k, new, seconds, right, note, plain_s=None) -> Record:
+def _record(task, draft, k, new, seconds, right, note, plain_s=None, figures=None) -> Record:
     """One run's record: ``seconds`` of decoding ``new - 1`` tokens after the first."""
     return Record(
         level="level3:compiled" if draft == "plain" else f"level3:compiled + {draft}",
@@ -182,5 +188,6 @@ def _record(task, draft, k, new, seconds, right, note, plain_s=None) -> Record:
         tokens_per_s=(new - 1) / seconds,
         max_error=0.0 if right else 1.0, error_of="tokens != plain decoding", error_bound=0.0,
         description="SmolLM2, float32, 1 thread, greedy; every pass compiled",
-        note=note if plain_s is None else f"{note} (plain: {new / plain_s:.1f} tok/s)",
+        note=note if plain_s is None else f"{note} (plain: {(new - 1) / plain_s:.1f} tok/s)",
+        figures=figures or {},
     )  # fmt: skip

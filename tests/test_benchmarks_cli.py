@@ -662,3 +662,40 @@ def test_a_serve_record_is_right_only_when_every_answer_is_the_one_alone():
     assert "p50 1.00 s" in record.note  # the waits 0.5 and 1.5, median 1.0
     assert _record("s", 8, 2.0, answers, ["a", "c"]).status == "wrong"
     assert _record("s", 8, 2.0, [answers[0], None], ["a", "b"]).status == "wrong"
+
+
+@pytest.mark.extended  # compiles a decode step and a verification (about a minute)
+def test_the_speculative_bench_checks_each_answer_and_reads_a_and_c_off_the_run(monkeypatch):
+    """benchmarks/speculative.py over a small random model (its quick run: the n-gram draft,
+    k = 4): a plain record and one a draft for each task, every answer equal to plain
+    decoding's token for token, and the figures the formula reads, consistent with the
+    counts they come from."""
+    from types import SimpleNamespace
+
+    from benchmarks import real_model, speculative
+    from levels import TransformerConfig, init_params
+
+    config = TransformerConfig(vocab_size=64, d_model=32, n_heads=4, n_kv_heads=2, n_layers=2,
+                               d_ff=64, max_seq_len=256)  # fmt: skip
+    params = init_params(config, "decoder_only", seed=3, scheme="random")
+    params = {name: np.asarray(p, dtype=np.float32) for name, p in params.items()}
+    tokenizer = SimpleNamespace(
+        encode=lambda text, add_special_tokens: SimpleNamespace(ids=[ord(c) % 64 for c in text])
+    )
+    template = SimpleNamespace(render=lambda messages, add_generation_prompt: messages[0]["content"][:60])  # fmt: skip
+    monkeypatch.setattr(real_model, "_file", lambda: "a small random model")
+    monkeypatch.setattr(speculative, "_loaded", lambda: (config, params, tokenizer, template))
+    records = speculative.speculative_records(quick=True)
+    assert [(r.scenario, r.shape["task"]) for r in records] == [
+        ("speculative plain", "grounded"), ("speculative", "grounded"),
+        ("speculative plain", "chat"), ("speculative", "chat"),
+    ]  # fmt: skip
+    assert all(r.status == "ok" for r in records), [r.note for r in records]
+    for r in records[1::2]:
+        f = r.figures
+        assert r.shape == {"task": r.shape["task"], "k": 4, "new": speculative.NEW_QUICK}
+        assert f["accepted"] <= f["drafted"] <= 4 * f["passes"]
+        # Every token after the first comes from a pass: new - 1 = passes + accepted.
+        assert f["passes"] + f["accepted"] == speculative.NEW_QUICK - 1
+        assert f["tokens_a_pass"] == (speculative.NEW_QUICK - 1) / f["passes"]
+        assert 0.0 <= f["c"] < 1.0 and f["verification"] > 0.0
