@@ -416,9 +416,13 @@ def speculate(model, prompts: np.ndarray, lengths: np.ndarray, steps: int, *, dr
         guesses = [([], None) if done[b] else draft.propose(context[b], room[b], row=b, sampling=sampling)
                    for b in range(B)]  # fmt: skip
         fed = [[] if done[b] else backlog[b] + guesses[b][0] for b in range(B)]
-        # Every pass k + 1 tokens a row where the cache has room (padding at position -1, rolled
-        # back with the rest): one shape, which a compiled pass of k + 1 tokens takes.
-        T = max(max(map(len, fed)), min(k + 1, cache.capacity - cache.length))
+        # A pass with guesses is k + 1 tokens a row where the cache has room (padding at
+        # position -1, rolled back with the rest), one shape, which a compiled pass of k + 1
+        # tokens takes; a pass with none is the one-token decode step (a draft that found
+        # nothing to guess costs nothing more than plain decoding).
+        T = max(map(len, fed))
+        if T > 1:
+            T = max(T, min(k + 1, cache.capacity - cache.length))
         ids = [f + [pad] * (T - len(f)) for f in fed]  # (B, T), a finished row all padding
         positions = [[cached[b] + t if t < len(fed[b]) else -1 for t in range(T)] for b in range(B)]
         before = cache.length
