@@ -7,6 +7,8 @@ Counted as it happens (a registry per server, so two servers in one process neve
 * ``ladder_prefix_cache_hit_tokens_total`` and ``ladder_prefix_cache_hits_total``: prompt
   tokens found in the prefix cache, and the requests that found any;
 * ``ladder_request_finished_total{reason}``: answers by ``finish_reason``;
+* ``ladder_draft_tokens_total`` and ``ladder_draft_accepted_tokens_total``: speculative
+  decoding's guesses, and those kept (their ratio, the acceptance the speed-up follows);
 * ``ladder_time_to_first_token_seconds``, ``ladder_time_per_output_token_seconds`` and
   ``ladder_queue_time_seconds``: histograms, one observation per answer (the engine's
   own timings: the prefill, the mean step after the first token, the wait in the queue);
@@ -56,6 +58,13 @@ class Metrics:
             "ladder_prefix_cache_hits", "requests that found part of their prompt in the "
             "prefix cache", registry=registry,
         )  # fmt: skip
+        self.drafted = Counter(
+            "ladder_draft_tokens", "tokens guessed by speculative decoding's drafts",
+            registry=registry,
+        )  # fmt: skip
+        self.accepted = Counter(
+            "ladder_draft_accepted_tokens", "guessed tokens the model kept", registry=registry
+        )
         self.finished = Counter(
             "ladder_request_finished", "answers by finish_reason", ["reason"], registry=registry
         )
@@ -132,6 +141,8 @@ class Metrics:
         self.finished.labels(done.finish_reason).inc()
         self.prompt_tokens.inc(done.prompt_tokens)
         self.generated.inc(done.completion_tokens)
+        self.drafted.inc(done.drafted_tokens)
+        self.accepted.inc(done.accepted_tokens)
         if done.cached_tokens:
             self.cached_tokens.inc(done.cached_tokens)
             self.cache_hits.inc()

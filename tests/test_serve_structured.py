@@ -259,7 +259,8 @@ def test_the_metrics_count_a_request_s_events():
     deliver("Hello")
     assert metrics.queue == {"waiting": 0, "running": 1}
     deliver(Finished("stop", prompt_tokens=30, completion_tokens=4, cached_tokens=16,
-                     queued_s=0.5, first_token_s=0.2, per_token_s=0.05))  # fmt: skip
+                     queued_s=0.5, first_token_s=0.2, per_token_s=0.05, drafted_tokens=6,
+                     accepted_tokens=2))  # fmt: skip
     refused = metrics.watch(seen.append)
     metrics.refused(refused)  # a full queue: never taken
     assert metrics.queue == {"waiting": 0, "running": 0} and seen[0] == "Hello"
@@ -272,6 +273,8 @@ def test_the_metrics_count_a_request_s_events():
     assert samples[("ladder_generation_tokens_total", ())] == 4
     assert samples[("ladder_prefix_cache_hit_tokens_total", ())] == 16
     assert samples[("ladder_prefix_cache_hits_total", ())] == 1
+    assert samples[("ladder_draft_tokens_total", ())] == 6
+    assert samples[("ladder_draft_accepted_tokens_total", ())] == 2
     assert samples[("ladder_request_finished_total", (("reason", "stop"),))] == 1
     assert samples[("ladder_time_to_first_token_seconds_sum", ())] == 0.2
     assert samples[("ladder_time_to_first_token_seconds_bucket", (("le", "0.25"),))] == 1
