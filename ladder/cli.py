@@ -106,8 +106,8 @@ def _levels(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _count(minimum: int):
-    """An integer >= ``minimum``."""
+def _count(minimum: int, maximum: int | None = None):
+    """An integer >= ``minimum`` (and <= ``maximum``, when given)."""
 
     def parse(text: str) -> int:
         try:
@@ -116,6 +116,8 @@ def _count(minimum: int):
             raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum}, got {value}")
         return value
 
     parse.__name__ = f"integer >= {minimum}"
@@ -583,7 +585,9 @@ def _serve(commands) -> None:
         "--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1: "
         "this machine only; 0.0.0.0 exposes the model to the network)",
     )  # fmt: skip
-    p.add_argument("--port", type=_count(1), default=8000, help="the port (default 8000)")
+    p.add_argument(
+        "--port", type=_count(1, 65535), default=8000, help="the port, 1 to 65535 (default 8000)"
+    )
     p.add_argument(
         "--max-batch", type=_count(1), default=8,
         help="requests decoded together, a row each in every step (default 8; levels 0 and "
@@ -607,6 +611,11 @@ def _serve(commands) -> None:
     p.add_argument(
         "--max-body", type=_count(1), default=1 << 20,
         help="the largest request body, in bytes (default 1 MiB; larger: 413)",
+    )  # fmt: skip
+    p.add_argument(
+        "--quiet", action="store_true",
+        help="no line per request on stderr (by default each request ends with one: method, "
+        "route, status, prompt and generated tokens, time to the first token, total)",
     )  # fmt: skip
     p.set_defaults(run="ladder.serve:serve")
 

@@ -8,8 +8,8 @@ the matrices in oneDNN's layout for a few rows (``--weights blocked``, unless
 ``--weights`` says otherwise); ``--max-batch 1`` decodes one request at a
 time, and at level 3 with the compiled step (compiled, or loaded from the cache, before
 the first request). Then uvicorn serves ``serving.api`` on ``--host`` (127.0.0.1 by
-default: this machine only) and ``--port`` until Ctrl-C. Sampling is each request's
-own (OpenAI's defaults).
+default: this machine only) and ``--port`` until Ctrl-C, writing a line per request to
+stderr (``--quiet``: none). Sampling is each request's own (OpenAI's defaults).
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ def serve(args: argparse.Namespace) -> int:
         prefix_cache=args.prefix_cache,
         limit=threads.limit,
     )
-    server = Server(engine, loaded.name, max_body=args.max_body)
+    log = None if args.quiet else _log
+    server = Server(engine, loaded.name, max_body=args.max_body, log=log)
     batch = "one at a time"
     if engine.pool is not None:
         pool = engine.pool
@@ -76,6 +77,11 @@ def serve(args: argparse.Namespace) -> int:
     )
     uvicorn.run(server.app(), host=args.host, port=args.port, log_level="warning")
     return 0
+
+
+def _log(line: str) -> None:
+    """A request's line (``serving.api.Exchange.line``), on stderr with the server's others."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def _blocked_fits(args: argparse.Namespace) -> bool:

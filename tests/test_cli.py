@@ -56,6 +56,17 @@ USAGE = {
     ),
     "generate no input": (["generate", "--checkpoint", "x.pt"], "--input"),
     "show unknown piece": (["show", "ffn"], "invalid choice: 'ffn'"),
+    # A port outside 1-65535 is refused before the model loads, never by the socket after.
+    "serve --port 70000": (
+        ["serve", "--port", "70000"],
+        "--port: must be at most 65535, got 70000",
+    ),
+    "serve --port 65536": (
+        ["serve", "--port", "65536"],
+        "--port: must be at most 65535, got 65536",
+    ),
+    "serve --port 0": (["serve", "--port", "0"], "--port: must be at least 1, got 0"),
+    "serve --port -1": (["serve", "--port", "-1"], "--port: must be at least 1, got -1"),
 }
 
 
