@@ -492,7 +492,15 @@ HELP = """\
 Anything else is a turn of the conversation; a paste of several lines is one turn."""
 
 
+def _check_prompt(args) -> None:
+    """A ``--prompt`` with no text in it (empty, or only spaces: an unset shell variable,
+    most likely) is refused before the model loads, by chat and generate alike."""
+    if args.prompt is not None and not args.prompt.strip():
+        raise UsageError("--prompt has no text (it is empty, or only spaces)")
+
+
 def chat(args: argparse.Namespace) -> int:
+    _check_prompt(args)
     loaded = load(args, chat=True)
     threads = _threads(args)
     messages: list[dict[str, str]] = []
@@ -627,6 +635,7 @@ def _fit(loaded: Loaded, messages: list[dict[str, str]], args) -> Prompt:
 
 
 def generate(args: argparse.Namespace) -> int:
+    _check_prompt(args)
     loaded = load(args, chat=False)
     if loaded.spec is not None:
         return _continue_symbols(loaded, args)

@@ -242,6 +242,19 @@ def test_a_prompt_that_does_not_fit_says_what_to_change(capsys, fake):
     assert capsys.readouterr().out == ""  # not even generate's echo of the prompt
 
 
+@pytest.mark.parametrize("prompt", ["", "   ", "\n\t"], ids=["empty", "spaces", "blank lines"])
+@pytest.mark.parametrize("command", ["chat", "generate"])
+def test_a_prompt_with_no_text_is_one_line_before_the_model_loads(
+    capsys, monkeypatch, fake, command, prompt
+):
+    """Not a silent exit 0 with nothing printed: the same line and status from both."""
+    loads = []
+    monkeypatch.setattr(ladder_chat, "load", lambda args, chat: loads.append(args))
+    error = _one_error(capsys, [command, "-p", prompt])
+    assert error == f"ladder {command}: error: --prompt has no text (it is empty, or only spaces)"
+    assert loads == [] and fake.calls == []
+
+
 def test_a_prompt_that_fits_answers_in_the_room_left(capsys, fake):
     """Without --max-new-tokens, a prompt that leaves fewer than 256 tokens gets what is left."""
     text = "x" * (2048 - 10 - prompt_tokens(""))  # leaves 10 tokens
