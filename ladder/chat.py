@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from .cli import UsageError, check_device
+from .cli import Interrupted, UsageError, check_device
 
 DEFAULT_CONTEXT = 2048  # tokens: the KV cache a chat allocates unless --context says otherwise
 DEFAULT_NEW_TOKENS = 256
@@ -394,8 +394,15 @@ def _too_long(loaded: Loaded, n_prompt: int, args) -> str:
     return f"{text} (the model allows {longest}: try --context {enough})"
 
 
-def answer(loaded: Loaded, ids: list[int], args, out=None) -> tuple[str, Speed]:
-    """Stream the model's continuation of ``ids`` to ``out`` (stdout); -> ``(text, speed)``."""
+def answer(
+    loaded: Loaded, ids: list[int], args, out=None, *, conversation: bool = False
+) -> tuple[str, Speed]:
+    """Stream the model's continuation of ``ids`` to ``out`` (stdout); -> ``(text, speed)``.
+
+    Ctrl-C cuts the answer. In a ``conversation`` it ends that answer alone, marked
+    `` [interrupted]``, and the conversation goes on; otherwise (one prompt, the command's
+    whole work) the text so far stays printed and ``Interrupted`` says how far it got, so
+    that a script sees exit status 130, never a cut answer passed off as a whole one."""
     out = out or sys.stdout
     from levels.tokenizer import StreamDecoder
 
@@ -423,8 +430,16 @@ def answer(loaded: Loaded, ids: list[int], args, out=None) -> tuple[str, Speed]:
             out.flush()
             if holdback.stopped:
                 break
-    except KeyboardInterrupt:  # Ctrl-C ends this answer, not the conversation
-        out.write(holdback.add(decoder.flush()) + " [interrupted]")
+    except KeyboardInterrupt:
+        out.write(holdback.add(decoder.flush()))
+        if not conversation:
+            out.write(holdback.finish() + "\n")
+            out.flush()
+            raise Interrupted(
+                f"interrupted after {_tokens(count)} of the answer (at most {new} asked); "
+                "the text above is cut there"
+            ) from None
+        out.write(" [interrupted]")
     else:
         out.write(holdback.add(decoder.flush()))
     out.write(holdback.finish())
@@ -527,7 +542,7 @@ def chat(args: argparse.Namespace) -> int:
                 continue
             messages[:] = prompt.messages
             _prepare_decode(loaded.model)  # before the first answer: compiled, or loaded
-            reply, speed = answer(loaded, prompt.ids, args)
+            reply, speed = answer(loaded, prompt.ids, args, conversation=interactive)
             print()
             _report(loaded, speed, threads)
             messages.append({"role": "assistant", "content": reply})

@@ -18,6 +18,7 @@ import time
 from benchmarks.report import make_console
 
 from .cli import KINDS, Interrupted, UsageError, check_device, check_output_path, kind_argument
+from .interrupts import CtrlC
 
 INTERPRETER_WARNING_S = 60.0  # warn before a run predicted to take longer than this
 
@@ -249,7 +250,7 @@ def _train(args: argparse.Namespace, level, world) -> int:
             flush=True,
         )
     started = time.perf_counter()
-    stop = _CtrlC()
+    stop = CtrlC()
     with stop, bar if main else contextlib.nullcontext():
         job = bar.add_task(
             f"{name} {spec.kind} {spec.task.name}",
@@ -293,33 +294,6 @@ def _train(args: argparse.Namespace, level, world) -> int:
     if args.plot:
         plot_losses(args.plot, result)
     return 0
-
-
-class _CtrlC:
-    """Ctrl-C during training, kept: the handler raises ``KeyboardInterrupt`` as Python's
-    does, and also remembers the signal, so that the step after it stops the run even if the
-    exception was raised inside code that swallows it (Python prints and ignores an exception
-    raised in a finalizer or a weakref callback, which torch runs between steps)."""
-
-    def __enter__(self):
-        self.seen = False
-        self.previous = signal.getsignal(signal.SIGINT)
-        if self.previous is signal.default_int_handler:  # not where a caller set its own
-            signal.signal(signal.SIGINT, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        self.seen = True
-        raise KeyboardInterrupt
-
-    def check(self) -> None:
-        if self.seen:
-            raise KeyboardInterrupt
-
-    def __exit__(self, *exc):
-        if signal.getsignal(signal.SIGINT) == self._handle:
-            signal.signal(signal.SIGINT, self.previous)
-        return False
 
 
 def _interpreter_quick(spec):
