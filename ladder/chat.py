@@ -204,21 +204,26 @@ def _level3_options(level, args, dtype: str) -> tuple[str, bool]:
     return weights, asked
 
 
-def _prepare_decode(model) -> None:
+def _prepare_decode(loaded: Loaded, threads: Threads) -> None:
     """With ``--compile``, level 3's decode step compiled now (or loaded from the cache), once,
     saying which on stderr: after the first prompt is known to fit (a refused one costs no
-    compile), before its answer, whose tokens/s are then the compiled step's."""
+    compile), before its answer, whose tokens/s are then the compiled step's. A compile
+    says so before it starts, with its expected time (``decode_step.announcement``)."""
+    model = loaded.model
     if not getattr(model, "compiled_decode", False) or model.decode_report is not None:
         return
-    from levels.level3_sdpa_flash import compiled
+    from . import decode_step
 
-    if compiled.compiler_missing() is None and not compiled.package_path(model, 1).is_file():
-        print(
-            "compiling the decode step for this model, once (later runs load it from the cache)",
-            file=sys.stderr,
-            flush=True,
-        )
-    print(model.prepare_decode(1).line(), file=sys.stderr, flush=True)
+    step = None
+    if decode_step.compiles(model):
+        step = decode_step.package(model, threads.n)
+        if not step.is_file():
+            line = decode_step.announcement(loaded.name, model, loaded.dtype, threads.n)
+            print(line, file=sys.stderr, flush=True)
+    report = model.prepare_decode(1)
+    print(report.line(), file=sys.stderr, flush=True)
+    if report.how == "compiled" and step is not None and step.is_file():
+        decode_step.remember(step, loaded.name, model, loaded.dtype, threads.n, report.seconds)
 
 
 def _warn_level0(config) -> None:
@@ -482,16 +487,29 @@ class Threads:
         return cpu_threads(self.n)
 
 
-def _threads(args) -> Threads:
+def _threads(args, model=None) -> Threads:
     """``--threads``, else one thread per core the load average leaves free (at most
     ``DEFAULT_THREADS``): on a busy machine a thread without a core of its own stalls every
-    multi-threaded op (``benchmarks.measure.free_cores``)."""
+    multi-threaded op (``benchmarks.measure.free_cores``). Where ``model`` decodes with a
+    compiled step, a count its step is cached for instead, when the load's is not
+    (``decode_step``: a compile costs more than a thread more or less)."""
     from benchmarks.measure import free_cores
 
     if args.threads:
         return Threads(args.threads, "--threads")
     cores = os.cpu_count() or 1
     n = free_cores(DEFAULT_THREADS)
+    if model is not None:
+        from . import decode_step
+
+        if decode_step.compiles(model):
+            cached = decode_step.cached_counts(model, min(cores, DEFAULT_THREADS))
+            if cached and n not in cached:
+                m = min(cached, key=lambda c: (abs(c - n), c))  # the nearest, then the fewer
+                return Threads(
+                    m, f"the count its cached decode step is compiled for; --threads {n}, "
+                    f"as the load average gives, would compile one"
+                )  # fmt: skip
     if n == cores:
         return Threads(n, "every core")
     if n == DEFAULT_THREADS:
@@ -517,7 +535,7 @@ def _check_prompt(args) -> None:
 def chat(args: argparse.Namespace) -> int:
     _check_prompt(args)
     loaded = load(args, chat=True)
-    threads = _threads(args)
+    threads = _threads(args, loaded.model)
     messages: list[dict[str, str]] = []
     if args.system is not None:
         messages.append({"role": "system", "content": args.system})
@@ -541,7 +559,7 @@ def chat(args: argparse.Namespace) -> int:
                 print(f"not sent: {exc}", file=sys.stderr)  # the conversation goes on without it
                 continue
             messages[:] = prompt.messages
-            _prepare_decode(loaded.model)  # before the first answer: compiled, or loaded
+            _prepare_decode(loaded, threads)  # before the first answer: compiled, or loaded
             reply, speed = answer(loaded, prompt.ids, args, conversation=interactive)
             print()
             _report(loaded, speed, threads)
@@ -663,10 +681,10 @@ def generate(args: argparse.Namespace) -> int:
     ids = loaded.tokenizer.encode(args.prompt).ids  # with the BOS the tokenizer adds, if any
     if not ids:
         raise UsageError(f"--prompt {args.prompt!r} encodes to no tokens")
-    threads = _threads(args)
+    threads = _threads(args, loaded.model)
     new_tokens(loaded, len(ids), args)  # before the prompt is echoed
     with threads.limit():
-        _prepare_decode(loaded.model)  # for these threads
+        _prepare_decode(loaded, threads)  # for these threads
         print(args.prompt, end="", flush=True)
         _, speed = answer(loaded, ids, args)
     print()

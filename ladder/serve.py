@@ -48,9 +48,9 @@ def serve(args: argparse.Namespace) -> int:
         if args.weights is None and _blocked_fits(args):
             args.weights = "blocked"  # oneDNN's product of a few rows: about one row's time
     loaded = load(args, chat=True)
-    threads = _threads(args)
+    threads = _threads(args, loaded.model)
     with threads.limit():  # the step is compiled for the threads the engine will decode with
-        _prepare_decode(loaded.model)
+        _prepare_decode(loaded, threads)
     engine = Engine(
         loaded,
         max_queue=args.max_queue,
