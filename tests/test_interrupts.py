@@ -15,6 +15,7 @@ moment: the signals start after it, at three times its length as measured here.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -264,3 +265,31 @@ def test_ctrl_c_at_moments_of_a_chat_is_one_line_and_130(started_s, smollm2_gguf
 @pytest.mark.extended
 def test_ctrl_c_at_many_moments_of_a_chat(started_s, smollm2_gguf):
     _interrupted(CHAT, _moments(started_s, 10.0, 24))
+
+
+@pytest.mark.slow
+def test_an_interrupted_bench_keeps_the_records_of_its_steps_and_says_where(tmp_path):
+    """The records are written as each step ends: Ctrl-C after a few keeps them, in a file
+    the one line names, and the lines printed so far said what each step measured."""
+    from benchmarks.records import read_json
+
+    path = tmp_path / "run.json"
+    argv = ["bench", "--quick", "--levels", "1,2", "--scenario", "attention", "--no-peers"]
+    process = _child("-m", "ladder", *argv, "--json", str(path))
+    steps = []
+    while len(steps) < 3:  # the peak and two cases, done
+        line = process.stdout.readline()
+        assert line, process.communicate()[1]
+        steps += [line] if line.startswith("[") else []
+    status, _, err = _ctrl_c(process, 0.0)
+    (line,) = err.strip().splitlines()
+    said = re.fullmatch(
+        r"ladder bench: interrupted in step (\d+) of (\d+) \(.+\) after \d+ s; the (\d+) "
+        r"records of the steps done are in (.+)",
+        line,
+    )
+    assert status == 130 and said and said[4] == str(path), err
+    records = read_json(path)
+    assert len(records) == int(said[3]) >= 2  # a record per case done (the peak's comes last)
+    assert all(r.ok and r.scenario == "attention fwd" for r in records)
+    assert int(said[1]) > len(steps) and int(said[2]) > int(said[1])
