@@ -19,7 +19,7 @@ import importlib.util
 import socket
 import sys
 
-from .cli import UsageError
+from .cli import Interrupted, UsageError
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -75,7 +75,19 @@ def serve(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    uvicorn.run(server.app(), host=args.host, port=args.port, log_level="warning")
+    # uvicorn.Server, not uvicorn.run, which swallows the Ctrl-C that stops it: a server
+    # stopped by Ctrl-C ends as every command does, one line and exit status 130.
+    http = uvicorn.Server(
+        uvicorn.Config(server.app(), host=args.host, port=args.port, log_level="warning")
+    )
+    try:
+        http.run()
+    except KeyboardInterrupt:
+        raise Interrupted(
+            f"interrupted; stopped serving on http://{args.host}:{args.port}"
+        ) from None
+    if not http.started:
+        raise RuntimeError(f"uvicorn could not start on {args.host}:{args.port} (see above)")
     return 0
 
 

@@ -293,3 +293,66 @@ def test_an_interrupted_bench_keeps_the_records_of_its_steps_and_says_where(tmp_
     assert len(records) == int(said[3]) >= 2  # a record per case done (the peak's comes last)
     assert all(r.ok and r.scenario == "attention fwd" for r in records)
     assert int(said[1]) > len(steps) and int(said[2]) > int(said[1])
+
+
+@pytest.mark.extended
+def test_ctrl_c_while_serving_or_loading_the_server_is_one_line_and_130(started_s, smollm2_gguf):
+    """While the model loads, then once it serves (uvicorn's own handler stops it first):
+    130 and one line, the server's own lines (its address, a line per request) before it."""
+    from serving.launch import free_port
+
+    argv = ["serve", "--no-compile", "--threads", "1", "--quiet", "--port", str(free_port())]
+    _interrupted(argv, _moments(started_s, 3.0, 2))
+    port = free_port()
+    process = _child("-m", "ladder", *argv[:-1], str(port))
+    deadline = time.monotonic() + 120
+    while not _answers(f"http://127.0.0.1:{port}/health"):
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+        time.sleep(0.2)
+    status, _, err = _ctrl_c(process, 0.0)
+    assert status == 130 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == (
+        f"ladder serve: interrupted; stopped serving on http://127.0.0.1:{port}"
+    )
+
+
+def _answers(url: str) -> bool:
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(url, timeout=2).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.extended
+@pytest.mark.real_model
+def test_ctrl_c_while_compiling_the_decode_step_is_one_line_and_leaves_no_file(
+    smollm2_gguf, tmp_path
+):
+    """A chat compiling its decode step (a cache of its own, whose models are the user's:
+    nothing compiled there yet): Ctrl-C a few seconds into the compile (its compiler's
+    processes get it too, as in a terminal) ends it with one line and 130, and leaves no
+    half-written step, scratch file or note behind."""
+    from levels.registry import cache_dir
+
+    for kept in ("models", "unpacked"):  # the pulled file and its unpacked weights, shared
+        (tmp_path / kept).symlink_to(cache_dir() / kept, target_is_directory=True)
+    env = {k: v for k, v in os.environ.items() if k != "LADDER_COMPILE"}  # chat's default
+    env |= {"LADDER_CACHE": str(tmp_path), "PYTHONPATH": pythonpath(ROOT)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ladder", "chat", "-p", "Hi"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    announced = process.stderr.readline()  # the compile starts after it
+    status, _, err = _ctrl_c(process, 5.0)
+    assert announced.startswith("compiling the decode step of smollm2-135m for context 2048")
+    assert status == 130 and err.strip() == "ladder chat: interrupted", err
+    assert list((tmp_path / "compiled").glob("*")) == []
