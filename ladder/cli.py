@@ -170,7 +170,10 @@ def _bench(commands) -> None:
         ),
     )
     p.add_argument(
-        "--quick", action="store_true", help="a few sizes only (under 2 minutes on 2 cores)"
+        "--quick",
+        action="store_true",
+        help="a few sizes of every scenario, float32 only for the real model (about 3 minutes "
+        "on 2 cores, most of it the real model's and the servers')",
     )
     p.add_argument(
         "--levels", type=_levels, default=None, help="comma-separated levels, e.g. 1,2,3"
