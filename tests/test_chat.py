@@ -477,6 +477,22 @@ def test_another_context_is_announced_with_what_is_cached(capsys, compiled_fake)
     assert other[-1] == "compiled for 4 threads"
 
 
+def test_level_0s_seconds_a_token_are_one_figure_wherever_they_are_said(smollm2_gguf, capsys):
+    """The README, run a real model's page, chat's warning and the benchmark's level-0 row
+    (``benchmarks.real_model``'s figure) say the same seconds a token for SmolLM2 (the
+    README said 3 where the warning said 5; 4.6 was measured)."""
+    from benchmarks.real_model import LEVEL0_SECONDS_PER_MAC, PARAMS
+    from levels import gguf
+
+    seconds = round(PARAMS * LEVEL0_SECONDS_PER_MAC)
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"every token written takes level 0 about {seconds} s here" in readme
+    checkpoints = " ".join((ROOT / "docs" / "checkpoints.md").read_text().split())
+    assert f"about {seconds} s a token for this model" in checkpoints
+    ladder_chat._warn_level0(gguf.config_of(smollm2_gguf))
+    assert f"takes about {seconds} s per token here" in capsys.readouterr().err
+
+
 # ----------------------------------------------------------------------------- on a terminal
 
 ROOT = Path(__file__).resolve().parent.parent
