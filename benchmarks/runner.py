@@ -372,7 +372,8 @@ def run(
     pace = Pace()
     measured = []
     for subject, workload in pairs(subjects, plan):
-        step(f"{subject.name}  {workload.scenario}  T={workload.shape().get('T', '')}")
+        T = workload.shape().get("T")
+        step(f"{subject.name}  {workload.scenario}" + ("" if T is None else f"  T={T}"))
         record = run_case(
             subject, workload, dtype=dtype, plan=plan, reference=reference, peak=None, pace=pace
         )
