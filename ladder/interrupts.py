@@ -26,18 +26,23 @@ break that promise unless the handler here stands in for Python's:
 What no handler can cover is the interpreter's own start (its ``site`` packages
 included), the tens of milliseconds before any code of this package runs.
 
-``CtrlC`` also remembers the signal: an interrupt raised inside a finalizer or a weakref
-callback is printed and dropped by Python, and a loop that must stop (training) asks
-``check()`` between steps. Where SIGINT is ignored (``nohup``, a background job) nothing
-is installed: the command keeps ignoring it, as it was told to.
+And a fourth moment loses the interrupt altogether: **a finalizer or a weakref callback**
+(torch runs them between any two steps), where Python prints the exception as "ignored"
+and goes on, so the command ran to its end (measured: 1 of 40 interrupted ``ladder
+train --quick`` runs exited 0 after six lines of it). ``CtrlC`` takes such an interrupt
+from ``sys.unraisablehook`` and sends it again, to land outside. It also remembers the
+signal, for a loop that must stop whatever swallowed it (training asks ``check()``
+between steps). Where SIGINT is ignored (``nohup``, a background job) nothing is
+installed: the command keeps ignoring it, as it was told to.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
 
-RETRY_S = 0.02  # seconds between deliveries of an interrupt held while an extension initialises
+RETRY_S = 0.02  # seconds before an interrupt held back (or swallowed) is sent again
 _LOADERS = "<frozen importlib._bootstrap_external>"  # where importlib's loaders run
 
 
@@ -52,25 +57,43 @@ class CtrlC:
     def __enter__(self) -> CtrlC:
         self.seen = False
         self.previous = signal.getsignal(signal.SIGINT)
-        if self.previous is signal.default_int_handler or isinstance(self.previous, CtrlC):
+        self.installed = self.previous is signal.default_int_handler or isinstance(
+            self.previous, CtrlC
+        )
+        if self.installed:
             signal.signal(signal.SIGINT, self)
+            self.previous_hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
         return self
 
     def __exit__(self, *exc) -> bool:
-        if signal.getsignal(signal.SIGINT) is self:
-            signal.signal(signal.SIGINT, self.previous)
+        if self.installed:
+            if signal.getsignal(signal.SIGINT) is self:
+                signal.signal(signal.SIGINT, self.previous)
+            if sys.unraisablehook == self._unraisable:
+                sys.unraisablehook = self.previous_hook
         return False
 
     def __call__(self, signum, frame) -> None:
         self.seen = True
         if _importing(frame):
-            import threading  # here: the module loads before any other, and loads fast
-
-            later = threading.Timer(RETRY_S, self._again)
-            later.daemon = True  # never keeps a finishing process waiting
-            later.start()
+            self._later()
             return
         raise KeyboardInterrupt
+
+    def _unraisable(self, unraisable) -> None:
+        """An exception Python cannot raise (in a finalizer, a callback): an interrupt is
+        sent again, to land where it can; anything else goes where it went before."""
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            self._later()
+        else:
+            self.previous_hook(unraisable)
+
+    def _later(self) -> None:
+        import threading  # here: the module loads before any other, and loads fast
+
+        later = threading.Timer(RETRY_S, self._again)
+        later.daemon = True  # never keeps a finishing process waiting
+        later.start()
 
     @staticmethod
     def _again() -> None:

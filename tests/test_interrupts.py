@@ -118,6 +118,34 @@ with Held() if {handler == "the ladder's"} else contextlib.nullcontext():
     assert result.returncode == 0
 
 
+@pytest.mark.parametrize("handler", ["Python's", "the ladder's"])
+def test_an_interrupt_inside_a_finalizer_is_not_lost(handler, tmp_path):
+    """Python prints an exception raised in a finalizer as "ignored" and goes on: a Ctrl-C
+    landing there was lost, and the command ran to its end. The ladder's handler sends it
+    again, to land outside, and nothing is printed."""
+    result = _run_child(
+        f"""
+class Finalized:
+    def __del__(self):  # Ctrl-C while the object's finalizer runs
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.5)
+signal.signal(signal.SIGINT, signal.default_int_handler)
+with interrupts.CtrlC() if {handler == "the ladder's"} else contextlib.nullcontext():
+    try:
+        Finalized()  # dropped at once: its finalizer runs here
+        time.sleep(2)
+        print("never interrupted")
+    except KeyboardInterrupt:
+        print("interrupted after the finalizer")
+""",
+        tmp_path,
+    )
+    if handler == "Python's":
+        assert result.stdout == "never interrupted\n" and "KeyboardInterrupt" in result.stderr
+    else:
+        assert result.stdout == "interrupted after the finalizer\n" and result.stderr == ""
+
+
 @pytest.mark.parametrize("forget", [False, True], ids=["as Python leaves it", "forgotten"])
 def test_an_interrupt_caught_inside_exec_ends_the_process_by_its_status(forget, tmp_path):
     """CPython 3.11 marks an interrupt raised in code that ``exec`` runs (dataclasses build
