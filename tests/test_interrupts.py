@@ -240,13 +240,14 @@ def _moments(started_s: float, until_s: float, n: int) -> list[float]:
     return [started_s + i * step for i in range(n)]
 
 
-def _interrupted(argv: list[str], delays: list[float], env: dict | None = None) -> list[str]:
+def _interrupted(argv: list[str], delays: list[float], own: tuple[str, ...] = ()) -> list[str]:
     """Ctrl-C ``ladder argv`` once per delay, a process each; every one must end with exit
-    status 130 and one line on stderr -> those lines."""
+    status 130 and one line on stderr, after the command's own lines if it had printed any
+    yet (those starting with ``own``) -> those lines."""
     lines, failures = [], []
     for delay in delays:
-        status, _, err = _ctrl_c(_child("-m", "ladder", *argv, env=env), delay)
-        err_lines = err.strip().splitlines()
+        status, _, err = _ctrl_c(_child("-m", "ladder", *argv), delay)
+        err_lines = [line for line in err.strip().splitlines() if not line.startswith(own or "\0")]
         if status != 130 or len(err_lines) != 1 or "interrupted" not in err:
             failures.append(f"after {delay:.2f} s: exit {status}, stderr:\n{err[-3000:]}")
         lines.extend(err_lines[-1:])
@@ -271,9 +272,10 @@ def test_ctrl_c_at_many_moments_of_training(started_s, tmp_path):
     _interrupted([*TRAIN, "--checkpoint", str(tmp_path / "run.pt")], _moments(started_s, 6.0, 40))
 
 
-# An answer long enough to be cut while it streams: eager, one thread (the suite's).
-CHAT = ["chat", "-p", "Count from 1 to 100, one number per line.", "--no-compile",
-        "--threads", "1", "--max-new-tokens", "300"]  # fmt: skip
+# An answer that streams for longer than any signal waits (up to its 1000 tokens: a minute
+# here, greedy), eager, one thread (the suite's).
+CHAT = ["chat", "-p", "Write the numbers from 1 to 1000, one per line, with nothing else.",
+        "--no-compile", "--threads", "1", "--max-new-tokens", "1000"]  # fmt: skip
 
 
 @pytest.mark.slow
@@ -330,7 +332,7 @@ def test_ctrl_c_while_serving_or_loading_the_server_is_one_line_and_130(started_
     from serving.launch import free_port
 
     argv = ["serve", "--no-compile", "--threads", "1", "--quiet", "--port", str(free_port())]
-    _interrupted(argv, _moments(started_s, 3.0, 2))
+    _interrupted(argv, _moments(started_s, 3.0, 2), own=("serving ",))
     port = free_port()
     process = _child("-m", "ladder", *argv[:-1], str(port))
     deadline = time.monotonic() + 120
