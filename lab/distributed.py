@@ -34,10 +34,13 @@ gloo here. The same loss scaling holds, since FSDP also averages gradients.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -222,11 +225,17 @@ def all_sum(value: float) -> float:
     return float(t[0])
 
 
-def launch(module: str, argv: list[str], nproc: int) -> int:
-    """Run ``python -m <module> <argv>`` in ``nproc`` processes under torchrun; its exit status.
+def launch(
+    module: str, argv: list[str], nproc: int, extra_env: dict | None = None
+) -> tuple[int, bool]:
+    """Run ``python -m <module> <argv>`` in ``nproc`` processes under torchrun (with
+    ``extra_env`` set for them) -> its exit status, and whether Ctrl-C stopped it.
 
-    torchrun's own logging stays on stderr; a failing rank's error and status
-    come back through it.
+    torchrun's stderr, which the ranks share, is passed on line by line as it comes: a
+    failing rank's error and status come back through it. torchrun and its ranks run in a
+    session of their own, so a terminal's Ctrl-C reaches this process alone, which passes
+    it on to all of them at once, then waits for them and leaves out what torchrun says
+    about stopping (its signal's traceback): the caller says it, in one line.
     """
     command = [
         sys.executable,
@@ -239,4 +248,31 @@ def launch(module: str, argv: list[str], nproc: int) -> int:
         *argv,
     ]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    return subprocess.call(command, env=env)
+    process = subprocess.Popen(
+        command,
+        env=env | (extra_env or {}),
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+        start_new_session=True,  # the terminal's Ctrl-C is this process's to pass on
+    )
+    stopping = threading.Event()
+
+    def relay() -> None:
+        for line in process.stderr:
+            if not stopping.is_set():
+                sys.stderr.write(line)
+                sys.stderr.flush()
+
+    reader = threading.Thread(target=relay, daemon=True)
+    reader.start()
+    try:
+        status, interrupted = process.wait(), False
+    except KeyboardInterrupt:
+        stopping.set()
+        interrupted = True
+        with contextlib.suppress(ProcessLookupError):  # unless it has just ended
+            os.killpg(process.pid, signal.SIGINT)  # torchrun and every rank, as a terminal
+        status = process.wait()
+    reader.join(timeout=10)
+    return status, interrupted

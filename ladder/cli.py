@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Sequence
@@ -673,6 +674,24 @@ def _one_line(exc: BaseException) -> str:
     return text if plain else f"{type(exc).__name__}: {text}"
 
 
+RANK_NOTE = "LADDER_RANK_NOTE"  # for the ranks of `ladder train --nproc`: where rank 0 writes
+
+
+def say_interrupted(prog: str, exc: BaseException) -> None:
+    """The one line of an interrupted command, on stderr. The ranks of ``ladder train
+    --nproc`` print none: rank 0 writes its line to the file ``$LADDER_RANK_NOTE`` names,
+    which their launcher prints, once, and every rank ignores the further Ctrl-C that
+    torchrun passes on."""
+    line = _one_line(exc) if isinstance(exc, Interrupted) else "interrupted"
+    note = os.environ.get(RANK_NOTE)
+    if note is None:
+        print(f"{prog}: {line}", file=sys.stderr)
+        return
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if os.environ.get("RANK") == "0":
+        Path(note).write_text(line + "\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -689,10 +708,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (Interrupted, KeyboardInterrupt) as exc:
         if debug:
             traceback.print_exc()
-        print(
-            f"{prog}: {_one_line(exc) if isinstance(exc, Interrupted) else 'interrupted'}",
-            file=sys.stderr,
-        )
+        say_interrupted(prog, exc)
         return 130
     except Exception as exc:  # everything else is one line too; --debug for the traceback
         if debug:

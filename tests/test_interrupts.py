@@ -386,3 +386,25 @@ def test_ctrl_c_while_compiling_the_decode_step_is_one_line_and_leaves_no_file(
     assert announced.startswith("compiling the decode step of smollm2-135m for context 2048")
     assert status == 130 and err.strip() == "ladder chat: interrupted", err
     assert list((tmp_path / "compiled").glob("*")) == []
+
+
+@pytest.mark.extended  # torchrun and two ranks started, then stopped: about 15 s
+def test_ctrl_c_during_training_on_two_processes_is_one_line_and_leaves_no_process(tmp_path):
+    """torchrun and its ranks say nothing of their own: rank 0's line (where the run
+    stopped) comes out of the launcher, once, and every process is gone with it."""
+    path = tmp_path / "run.pt"
+    process = _child("-m", "ladder", *TRAIN, "--nproc", "2", "--checkpoint", str(path))
+    assert process.stdout.readline().startswith("training level2_torch_manual seq2seq")
+    status, _, err = _ctrl_c(process, 3.0)
+    (line,) = err.strip().splitlines()
+    assert status == 130 and line.startswith("ladder train: interrupted "), err
+    assert str(path) in line  # rank 0's own words: the checkpoint (or none yet) at its step
+    left = [p for p in Path("/proc").glob("[0-9]*") if str(path).encode() in _cmdline(p)]
+    assert left == [], "processes left behind"
+
+
+def _cmdline(process: Path) -> bytes:
+    try:
+        return (process / "cmdline").read_bytes()
+    except OSError:  # ended meanwhile
+        return b""
