@@ -122,18 +122,25 @@ def spawn(
     (``backend``: gloo, or nccl with one GPU per rank; collectives time out after
     ``timeout``), and after it waits for every rank, tears the group down, writes the
     result to ``out_dir/rank{r}.json`` and ends the process (``leave``). The ranks meet
-    through a fresh file in ``out_dir`` (``join_group``). A rank that fails or a run past
-    ``deadline_s`` seconds raises here, and every rank still alive is terminated: none is
-    left behind.
+    through a fresh file in ``out_dir`` (``join_group``). A rank that fails, a run past
+    ``deadline_s`` seconds or Ctrl-C raises here, and every rank still alive is
+    terminated: none is left behind.
     """
     import torch.multiprocessing as mp
 
     out_dir = Path(out_dir)
     rendezvous = out_dir / f"rendezvous-{fn.__name__}-{world}-{time.monotonic_ns()}"
-    context = mp.start_processes(
-        _rank, args=(fn, world, str(rendezvous), str(out_dir), backend, timeout, args),
-        nprocs=world, join=False, start_method="spawn",
-    )  # fmt: skip
+    # The ranks start with Ctrl-C blocked (a signal mask outlives exec): a terminal's
+    # Ctrl-C reaches this process, which stops them, instead of a traceback from each.
+    # Here it is held while they start, and comes after.
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        context = mp.start_processes(
+            _rank, args=(fn, world, str(rendezvous), str(out_dir), backend, timeout, args),
+            nprocs=world, join=False, start_method="spawn",
+        )  # fmt: skip
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
     deadline = time.monotonic() + deadline_s
     try:
         while not context.join(timeout=1.0):

@@ -115,8 +115,8 @@ def _run(args: argparse.Namespace, path: Path) -> int:
         except KeyboardInterrupt:
             raise Interrupted(
                 f"interrupted in step {steps.count + 1} of {steps.total} ({steps.label.strip()})"
-                f" after {time.perf_counter() - start:.0f} s; the {len(kept)} records of the "
-                f"steps done are in {path}"
+                f" after {time.perf_counter() - start:.0f} s; {len(kept)} record"
+                f"{'' if len(kept) == 1 else 's'} of the steps done written to {path}"
             ) from None
     elapsed = time.perf_counter() - start
     write_json(records, path)  # first: a run of minutes is kept even if its report cannot print

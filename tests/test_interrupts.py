@@ -314,8 +314,8 @@ def test_an_interrupted_bench_keeps_the_records_of_its_steps_and_says_where(tmp_
     status, _, err = _ctrl_c(process, 0.0)
     (line,) = err.strip().splitlines()
     said = re.fullmatch(
-        r"ladder bench: interrupted in step (\d+) of (\d+) \(.+\) after \d+ s; the (\d+) "
-        r"records of the steps done are in (.+)",
+        r"ladder bench: interrupted in step (\d+) of (\d+) \(.+\) after \d+ s; (\d+) "
+        r"records? of the steps done written to (.+)",
         line,
     )
     assert status == 130 and said and said[4] == str(path), err
