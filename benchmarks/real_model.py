@@ -67,6 +67,12 @@ DTYPE_OF = {
     "int4": "float32",
 }
 QUANTIZED = ("int8", "int4")
+PARAMS = 134.5e6  # SmolLM2-135M's weights: a multiply-add each per token
+# Level 0's seconds per multiply-add of a decode step (a term of sum(map(mul, ...)) over Python
+# floats, about 40 ns, and the rest of the step): SmolLM2 decoded 4.6 s a token on two cores;
+# 3.3 to 5.6 s of CPU a token on 2026-12-06, a shared machine. ``ladder chat --level 0``
+# warns with it, and the level-0 row here says it.
+LEVEL0_SECONDS_PER_MAC = 4e-8
 GROUP = 32  # the int4 groups (levels/level3_sdpa_flash/quant.py's default)
 
 
@@ -140,7 +146,7 @@ class RealModel:
         }
 
     def flops(self) -> float:
-        per_token = 2.0 * 134.5e6  # a multiply-add per weight and token (SmolLM2: 134.5M)
+        per_token = 2.0 * PARAMS  # a multiply-add per weight and token
         return per_token * (37 if self.phase == "prompt" else NEW_TOKENS)
 
     def tokens(self) -> int:
@@ -154,7 +160,8 @@ class RealModel:
         if not subject.models:
             return "attention only"
         if subject.kind == "python":
-            return "about 5 s a token (ladder chat --level 0 runs it)"
+            seconds = PARAMS * LEVEL0_SECONDS_PER_MAC
+            return f"about {seconds:.0f} s a token (ladder chat --level 0 runs it)"
         if subject.interpreted:
             return "Triton's interpreter: minutes a token"
         if self.fmt in QUANTIZED and not subject.name.startswith("level3"):
@@ -315,12 +322,14 @@ def _peer_model(path: str):
 
 
 def workloads(quick: bool) -> list[RealModel]:
-    """Every (phase, format, threads): one thread and every core (one core in ``--quick``)."""
+    """Every (phase, format, threads): one thread and every core. ``--quick``: float32 on one
+    thread, the chat's default (each format costs a model built at every level, and a
+    bfloat16 decode without bfloat16 arithmetic tens of seconds: most of a quick run)."""
     all_cores = os.cpu_count() or 1
     threads = (1,) if quick or all_cores == 1 else (1, all_cores)
     return [
         RealModel(phase, fmt, n)
         for n in threads
-        for fmt in FORMATS
+        for fmt in (FORMATS[:1] if quick else FORMATS)
         for phase in ("prompt", "decode")
     ]

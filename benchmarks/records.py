@@ -14,6 +14,7 @@ list of them off a run's records; the report's list is ``report.RATIOS``.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -79,8 +80,16 @@ class Record:
 
 
 def write_json(records: list[Record], path: str | Path) -> None:
-    """A JSON list of records (every field of ``Record``, None as null)."""
-    Path(path).write_text(json.dumps([r.to_dict() for r in records], indent=1) + "\n")
+    """A JSON list of records (every field of ``Record``, None as null), written whole
+    beside ``path`` and then renamed over it: a run that rewrites it after every case,
+    and is interrupted while writing, leaves the previous list, never half of one."""
+    path = Path(path)
+    scratch = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        scratch.write_text(json.dumps([r.to_dict() for r in records], indent=1) + "\n")
+        os.replace(scratch, path)
+    finally:
+        scratch.unlink(missing_ok=True)
 
 
 def read_json(path: str | Path) -> list[Record]:

@@ -52,7 +52,8 @@ from .records import SKIPPED_BUDGET, WRONG, Record
 from .reference import Case, Reference
 from .subjects import Subject
 
-Progress = Callable[[str], None]  # called before each case with a label, once per case
+Progress = Callable[[str], None]  # called before each step of a run with its label
+Done = Callable[[list[Record]], None]  # called after each step with the records it made
 PROBE_SLACK = 2.0  # a call measured over this many times the time cap is not sampled
 
 
@@ -300,6 +301,12 @@ def case_count(subjects: list[Subject], plan: Plan) -> int:
     return sum(1 for _ in pairs(subjects, plan))
 
 
+def step_count(subjects: list[Subject], plan: Plan) -> int:
+    """The steps ``run`` reports: the peak, each case, each computed figure, the ceilings."""
+    figures = sum(len(group) for group in plan.figures.values())
+    return 1 + case_count(subjects, plan) + figures + 1
+
+
 def pairs(subjects: list[Subject], plan: Plan) -> Iterator[tuple[Subject, Workload]]:
     """(subject, workload) in sweep order: scenario, then size, then level.
 
@@ -325,43 +332,60 @@ def run(
     unavailable: dict[str, str] | None = None,
     progress: Progress | None = None,
     reference: Reference | None = None,
+    done: Done | None = None,
 ) -> list[Record]:
-    """The whole sweep; the first record is the matmul peak, then one per unavailable level.
+    """The whole sweep; the first records are the ceilings (the matmul peak first), then one
+    per unavailable level, the cases, the computed figures.
 
-    Every record is stamped with the machine and the start time of the run.
+    Every record is stamped with the machine and the start time of the run. The run goes
+    in steps (``step_count``): the peak, each case, each group of computed figures, the
+    ceilings again at the end. ``progress(label)`` is called before each step and
+    ``done(records)`` after it, with the records it made (none for the first peak, whose
+    record comes with the ceilings), so that a caller can keep what a run has measured
+    as it goes, and an interrupted run loses only the step it was in.
     """
     reference = reference if reference is not None else Reference(device)
     stamp = {
         "machine": describe_machine(device),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
-    if progress is not None:
-        progress(f"matmul peak ({plan.peak_n}^3)")
+
+    def step(label: str) -> None:
+        if progress is not None:
+            progress(label)
+
+    def made(records: list[Record]) -> list[Record]:
+        for record in records:
+            record.machine, record.date = stamp["machine"], stamp["date"]
+        if done is not None:
+            done(records)
+        return records
+
+    step(f"matmul peak ({plan.peak_n}^3)")
     pdtype = peak_dtype(device, dtype)
     peak = measure_matmul_peak(device, pdtype, plan.peak_n, plan.timing)
-    records: list[Record] = []
-    for name, why in (unavailable or {}).items():
-        records.append(
-            Record(
-                level=name, scenario="-", device=device, dtype=dtype, status=f"unavailable: {why}"
-            )
-        )
+    records = [
+        Record(level=name, scenario="-", device=device, dtype=dtype, status=f"unavailable: {why}")
+        for name, why in (unavailable or {}).items()
+    ]
+    made(records)
     pace = Pace()
     measured = []
     for subject, workload in pairs(subjects, plan):
-        if progress is not None:
-            progress(f"{subject.name}  {workload.scenario}  T={workload.shape().get('T', '')}")
-        measured.append(
-            run_case(
-                subject, workload, dtype=dtype, plan=plan, reference=reference, peak=None, pace=pace
-            )
+        T = workload.shape().get("T")
+        step(f"{subject.name}  {workload.scenario}" + ("" if T is None else f"  T={T}"))
+        record = run_case(
+            subject, workload, dtype=dtype, plan=plan, reference=reference, peak=None, pace=pace
         )
-    figures = [record for group in plan.figures.values() for make in group for record in make()]
-    ceilings = _ceilings(measured, peak, device=device, dtype=pdtype, plan=plan)
-    everything = [*ceilings, *records, *measured, *figures]
-    for record in everything:
-        record.machine, record.date = stamp["machine"], stamp["date"]
-    return everything
+        measured.extend(made([record]))
+    figures = []
+    for group, makers in plan.figures.items():
+        for make in makers:
+            step(f"{group}  (computed figures)")
+            figures.extend(made(make()))
+    step("the machine's ceilings again, at the end")
+    ceilings = made(_ceilings(measured, peak, device=device, dtype=pdtype, plan=plan))
+    return [*ceilings, *records, *measured, *figures]
 
 
 def _ceilings(measured: list[Record], first: Peak, *, device: str, dtype: str, plan: Plan):

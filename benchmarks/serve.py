@@ -8,10 +8,10 @@ serve's default, ``--weights blocked``). Every request of the timed runs is gree
 answer is checked against the same request asked alone first, on the same server:
 
 * ``clients=1`` (both servers) and ``clients=8`` (the batching one): eight requests of
-  ``NEW`` tokens, one after the other, then all at once: the tokens per second of the
+  ``NEW`` tokens (16 with ``--quick``), one after the other, then all at once: the tokens per second of the
   whole, and each request's wait and time to its first token (the server's own
   ``timings``). Their ratios are what batching requests together buys;
-* ``arrivals``: ``ARRIVALS`` requests (20 with ``--quick``) arriving at random (a
+* ``arrivals``: ``ARRIVALS`` requests (10 with ``--quick``) arriving at random (a
   Poisson process at ``RATE`` a second), each to be answered: none lost;
 * ``shared prefix``: ``PREFIXED`` requests behind one system prompt of about 200 tokens,
   one after the other: the prompt tokens each one's prefill computed (``prompt_tokens -
@@ -39,8 +39,8 @@ from serving.launch import serving
 from .constrained import constrained_records
 from .records import FIGURE, OK, WRONG, Record
 
-NEW = 32  # tokens per request of the throughput runs
-ARRIVALS, ARRIVALS_QUICK, ARRIVAL_NEW = 200, 20, 8
+NEW, NEW_QUICK = 32, 16  # tokens per request of the throughput runs (--quick: 16)
+ARRIVALS, ARRIVALS_QUICK, ARRIVAL_NEW = 200, 10, 8
 RATE = 4.0  # arrivals per second, on average
 ROUNDS = 3  # eight at once without schemas, then with, taken in turn this many times
 PREFIXED = 5  # requests behind one system prompt: the first computes it, the others find it
@@ -165,7 +165,8 @@ def _one_after_another(base: str, level: str, jobs: list) -> tuple[list[str], Re
     alone = [_ask(base, *job)["choices"][0]["message"]["content"] for job in jobs]
     begin = time.perf_counter()
     answers = [_ask(base, *job) for job in jobs]
-    return alone, _record(level, 1, time.perf_counter() - begin, answers, alone, new=NEW)
+    new = jobs[0][1]
+    return alone, _record(level, 1, time.perf_counter() - begin, answers, alone, new=new)
 
 
 def serve_records(quick: bool) -> list[Record]:
@@ -176,8 +177,9 @@ def serve_records(quick: bool) -> list[Record]:
         return [Record(level="ladder serve", scenario="serve", device="cpu", dtype="float32",
                        status=f"skipped: {MODEL} is not cached: ladder pull {MODEL}")]  # fmt: skip
     n_arrivals = ARRIVALS_QUICK if quick else ARRIVALS
+    new = NEW_QUICK if quick else NEW
     rng = random.Random(0)
-    jobs = [(_question(i), NEW) for i in range(8)]
+    jobs = [(_question(i), new) for i in range(8)]
     with serving(*COMMON, "--max-batch", "1", "--compile") as base:
         records = [_one_after_another(base, COMPILED, jobs)[1]]
         records.append(_step_record([_ask(base, *job) for job in jobs]))
@@ -186,7 +188,7 @@ def serve_records(quick: bool) -> list[Record]:
         alone, record = _one_after_another(base, BATCHED, jobs)
         records.append(record)
         seconds, answers = _together(base, jobs)
-        records.append(_record(BATCHED, 8, seconds, answers, alone, new=NEW))
+        records.append(_record(BATCHED, 8, seconds, answers, alone, new=new))
         records += _constrained_records(base, jobs, alone)
         arrivals = [(_question(100 + i), ARRIVAL_NEW) for i in range(n_arrivals)]
         times = np.cumsum([rng.expovariate(RATE) for _ in arrivals]).tolist()
@@ -221,7 +223,7 @@ def _constrained_records(base: str, jobs: list, alone: list[str]) -> list[Record
     its answers alone: without a schema (``schemas=0``), each under one of ``CONSTRAINED``
     (``schemas=8``; their answers end sooner, so each request's prefill weighs more in the
     tokens/s), and all under ``LONG`` (``schemas=1``: a string of at least 160 characters,
-    so every answer runs its ``NEW`` tokens, as the unconstrained ones do, and nearly every
+    so every answer runs its tokens, as the unconstrained ones do, and nearly every
     token reaches a state no request has reached: its mask is a trie walk, then cached).
     -> the round of median tokens/s of each way."""
     from constrained.examples import SCHEMAS
@@ -239,7 +241,7 @@ def _constrained_records(base: str, jobs: list, alone: list[str]) -> list[Record
         for schemas, batch in ways.items():
             seconds, answers = _together(base, batch)
             rounds[schemas].append(_record(BATCHED, 8, seconds, answers, held[schemas],
-                                           scenario="serve constrained", new=NEW,
+                                           scenario="serve constrained", new=jobs[0][1],
                                            schemas=schemas))  # fmt: skip
     records = []
     for runs in rounds.values():

@@ -34,10 +34,13 @@ gloo here. The same loss scaling holds, since FSDP also averages gradients.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -119,18 +122,25 @@ def spawn(
     (``backend``: gloo, or nccl with one GPU per rank; collectives time out after
     ``timeout``), and after it waits for every rank, tears the group down, writes the
     result to ``out_dir/rank{r}.json`` and ends the process (``leave``). The ranks meet
-    through a fresh file in ``out_dir`` (``join_group``). A rank that fails or a run past
-    ``deadline_s`` seconds raises here, and every rank still alive is terminated: none is
-    left behind.
+    through a fresh file in ``out_dir`` (``join_group``). A rank that fails, a run past
+    ``deadline_s`` seconds or Ctrl-C raises here, and every rank still alive is
+    terminated: none is left behind.
     """
     import torch.multiprocessing as mp
 
     out_dir = Path(out_dir)
     rendezvous = out_dir / f"rendezvous-{fn.__name__}-{world}-{time.monotonic_ns()}"
-    context = mp.start_processes(
-        _rank, args=(fn, world, str(rendezvous), str(out_dir), backend, timeout, args),
-        nprocs=world, join=False, start_method="spawn",
-    )  # fmt: skip
+    # The ranks start with Ctrl-C blocked (a signal mask outlives exec): a terminal's
+    # Ctrl-C reaches this process, which stops them, instead of a traceback from each.
+    # Here it is held while they start, and comes after.
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        context = mp.start_processes(
+            _rank, args=(fn, world, str(rendezvous), str(out_dir), backend, timeout, args),
+            nprocs=world, join=False, start_method="spawn",
+        )  # fmt: skip
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
     deadline = time.monotonic() + deadline_s
     try:
         while not context.join(timeout=1.0):
@@ -222,11 +232,17 @@ def all_sum(value: float) -> float:
     return float(t[0])
 
 
-def launch(module: str, argv: list[str], nproc: int) -> int:
-    """Run ``python -m <module> <argv>`` in ``nproc`` processes under torchrun; its exit status.
+def launch(
+    module: str, argv: list[str], nproc: int, extra_env: dict | None = None
+) -> tuple[int, bool]:
+    """Run ``python -m <module> <argv>`` in ``nproc`` processes under torchrun (with
+    ``extra_env`` set for them) -> its exit status, and whether Ctrl-C stopped it.
 
-    torchrun's own logging stays on stderr; a failing rank's error and status
-    come back through it.
+    torchrun's stderr, which the ranks share, is passed on line by line as it comes: a
+    failing rank's error and status come back through it. torchrun and its ranks run in a
+    session of their own, so a terminal's Ctrl-C reaches this process alone, which passes
+    it on to all of them at once, then waits for them and leaves out what torchrun says
+    about stopping (its signal's traceback): the caller says it, in one line.
     """
     command = [
         sys.executable,
@@ -239,4 +255,31 @@ def launch(module: str, argv: list[str], nproc: int) -> int:
         *argv,
     ]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    return subprocess.call(command, env=env)
+    process = subprocess.Popen(
+        command,
+        env=env | (extra_env or {}),
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+        start_new_session=True,  # the terminal's Ctrl-C is this process's to pass on
+    )
+    stopping = threading.Event()
+
+    def relay() -> None:
+        for line in process.stderr:
+            if not stopping.is_set():
+                sys.stderr.write(line)
+                sys.stderr.flush()
+
+    reader = threading.Thread(target=relay, daemon=True)
+    reader.start()
+    try:
+        status, interrupted = process.wait(), False
+    except KeyboardInterrupt:
+        stopping.set()
+        interrupted = True
+        with contextlib.suppress(ProcessLookupError):  # unless it has just ended
+            os.killpg(process.pid, signal.SIGINT)  # torchrun and every rank, as a terminal
+        status = process.wait()
+    reader.join(timeout=10)
+    return status, interrupted

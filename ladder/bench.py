@@ -1,7 +1,11 @@
 """``ladder bench``: load the levels, check and time the plan, print the tables, write the files.
 
 Every output path is checked before the first case runs, so a long run never
-ends by failing to write its results.
+ends by failing to write its results. The records are written as each step of the
+run ends (to ``--json``, else to the user's cache, ``bench/last.json``), so that
+Ctrl-C keeps what was measured, and says where. A run shows its progress: a bar on a
+terminal (the step, how many of how many, the time elapsed and left), a line per step
+where the output goes to a file or a pipe.
 """
 
 from __future__ import annotations
@@ -10,10 +14,13 @@ import argparse
 import contextlib
 import os
 import time
+from pathlib import Path
 
 from benchmarks.measure import cpu_threads, free_cores
 
-from .cli import UsageError, check_device, check_output_path
+from .cli import Interrupted, UsageError, check_device, check_output_path
+
+LAST_RUN = "bench/last.json"  # in the user's cache: the records of a run without --json
 
 
 def run(args: argparse.Namespace) -> int:
@@ -32,29 +39,22 @@ def run(args: argparse.Namespace) -> int:
             f"--plot draws the scenarios swept over T ({', '.join(SWEPT)}); "
             f"--scenario {' '.join(groups)} has none of them"
         )
+    path = _records_path(args.json)
     cuda = args.device.startswith("cuda")
     threads = args.threads or free_cores(os.cpu_count() or 1)
     with contextlib.nullcontext() if cuda else cpu_threads(threads):
-        return _run(args)
+        return _run(args, path)
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace, path: Path) -> int:
     import torch
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
 
     from benchmarks import subjects as B
     from benchmarks.measure import describe_machine
     from benchmarks.plan import default_plan
     from benchmarks.records import write_json
     from benchmarks.report import make_console, print_report
-    from benchmarks.runner import case_count, run
+    from benchmarks.runner import run, step_count
 
     console = make_console()
     device = args.device
@@ -92,42 +92,37 @@ def _run(args: argparse.Namespace) -> int:
             markup=False,
         )
 
+    kept: list = []  # the records of the steps done, written after each one
+    steps = _Steps(console, step_count(backends, plan), show=not args.no_progress)
+
+    def done(made) -> None:
+        kept.extend(made)
+        write_json(kept, path)
+        steps.finished(made)
+
     start = time.perf_counter()
-    if args.no_progress:
-        records = run(backends, plan, device=device, dtype=dtype, unavailable=unavailable)
-    else:
-        columns = (
-            TextColumn("{task.description:<60}", markup=False),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("eta"),
-            TimeRemainingColumn(),
-        )
-        with Progress(*columns, console=console, transient=True) as bar:
-            task = bar.add_task("benchmarking", total=case_count(backends, plan) + 1)
-            steps = iter(range(10**9))
-
-            def progress(label: str) -> None:
-                if next(steps):  # the first call starts the bar; later ones finish a case
-                    bar.advance(task)
-                bar.update(task, description=label)
-
+    with steps:
+        try:
             records = run(
                 backends,
                 plan,
                 device=device,
                 dtype=dtype,
                 unavailable=unavailable,
-                progress=progress,
+                progress=steps.start,
+                done=done,
             )
+        except KeyboardInterrupt:
+            raise Interrupted(
+                f"interrupted in step {steps.count + 1} of {steps.total} ({steps.label.strip()})"
+                f" after {time.perf_counter() - start:.0f} s; {len(kept)} record"
+                f"{'' if len(kept) == 1 else 's'} of the steps done written to {path}"
+            ) from None
     elapsed = time.perf_counter() - start
-    if args.json:  # first: a run of minutes is kept even if its report cannot be printed
-        write_json(records, args.json)
+    write_json(records, path)  # first: a run of minutes is kept even if its report cannot print
     print_report(records, machine, console)
     console.print(f"wall time {elapsed:.1f} s", markup=False)
-    if args.json:
-        console.print(f"records written to {args.json}", markup=False)
+    console.print(f"records written to {path}", markup=False)
     if args.plot:
         from benchmarks.plot import plot
 
@@ -162,3 +157,92 @@ def _compiled_peer(args, backends, plan, device: str, dtype: str, console):
         console.print(f"level3:compiled left out: {missing}", style="yellow", markup=False)
         return None
     return B.compiled_peer(device, dtype, quick=args.quick)
+
+
+def _records_path(asked: Path | None) -> Path:
+    """Where the run's records go: ``--json``, else ``bench/last.json`` in the user's cache
+    (the previous run's, replaced)."""
+    if asked is not None:
+        return asked
+    from levels.registry import cache_dir
+
+    path = cache_dir() / LAST_RUN
+    check_output_path(path, "the records' file")
+    return path
+
+
+class _Steps:
+    """A run's progress, step by step (``benchmarks.runner.run``'s): rich's bar on a
+    terminal, a line per step elsewhere, where a bar would print nothing (a log, a pipe),
+    nothing at all when not ``show``."""
+
+    def __init__(self, console, total: int, *, show: bool):
+        self.console, self.total, self.count, self.label = console, total, 0, ""
+        self.bar = None
+        if show and console.is_terminal:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+
+            columns = (
+                TextColumn("{task.description:<60}", markup=False),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("eta"),
+                TimeRemainingColumn(),
+            )
+            self.bar = Progress(*columns, console=console, transient=True)
+            self.task = self.bar.add_task("benchmarking", total=total)
+        self.lines = show and self.bar is None
+        self.started = self.step_started = time.perf_counter()
+
+    def __enter__(self):
+        if self.bar is not None:
+            self.bar.start()
+        self.started = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.stop()
+        return False
+
+    def start(self, label: str) -> None:
+        self.label, self.step_started = label, time.perf_counter()
+        if self.bar is not None:
+            self.bar.update(self.task, description=label)
+
+    def finished(self, made: list) -> None:
+        self.count += 1
+        if self.bar is not None:
+            self.bar.advance(self.task)
+        if not self.lines:
+            return
+        now = time.perf_counter()
+        elapsed = int(now - self.started)
+        clock = f"{elapsed // 3600}:{elapsed // 60 % 60:02d}:{elapsed % 60:02d}"
+        self.console.print(
+            f"[{self.count:>{len(str(self.total))}}/{self.total} {clock}] {self.label}: "
+            f"{_outcome(made)} ({now - self.step_started:.1f} s)",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
+def _outcome(made: list) -> str:
+    """A step's records in a few words: one case's time or status, else how many."""
+    from benchmarks.records import fmt_time
+
+    if not made:
+        return "done"
+    if len(made) > 1:
+        return f"{len(made)} records"
+    (record,) = made
+    return fmt_time(record.median_s) if record.ok else record.status[:100]

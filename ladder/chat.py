@@ -31,13 +31,13 @@ import os
 import re
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .cli import UsageError, check_device
+from .cli import Interrupted, UsageError, check_device
 
 DEFAULT_CONTEXT = 2048  # tokens: the KV cache a chat allocates unless --context says otherwise
 DEFAULT_NEW_TOKENS = 256
@@ -45,9 +45,8 @@ LEVEL0_WARNING = (
     "level 0 computes in pure Python: this model takes about {seconds:.0f} s per token here "
     "(and {memory:.0f} GB for its weights as Python floats); it works, slowly"
 )
-# Measured on SmolLM2-135M at level 0 (docs/checkpoints.md): seconds per multiply-add of a
-# decode step, and bytes per parameter held as a Python float in a list.
-LEVEL0_SECONDS_PER_MAC = 4e-8  # 42 ns per term of sum(map(mul, ...)), and the rest
+# Bytes per parameter held as a Python float in a list (SmolLM2-135M at level 0); the seconds
+# per multiply-add of a decode step are the benchmark's (benchmarks.real_model), one figure.
 LEVEL0_BYTES_PER_PARAM = 32
 
 
@@ -65,6 +64,7 @@ class Loaded:
     spec: Any = None  # a trained checkpoint's RunSpec
     model_context: int | None = None  # the longest context the model allows (its file's)
     draft: Any = None  # with --speculate: what guesses (levels.common.speculative)
+    prepared: set = field(default_factory=set)  # (model's id, tokens) of passes compiled or loaded
 
 
 # ----------------------------------------------------------------------------- loading
@@ -206,39 +206,46 @@ def _level3_options(level, args, dtype: str) -> tuple[str, bool]:
     return weights, asked
 
 
-def _prepare_decode(model, tokens: int = 1) -> None:
-    """With ``--compile``, level 3's decode step compiled now (or loaded from the cache), once,
+def _prepare_decode(loaded: Loaded, threads: Threads, model=None, tokens: int = 1) -> None:
+    """With ``--compile``, level 3's pass of ``tokens`` tokens a row for ``model`` (the
+    loaded model's by default, or a draft's) compiled now (or loaded from the cache), once,
     saying which on stderr: after the first prompt is known to fit (a refused one costs no
-    compile), before its answer, whose tokens/s are then the compiled step's. ``tokens``:
-    the pass of that many tokens (``--speculate``'s verification of ``K`` guesses, ``K + 1``)."""
-    if not getattr(model, "compiled_decode", False):
+    compile), before its answer, whose tokens/s are then the compiled step's. ``tokens``
+    is 1 for the decode step, ``K + 1`` for ``--speculate``'s check of ``K`` guesses. A
+    compile says so before it starts, with its expected time (``decode_step.announcement``)."""
+    model = model or loaded.model
+    if not getattr(model, "compiled_decode", False) or (id(model), tokens) in loaded.prepared:
         return
-    if tokens == 1 and model.decode_report is not None:
+    if tokens == 1 and model.decode_report is not None:  # prepared before it was loaded here
         return
-    from levels.level3_sdpa_flash import compiled
+    loaded.prepared.add((id(model), tokens))
+    from . import decode_step
 
-    path = compiled.package_path(model, 1, tokens=tokens)
-    if compiled.compiler_missing() is None and not path.is_file():
-        what = "decode step" if tokens == 1 else f"verification of {tokens} tokens"
-        print(
-            f"compiling the {what} for this model, once (later runs load it from the cache)",
-            file=sys.stderr,
-            flush=True,
-        )
-    print(model.prepare_decode(1, tokens).line(), file=sys.stderr, flush=True)
+    step = None
+    if decode_step.compiles(model, tokens):
+        step = decode_step.package(model, threads.n, tokens)
+        if not step.is_file():
+            line = decode_step.announcement(loaded.name, model, loaded.dtype, threads.n, tokens)
+            print(line, file=sys.stderr, flush=True)
+    report = model.prepare_decode(1, tokens)
+    print(report.line(), file=sys.stderr, flush=True)
+    if report.how == "compiled" and step is not None and step.is_file():
+        decode_step.remember(step, loaded.name, model, loaded.dtype, threads.n, report.seconds,
+                             tokens)  # fmt: skip
 
 
-def _prepare(loaded: Loaded, args) -> None:
+def _prepare(loaded: Loaded, args, threads: Threads) -> None:
     """Every compiled pass an answer runs: the decode step and, with ``--speculate``, the
-    verification of ``--draft-tokens`` guesses and the draft's own decode step."""
-    _prepare_decode(loaded.model)
+    check of ``--draft-tokens`` guesses and the draft's own decode step."""
+    _prepare_decode(loaded, threads)
     if loaded.draft is not None:
-        _prepare_decode(loaded.model, args.draft_tokens + 1)
+        _prepare_decode(loaded, threads, tokens=args.draft_tokens + 1)
         if hasattr(loaded.draft, "model"):
-            _prepare_decode(loaded.draft.model)
+            _prepare_decode(loaded, threads, model=loaded.draft.model)
 
 
 def _warn_level0(config) -> None:
+    from benchmarks.real_model import LEVEL0_SECONDS_PER_MAC
     from levels.common.params import param_shapes
 
     n = sum(int(np.prod(s)) for s in param_shapes(config, "decoder_only").values())
@@ -425,9 +432,16 @@ def _too_long(loaded: Loaded, n_prompt: int, args) -> str:
     return f"{text} (the model allows {longest}: try --context {enough})"
 
 
-def answer(loaded: Loaded, ids: list[int], args, out=None, index=None) -> tuple[str, Speed]:
+def answer(
+    loaded: Loaded, ids: list[int], args, out=None, *, index=None, conversation: bool = False
+) -> tuple[str, Speed]:
     """Stream the model's continuation of ``ids`` to ``out`` (stdout); -> ``(text, speed)``.
-    ``index`` (``constrained.Index``): the answer held to its language."""
+    ``index`` (``constrained.Index``): the answer held to its language.
+
+    Ctrl-C cuts the answer. In a ``conversation`` it ends that answer alone, marked
+    `` [interrupted]``, and the conversation goes on; otherwise (one prompt, the command's
+    whole work) the text so far stays printed and ``Interrupted`` says how far it got, so
+    that a script sees exit status 130, never a cut answer passed off as a whole one."""
     out = out or sys.stdout
     from levels.tokenizer import Holdback, StreamDecoder
 
@@ -462,8 +476,16 @@ def answer(loaded: Loaded, ids: list[int], args, out=None, index=None) -> tuple[
             out.flush()
             if holdback.stopped:
                 break
-    except KeyboardInterrupt:  # Ctrl-C ends this answer, not the conversation
-        out.write(holdback.add(decoder.flush()) + " [interrupted]")
+    except KeyboardInterrupt:
+        out.write(holdback.add(decoder.flush()))
+        if not conversation:
+            out.write(holdback.finish() + "\n")
+            out.flush()
+            raise Interrupted(
+                f"interrupted after {_tokens(count)} of the answer (at most {new} asked); "
+                "the text above is cut there"
+            ) from None
+        out.write(" [interrupted]")
     else:
         out.write(holdback.add(decoder.flush()))
     out.write(holdback.finish())
@@ -507,16 +529,29 @@ class Threads:
         return cpu_threads(self.n)
 
 
-def _threads(args) -> Threads:
+def _threads(args, model=None) -> Threads:
     """``--threads``, else one thread per core the load average leaves free (at most
     ``DEFAULT_THREADS``): on a busy machine a thread without a core of its own stalls every
-    multi-threaded op (``benchmarks.measure.free_cores``)."""
+    multi-threaded op (``benchmarks.measure.free_cores``). Where ``model`` decodes with a
+    compiled step, a count its step is cached for instead, when the load's is not
+    (``decode_step``: a compile costs more than a thread more or less)."""
     from benchmarks.measure import free_cores
 
     if args.threads:
         return Threads(args.threads, "--threads")
     cores = os.cpu_count() or 1
     n = free_cores(DEFAULT_THREADS)
+    if model is not None:
+        from . import decode_step
+
+        if decode_step.compiles(model):
+            cached = decode_step.cached_counts(model, min(cores, DEFAULT_THREADS))
+            if cached and n not in cached:
+                m = min(cached, key=lambda c: (abs(c - n), c))  # the nearest, then the fewer
+                return Threads(
+                    m, f"the count its cached decode step is compiled for; --threads {n}, "
+                    f"as the load average gives, would compile one"
+                )  # fmt: skip
     if n == cores:
         return Threads(n, "every core")
     if n == DEFAULT_THREADS:
@@ -568,11 +603,19 @@ def _index(language, loaded: Loaded):
     return Index(language, Tokens.from_tokenizer(loaded.tokenizer), loaded.stop_ids)
 
 
+def _check_prompt(args) -> None:
+    """A ``--prompt`` with no text in it (empty, or only spaces: an unset shell variable,
+    most likely) is refused before the model loads, by chat and generate alike."""
+    if args.prompt is not None and not args.prompt.strip():
+        raise UsageError("--prompt has no text (it is empty, or only spaces)")
+
+
 def chat(args: argparse.Namespace) -> int:
+    _check_prompt(args)
     language = output_language(args)
     loaded = load(args, chat=True)
     index = _index(language, loaded)
-    threads = _threads(args)
+    threads = _threads(args, loaded.model)
     messages: list[dict[str, str]] = []
     if args.system is not None:
         messages.append({"role": "system", "content": args.system})
@@ -596,8 +639,8 @@ def chat(args: argparse.Namespace) -> int:
                 print(f"not sent: {exc}", file=sys.stderr)  # the conversation goes on without it
                 continue
             messages[:] = prompt.messages
-            _prepare(loaded, args)  # before the first answer: compiled, or loaded
-            reply, speed = answer(loaded, prompt.ids, args, index=index)
+            _prepare(loaded, args, threads)  # before the first answer: compiled, or loaded
+            reply, speed = answer(loaded, prompt.ids, args, index=index, conversation=interactive)
             print()
             _report(loaded, speed, threads)
             messages.append({"role": "assistant", "content": reply})
@@ -705,6 +748,7 @@ def _fit(loaded: Loaded, messages: list[dict[str, str]], args) -> Prompt:
 
 
 def generate(args: argparse.Namespace) -> int:
+    _check_prompt(args)
     language = output_language(args)
     loaded = load(args, chat=False)
     index = _index(language, loaded)
@@ -719,10 +763,10 @@ def generate(args: argparse.Namespace) -> int:
     ids = loaded.tokenizer.encode(args.prompt).ids  # with the BOS the tokenizer adds, if any
     if not ids:
         raise UsageError(f"--prompt {args.prompt!r} encodes to no tokens")
-    threads = _threads(args)
+    threads = _threads(args, loaded.model)
     new_tokens(loaded, len(ids), args)  # before the prompt is echoed
     with threads.limit():
-        _prepare(loaded, args)  # for these threads
+        _prepare(loaded, args, threads)  # for these threads
         print(args.prompt, end="", flush=True)
         _, speed = answer(loaded, ids, args, index=index)
     print()

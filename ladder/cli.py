@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Sequence
@@ -106,8 +107,8 @@ def _levels(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _count(minimum: int):
-    """An integer >= ``minimum``."""
+def _count(minimum: int, maximum: int | None = None):
+    """An integer >= ``minimum`` (and <= ``maximum``, when given)."""
 
     def parse(text: str) -> int:
         try:
@@ -116,6 +117,8 @@ def _count(minimum: int):
             raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum}, got {value}")
         return value
 
     parse.__name__ = f"integer >= {minimum}"
@@ -169,7 +172,10 @@ def _bench(commands) -> None:
         ),
     )
     p.add_argument(
-        "--quick", action="store_true", help="a few sizes only (under 2 minutes on 2 cores)"
+        "--quick",
+        action="store_true",
+        help="a few sizes of every scenario, float32 only for the real model (about 3 minutes "
+        "on 2 cores, most of it the real model's and the servers')",
     )
     p.add_argument(
         "--levels", type=_levels, default=None, help="comma-separated levels, e.g. 1,2,3"
@@ -640,7 +646,9 @@ def _serve(commands) -> None:
         "--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1: "
         "this machine only; 0.0.0.0 exposes the model to the network)",
     )  # fmt: skip
-    p.add_argument("--port", type=_count(1), default=8000, help="the port (default 8000)")
+    p.add_argument(
+        "--port", type=_count(1, 65535), default=8000, help="the port, 1 to 65535 (default 8000)"
+    )
     p.add_argument(
         "--max-batch", type=_count(1), default=8,
         help="requests decoded together, a row each in every step (default 8; levels 0 and "
@@ -664,6 +672,11 @@ def _serve(commands) -> None:
     p.add_argument(
         "--max-body", type=_count(1), default=1 << 20,
         help="the largest request body, in bytes (default 1 MiB; larger: 413)",
+    )  # fmt: skip
+    p.add_argument(
+        "--quiet", action="store_true",
+        help="no line per request on stderr (by default each request ends with one: method, "
+        "route, status, prompt and generated tokens, time to the first token, total)",
     )  # fmt: skip
     p.set_defaults(run="ladder.serve:serve")
 
@@ -736,6 +749,24 @@ def _one_line(exc: BaseException) -> str:
     return text if plain else f"{type(exc).__name__}: {text}"
 
 
+RANK_NOTE = "LADDER_RANK_NOTE"  # for the ranks of `ladder train --nproc`: where rank 0 writes
+
+
+def say_interrupted(prog: str, exc: BaseException) -> None:
+    """The one line of an interrupted command, on stderr. The ranks of ``ladder train
+    --nproc`` print none: rank 0 writes its line to the file ``$LADDER_RANK_NOTE`` names,
+    which their launcher prints, once, and every rank ignores the further Ctrl-C that
+    torchrun passes on."""
+    line = _one_line(exc) if isinstance(exc, Interrupted) else "interrupted"
+    note = os.environ.get(RANK_NOTE)
+    if note is None:
+        print(f"{prog}: {line}", file=sys.stderr)
+        return
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if os.environ.get("RANK") == "0":
+        Path(note).write_text(line + "\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -752,10 +783,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (Interrupted, KeyboardInterrupt) as exc:
         if debug:
             traceback.print_exc()
-        print(
-            f"{prog}: {_one_line(exc) if isinstance(exc, Interrupted) else 'interrupted'}",
-            file=sys.stderr,
-        )
+        say_interrupted(prog, exc)
         return 130
     except Exception as exc:  # everything else is one line too; --debug for the traceback
         if debug:

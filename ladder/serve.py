@@ -8,8 +8,8 @@ the matrices in oneDNN's layout for a few rows (``--weights blocked``, unless
 ``--weights`` says otherwise); ``--max-batch 1`` decodes one request at a
 time, and at level 3 with the compiled step (compiled, or loaded from the cache, before
 the first request). Then uvicorn serves ``serving.api`` on ``--host`` (127.0.0.1 by
-default: this machine only) and ``--port`` until Ctrl-C. Sampling is each request's
-own (OpenAI's defaults).
+default: this machine only) and ``--port`` until Ctrl-C, writing a line per request to
+stderr (``--quiet``: none). Sampling is each request's own (OpenAI's defaults).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import importlib.util
 import socket
 import sys
 
-from .cli import UsageError
+from .cli import Interrupted, UsageError
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -48,9 +48,9 @@ def serve(args: argparse.Namespace) -> int:
         if args.weights is None and _blocked_fits(args):
             args.weights = "blocked"  # oneDNN's product of a few rows: about one row's time
     loaded = load(args, chat=True)
-    threads = _threads(args)
+    threads = _threads(args, loaded.model)
     with threads.limit():  # the step is compiled for the threads the engine will decode with
-        _prepare_decode(loaded.model)
+        _prepare_decode(loaded, threads)
     engine = Engine(
         loaded,
         max_queue=args.max_queue,
@@ -59,7 +59,8 @@ def serve(args: argparse.Namespace) -> int:
         prefix_cache=args.prefix_cache,
         limit=threads.limit,
     )
-    server = Server(engine, loaded.name, max_body=args.max_body,
+    log = None if args.quiet else _log
+    server = Server(engine, loaded.name, max_body=args.max_body, log=log,
                     speculate=getattr(args, "speculate", None), draft_tokens=args.draft_tokens)  # fmt: skip
     batch = "one at a time"
     if engine.pool is not None:
@@ -76,8 +77,25 @@ def serve(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    uvicorn.run(server.app(), host=args.host, port=args.port, log_level="warning")
+    # uvicorn.Server, not uvicorn.run, which swallows the Ctrl-C that stops it: a server
+    # stopped by Ctrl-C ends as every command does, one line and exit status 130.
+    http = uvicorn.Server(
+        uvicorn.Config(server.app(), host=args.host, port=args.port, log_level="warning")
+    )
+    try:
+        http.run()
+    except KeyboardInterrupt:
+        raise Interrupted(
+            f"interrupted; stopped serving on http://{args.host}:{args.port}"
+        ) from None
+    if not http.started:
+        raise RuntimeError(f"uvicorn could not start on {args.host}:{args.port} (see above)")
     return 0
+
+
+def _log(line: str) -> None:
+    """A request's line (``serving.api.Exchange.line``), on stderr with the server's others."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def _blocked_fits(args: argparse.Namespace) -> bool:

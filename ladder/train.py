@@ -11,13 +11,26 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import signal
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 from benchmarks.report import make_console
 
-from .cli import KINDS, Interrupted, UsageError, check_device, check_output_path, kind_argument
+from .cli import (
+    KINDS,
+    RANK_NOTE,
+    Interrupted,
+    UsageError,
+    check_device,
+    check_output_path,
+    kind_argument,
+    say_interrupted,
+)
+from .interrupts import CtrlC
 
 INTERPRETER_WARNING_S = 60.0  # warn before a run predicted to take longer than this
 
@@ -138,6 +151,9 @@ def train(args: argparse.Namespace) -> int:
         distributed.start(world, args.device)
         try:
             status = _train(args, level, world)
+        except (Interrupted, KeyboardInterrupt) as exc:
+            say_interrupted("ladder train", exc)  # to the launcher, which says it once
+            status = 130
         finally:
             distributed.stop()
         distributed.leave(status)  # past gloo's teardown at exit, which can abort a rank
@@ -169,9 +185,16 @@ def _launch_ranks(args: argparse.Namespace, level) -> int:
     except ValueError as exc:
         raise UsageError(f"--nproc: {exc}") from None
     argv = _argv_without_nproc(sys.argv[1:])
-    status = distributed.launch("ladder", argv, args.nproc)
-    if status in (130, -signal.SIGINT):
-        raise Interrupted(f"interrupted; {args.nproc} processes stopped")
+    fd, name = tempfile.mkstemp(prefix="ladder-rank-note-")
+    os.close(fd)
+    note = Path(name)  # rank 0's line if it is interrupted: where the run stopped
+    try:
+        status, interrupted = distributed.launch("ladder", argv, args.nproc, {RANK_NOTE: str(note)})
+        said = note.read_text().strip()
+    finally:
+        note.unlink(missing_ok=True)
+    if interrupted or status in (130, -signal.SIGINT):
+        raise Interrupted(said or f"interrupted; {args.nproc} processes stopped")
     if status != 0:
         raise RuntimeError(f"a training process failed (torchrun exit status {status}); see above")
     return 0
@@ -249,7 +272,7 @@ def _train(args: argparse.Namespace, level, world) -> int:
             flush=True,
         )
     started = time.perf_counter()
-    stop = _CtrlC()
+    stop = CtrlC()
     with stop, bar if main else contextlib.nullcontext():
         job = bar.add_task(
             f"{name} {spec.kind} {spec.task.name}",
@@ -293,33 +316,6 @@ def _train(args: argparse.Namespace, level, world) -> int:
     if args.plot:
         plot_losses(args.plot, result)
     return 0
-
-
-class _CtrlC:
-    """Ctrl-C during training, kept: the handler raises ``KeyboardInterrupt`` as Python's
-    does, and also remembers the signal, so that the step after it stops the run even if the
-    exception was raised inside code that swallows it (Python prints and ignores an exception
-    raised in a finalizer or a weakref callback, which torch runs between steps)."""
-
-    def __enter__(self):
-        self.seen = False
-        self.previous = signal.getsignal(signal.SIGINT)
-        if self.previous is signal.default_int_handler:  # not where a caller set its own
-            signal.signal(signal.SIGINT, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        self.seen = True
-        raise KeyboardInterrupt
-
-    def check(self) -> None:
-        if self.seen:
-            raise KeyboardInterrupt
-
-    def __exit__(self, *exc):
-        if signal.getsignal(signal.SIGINT) == self._handle:
-            signal.signal(signal.SIGINT, self.previous)
-        return False
 
 
 def _interpreter_quick(spec):

@@ -33,24 +33,35 @@ request's tokens unless the request says otherwise, with extra fields of our own
 ``completion_tokens_details.accepted_prediction_tokens`` and
 ``rejected_prediction_tokens``, OpenAI's names for the guessed tokens kept and not.
 
-Every bad request is a 4xx with OpenAI's error body, ``{"error": {"message", "type",
+Every error is answered with OpenAI's error body, ``{"error": {"message", "type",
 "param", "code"}}``: malformed JSON or a wrong field (400), an unknown model (404), a
 body over the size limit (413), a prompt that leaves no room for one token (400,
-``context_length_exceeded``), a full queue (429). A client that leaves mid-stream
+``context_length_exceeded``), a full queue (429), a route that does not exist (404,
+``not_found``) or a method a route does not take (405, ``method_not_allowed``, with
+``Allow``), and the server's own failure (500). A client that leaves mid-stream
 cancels its request; the engine goes on with the others.
+
+With a ``log`` (``ladder serve`` prints to stderr unless ``--quiet``), each request
+ends with one line, as the servers a user knows write one: the time, the client, the
+method, the route, the status, then the prompt's and the answer's tokens, the time to
+the first token and the total (``Exchange.line``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
@@ -62,6 +73,7 @@ from .structured import FormatError, Formats
 
 MAX_BODY = 1 << 20  # bytes: a request body larger than this is refused (413)
 MAX_STOPS = 4  # as OpenAI
+FINISH_WAIT_S = 5.0  # the longest a log line waits for a cut stream's request to stop
 
 
 class APIError(Exception):
@@ -72,9 +84,82 @@ class APIError(Exception):
         self.status, self.message, self.param, self.code = status, message, param, code
         self.kind = kind or ("invalid_request_error" if status < 500 else "server_error")
 
-    def response(self) -> JSONResponse:
+    def response(self, headers: dict[str, str] | None = None) -> JSONResponse:
         error = {"message": self.message, "type": self.kind, "param": self.param}
-        return JSONResponse({"error": error | {"code": self.code}}, status_code=self.status)
+        body = {"error": error | {"code": self.code}}
+        return JSONResponse(body, status_code=self.status, headers=headers)
+
+
+# ----------------------------------------------------------------------------- the log
+
+
+@dataclass
+class Exchange:
+    """One HTTP request as its log line tells it: what the handlers learnt along the way
+    (the prompt's tokens, the refusal, how the answer finished)."""
+
+    method: str
+    route: str
+    client: str
+    start: float = field(default_factory=time.perf_counter)
+    status: int | None = None
+    prompt_tokens: int | None = None
+    error: str | None = None
+    finished: Finished | None = None
+    submitted: bool = False  # the engine took it: a Finished will come
+    done: asyncio.Event = field(default_factory=asyncio.Event)  # set with ``finished``
+
+    def line(self, clock: str) -> str:
+        """``12:04:31 127.0.0.1 POST /v1/chat/completions 200 | prompt 37 tokens (0 cached)
+        | 7 generated (stop) | first token 0.23 s | total 0.41 s``."""
+        parts = [f"{clock} {self.client} {self.method} {self.route} {self.status or '-'}"]
+        if self.error is not None:
+            parts.append(self.error)
+        done = self.finished
+        if done is not None:
+            parts.append(f"prompt {done.prompt_tokens} tokens ({done.cached_tokens} cached)")
+            parts.append(f"{done.completion_tokens} generated ({done.finish_reason})")
+            if done.completion_tokens:
+                first = done.queued_s + done.first_token_s  # from its arrival at the engine
+                parts.append(f"first token {first:.2f} s")
+        elif self.prompt_tokens is not None:
+            parts.append(f"prompt {self.prompt_tokens} tokens")
+        parts.append(f"total {time.perf_counter() - self.start:.2f} s")
+        return " | ".join(parts)
+
+
+class _Logged:
+    """ASGI middleware: an ``Exchange`` in each HTTP request's scope (``request.state``),
+    and its line written when the response is over. A stream the client cut is logged
+    once its request has stopped (at most ``FINISH_WAIT_S`` later), with what it made."""
+
+    def __init__(self, app, write: Callable[[str], None]):
+        self.app, self.write = app, write
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        client = scope.get("client")
+        exchange = Exchange(scope["method"], scope["path"], client[0] if client else "-")
+        scope.setdefault("state", {})["exchange"] = exchange
+
+        async def sending(message):
+            if message["type"] == "http.response.start":
+                exchange.status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            if exchange.submitted and not exchange.done.is_set():
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(exchange.done.wait(), FINISH_WAIT_S)
+            self.write(exchange.line(time.strftime("%H:%M:%S")))
+
+
+def _exchange(http: HTTPRequest) -> Exchange | None:
+    """The request's ``Exchange``, where the server logs (``_Logged``)."""
+    return getattr(http.state, "exchange", None)
 
 
 # ----------------------------------------------------------------------------- the fields
@@ -156,18 +241,28 @@ def _messages(body: dict) -> list[dict[str, str]]:
 
 
 class Server:
-    """The routes over one ``Engine`` serving the model named ``model_name``."""
+    """The routes over one ``Engine`` serving the model named ``model_name``; ``log``, if
+    given, is called with each request's line when it ends."""
 
-    def __init__(self, engine: Engine, model_name: str, *, max_body: int = MAX_BODY,
-                 speculate: str | None = None, draft_tokens: int = 4):  # fmt: skip
+    def __init__(
+        self,
+        engine: Engine,
+        model_name: str,
+        *,
+        max_body: int = MAX_BODY,
+        log: Callable[[str], None] | None = None,
+        speculate: str | None = None,
+        draft_tokens: int = 4,
+    ):
         self.engine, self.model_name, self.max_body = engine, model_name, max_body
+        self.log = log
         # The server's draft, by name (None: no speculation unless a request asks for ngram).
         self.speculate, self.draft_tokens = speculate, draft_tokens
         self.created = int(time.time())
         self.formats = Formats(engine.loaded.tokenizer, engine.loaded.stop_ids)
         self.metrics = Metrics(engine)
 
-    def app(self) -> Starlette:
+    def app(self):
         routes = [
             Route("/health", self.health, methods=["GET"]),
             Route("/v1/models", self.models, methods=["GET"]),
@@ -176,8 +271,11 @@ class Server:
             Route("/", self.page, methods=["GET"]),
             Route("/metrics", self.scrape, methods=["GET"]),
         ]
+        self.routes = ", ".join(f"{sorted(r.methods - {'HEAD'})[0]} {r.path}" for r in routes)
+        handlers = {HTTPException: self._http_error, Exception: self._failure}
         counted = Middleware(StatusCounter, metrics=self.metrics, routes=[r.path for r in routes])
-        return Starlette(routes=routes, middleware=[counted])
+        app = Starlette(routes=routes, middleware=[counted], exception_handlers=handlers)
+        return app if self.log is None else _Logged(app, self.log)
 
     async def page(self, request: HTTPRequest) -> HTMLResponse:
         """The chat page: one static file, read once."""
@@ -186,6 +284,33 @@ class Server:
     async def scrape(self, request: HTTPRequest) -> Response:
         """``/metrics``: the counters, in Prometheus's text format."""
         return Response(self.metrics.text(), media_type=self.metrics.content_type)
+
+    async def _http_error(self, http: HTTPRequest, exc: HTTPException) -> JSONResponse:
+        """Starlette's own refusals (no such route, a method the route does not take) in
+        OpenAI's error body."""
+        where = f"{http.method} {http.url.path}"
+        if exc.status_code == 404:
+            error = APIError(404, f"no route {where}; this server answers {self.routes}",
+                             code="not_found")  # fmt: skip
+        elif exc.status_code == 405:
+            allowed = {k.lower(): v for k, v in (exc.headers or {}).items()}.get("allow", "")
+            error = APIError(405, f"{where}: the method is not allowed here (allowed: {allowed})",
+                             code="method_not_allowed")  # fmt: skip
+        else:
+            error = APIError(exc.status_code, exc.detail or f"HTTP {exc.status_code}")
+        return self._refused(http, error, headers=exc.headers)
+
+    async def _failure(self, http: HTTPRequest, exc: Exception) -> JSONResponse:
+        """A failure of the server itself (500), in OpenAI's error body; the traceback
+        still goes to the server's log."""
+        return self._refused(http, APIError(500, f"the server failed: {type(exc).__name__}"))
+
+    @staticmethod
+    def _refused(http: HTTPRequest, error: APIError, headers=None) -> JSONResponse:
+        exchange = _exchange(http)
+        if exchange is not None:
+            exchange.error = error.message
+        return error.response(headers)
 
     async def health(self, request: HTTPRequest) -> JSONResponse:
         """``{"status": "ok"}``, the model's name, the requests waiting (no token yet) and
@@ -218,6 +343,8 @@ class Server:
                     f"'{self.model_name}')", param="model", code="model_not_found",
                 )  # fmt: skip
             ids = self._prompt(body, chat)
+            if _exchange(http) is not None:
+                _exchange(http).prompt_tokens = len(ids)
             settings = _sampling(body)
             stream = _field(body, "stream", bool, False, what="true or false")
             options = body.get("stream_options") or {}
@@ -227,9 +354,9 @@ class Server:
             request = self._request(ids, settings)
             request.draft, request.draft_tokens = self._draft(body)
             request.constraint = await self._format(body)
-            events = self._submit(request)
+            events = self._submit(request, _exchange(http))
         except APIError as exc:
-            return exc.response()
+            return self._refused(http, exc)
         kind = "chat.completion" if chat else "text_completion"
         head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
                 "created": int(time.time()), "model": self.model_name}  # fmt: skip
@@ -319,14 +446,26 @@ class Server:
             raise APIError(400, str(exc), param="response_format") from None
         return None if index is None else index.constraint()
 
-    def _submit(self, request: Request) -> asyncio.Queue:
+    def _submit(self, request: Request, exchange: Exchange | None) -> asyncio.Queue:
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
-        deliver = self.metrics.watch(lambda e: loop.call_soon_threadsafe(events.put_nowait, e))
+
+        def arrived(event) -> None:  # on the event loop, in the order the engine sent them
+            if exchange is not None and isinstance(event, Finished | Exception):
+                if isinstance(event, Finished):
+                    exchange.finished = event
+                else:
+                    exchange.error = f"the model failed: {event}"
+                exchange.done.set()
+            events.put_nowait(event)
+
+        deliver = self.metrics.watch(lambda e: loop.call_soon_threadsafe(arrived, e))
         try:
             self.engine.submit(request, deliver)
         except QueueFull as exc:
             self.metrics.refused(deliver)
             raise APIError(429, str(exc), kind="rate_limit_error", code="queue_full") from None
+        if exchange is not None:
+            exchange.submitted = True
         return events
 
     @staticmethod

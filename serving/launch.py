@@ -1,6 +1,8 @@
 """``ladder serve`` as a process: started on 127.0.0.1 and a free port, waited for until it
 answers ``/health``, and stopped (terminated, then killed) when the block ends, leaving no
-process behind. The tests and the ``serve`` benchmark talk to the server this way."""
+process behind. Its output (a line per request among it) is read as it comes, so that a
+long run never fills the pipe and stalls the server. The tests and the ``serve``
+benchmark talk to the server this way."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -24,9 +27,13 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serving(*flags: str, start_s: float = START_S) -> Iterator[str]:
+def serving(
+    *flags: str, start_s: float = START_S, output: list[str] | None = None
+) -> Iterator[str]:
     """``python -m ladder serve --port PORT *flags`` running for the block: -> its base URL,
-    ``http://127.0.0.1:PORT``. ``RuntimeError`` with its output if it does not come up."""
+    ``http://127.0.0.1:PORT``. Its output's lines (stdout and stderr) are appended to
+    ``output`` as they come, when given. ``RuntimeError`` with its output if it does not
+    come up."""
     port = free_port()
     command = [sys.executable, "-m", "ladder", "serve", "--port", str(port), *flags]
     process = subprocess.Popen(
@@ -34,7 +41,12 @@ def serving(*flags: str, start_s: float = START_S) -> Iterator[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env=os.environ | {"NO_COLOR": "1"},
+        text=True,
+        errors="replace",
     )
+    lines = output if output is not None else []
+    reader = threading.Thread(target=lines.extend, args=(process.stdout,), daemon=True)
+    reader.start()
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + start_s
@@ -45,14 +57,15 @@ def serving(*flags: str, start_s: float = START_S) -> Iterator[str]:
             except OSError:
                 if process.poll() is not None or time.monotonic() > deadline:
                     process.kill()
-                    output = process.communicate()[0].decode(errors="replace")
-                    raise RuntimeError(f"ladder serve did not start: {output}") from None
+                    process.wait()
+                    reader.join(timeout=10)
+                    raise RuntimeError(f"ladder serve did not start: {''.join(lines)}") from None
                 time.sleep(0.2)
         yield base
     finally:
         stop(process)
-        if process.stdout is not None:
-            process.stdout.close()
+        reader.join(timeout=10)
+        process.stdout.close()
 
 
 def stop(process: subprocess.Popen, wait_s: float = 30) -> None:

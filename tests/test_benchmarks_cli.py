@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import time
 from pathlib import Path
 
@@ -441,6 +442,27 @@ def test_ladder_bench_tiny_run_writes_json_and_png(tmp_path, capsys):
     text = capsys.readouterr().out
     assert levels.load("level1_numpy").describe() in text  # what computes is printed
     assert "Ratios within this run" in text
+
+
+def test_a_run_into_a_file_prints_a_line_per_step_and_keeps_its_records(tmp_path, capsys):
+    """Output to a file or a pipe (capsys here), where a bar prints nothing: one line per
+    step as it ends (how many of how many, the time, what it measured), and the records
+    in the user's cache when no --json names a file; --no-progress prints no such line."""
+    _load("level1_numpy")
+    argv = ["bench", "--quick", "--levels", "1", "--scenario", "attention", "--no-peers"]
+    argv += ["--seq-lens", "8,16"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LADDER_CACHE", str(tmp_path))
+        assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    steps = [line for line in out.splitlines() if line.startswith("[")]
+    assert [re.match(r"\[(\d)/4 \d:\d\d:\d\d\] ", line)[1] for line in steps] == list("1234")
+    assert re.search(r"\] level1_numpy  attention fwd  T=16: [\d.]+ [mu]s \([\d.]+ s\)$", steps[2])
+    path = tmp_path / "bench" / "last.json"
+    assert f"records written to {path}" in out
+    assert {r.shape.get("T") for r in read_json(path) if r.scenario == "attention fwd"} == {8, 16}
+    assert cli.main([*argv, "--no-progress", "--json", str(tmp_path / "x.json")]) == 0
+    assert not any(line.startswith("[") for line in capsys.readouterr().out.splitlines())
 
 
 def test_unavailable_level_is_reported(monkeypatch, tmp_path):

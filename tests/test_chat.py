@@ -242,6 +242,19 @@ def test_a_prompt_that_does_not_fit_says_what_to_change(capsys, fake):
     assert capsys.readouterr().out == ""  # not even generate's echo of the prompt
 
 
+@pytest.mark.parametrize("prompt", ["", "   ", "\n\t"], ids=["empty", "spaces", "blank lines"])
+@pytest.mark.parametrize("command", ["chat", "generate"])
+def test_a_prompt_with_no_text_is_one_line_before_the_model_loads(
+    capsys, monkeypatch, fake, command, prompt
+):
+    """Not a silent exit 0 with nothing printed: the same line and status from both."""
+    loads = []
+    monkeypatch.setattr(ladder_chat, "load", lambda args, chat: loads.append(args))
+    error = _one_error(capsys, [command, "-p", prompt])
+    assert error == f"ladder {command}: error: --prompt has no text (it is empty, or only spaces)"
+    assert loads == [] and fake.calls == []
+
+
 def test_a_prompt_that_fits_answers_in_the_room_left(capsys, fake):
     """Without --max-new-tokens, a prompt that leaves fewer than 256 tokens gets what is left."""
     text = "x" * (2048 - 10 - prompt_tokens(""))  # leaves 10 tokens
@@ -358,6 +371,144 @@ def test_the_threads_and_why(monkeypatch, cores, load, argv, said):
     monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
     args = build_parser().parse_args(["chat", *argv])
     assert str(ladder_chat._threads(args)) == said
+
+
+class FakeCompiledModel(FakeModel):
+    """The fake with level 3's compiled decode step: ``prepare_decode`` "compiles" (writes
+    the step's file, for the thread count torch has now) or loads what is there, and says
+    which as level 3 does; every call is recorded in ``events``, beside the lines printed."""
+
+    def __init__(self, context: int, events: list):
+        super().__init__(context)
+        self.config = SimpleNamespace(max_seq_len=context)
+        self.compiled_decode, self.decode_report, self.device = True, None, "cpu"
+        self.events = events
+
+    def prepare_decode(self, batch: int, tokens: int = 1):
+        import torch
+
+        from levels.level3_sdpa_flash import compiled
+
+        path = compiled.package_path(self, batch, tokens=tokens)
+        how = "loaded" if path.is_file() else "compiled"
+        path.write_bytes(b"step")
+        passes = "" if tokens == 1 else f" ({tokens} tokens a pass)"
+        self.events.append(f"{how} for {torch.get_num_threads()} threads{passes}")
+        self.decode_report = compiled.CompileReport(how, 42.0, path)
+        return self.decode_report
+
+
+@pytest.fixture
+def compiled_fake(monkeypatch, tmp_path):
+    """``ladder chat`` on a fake whose decode step is compiled, with a cache of its own: a
+    step's file is named by what level 3's key holds that matters here (the context and
+    the threads torch runs with); -> a function that builds the model of a run."""
+    import torch
+
+    from levels.level3_sdpa_flash import compiled
+
+    def package_path(model, batch, cache_dir=None, tokens=1):
+        threads = torch.get_num_threads()
+        return tmp_path / f"decode-{model.config.max_seq_len}-{threads}-{tokens}.pt2"
+
+    monkeypatch.setattr(compiled, "package_path", package_path)
+    monkeypatch.setattr(compiled, "compiler_missing", lambda: None)
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    events: list[str] = []
+
+    def run(capsys, argv: list[str], context: int = 2048, load: float = 0.0, draft=None):
+        model = FakeCompiledModel(context, events)
+        loaded = ladder_chat.Loaded(
+            model, SimpleNamespace(__name__="levels.fake"), "fake", FakeTokenizer(),
+            FakeTemplate(), stop_ids=(EOS,), dtype="float32", model_context=8192, draft=draft,
+        )  # fmt: skip
+        monkeypatch.setattr(ladder_chat, "load", lambda args, chat: loaded)
+        monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+        events.clear()
+        assert ladder(["chat", "-p", "Hi", *argv]) == 0
+        return [*capsys.readouterr().err.splitlines(), *events]
+
+    return run
+
+
+def test_a_compile_is_announced_before_it_starts_with_its_expected_time(capsys, compiled_fake):
+    """The first chat of a model says what it compiles and for how long, before the compile
+    (whose report follows); the next one loads the step without a word of compiling."""
+    first = compiled_fake(capsys, [])  # a quiet machine of 4 cores: 4 threads
+    assert first[0] == (
+        "compiling the decode step of fake for context 2048, float32, 4 threads: about 1 "
+        "minute, once; later runs load it from the cache"
+    )
+    assert first[1].startswith("decode compiled in 42.0 s, once") and first[-1] == (
+        "compiled for 4 threads"
+    )
+    again = compiled_fake(capsys, [])
+    assert not any("compiling" in line for line in again) and again[-1] == "loaded for 4 threads"
+
+
+def test_a_speculating_chat_prepares_the_check_of_its_guesses_once(capsys, compiled_fake):
+    """With a draft, the pass that checks ``--draft-tokens`` guesses is compiled too, after
+    the decode step and announced as the decode step is; the next chat loads both."""
+    from levels.common.speculative import NGramDraft
+
+    first = compiled_fake(capsys, ["--draft-tokens", "3"], draft=NGramDraft())
+    assert first[2] == (
+        "compiling the check of 3 guesses (--speculate) of fake for context 2048, float32, "
+        "4 threads: about 1 minute, once; later runs load it from the cache"
+    )
+    assert first[-2:] == ["compiled for 4 threads", "compiled for 4 threads (4 tokens a pass)"]
+    again = compiled_fake(capsys, ["--draft-tokens", "3"], draft=NGramDraft())
+    assert not any("compiling" in line for line in again)
+    assert again[-2:] == ["loaded for 4 threads", "loaded for 4 threads (4 tokens a pass)"]
+
+
+def test_another_load_average_runs_the_cached_step_instead_of_compiling(capsys, compiled_fake):
+    """Compiled at 4 threads on a quiet machine; at a load average that leaves 1 core free,
+    the chat runs the step it has (and says why), where it used to compile one for 1."""
+    compiled_fake(capsys, [])
+    busy = compiled_fake(capsys, [], load=3.0)
+    assert busy[-1] == "loaded for 4 threads" and not any("compiling" in line for line in busy)
+    assert busy[-2].endswith(
+        "4 threads (the count its cached decode step is compiled for; --threads 1, as the "
+        "load average gives, would compile one)]"
+    )
+    # Asked for outright, another count compiles, and says so first with the time the
+    # model's last compile took, and what is cached instead.
+    asked = compiled_fake(capsys, ["--threads", "2"], load=3.0)
+    assert asked[0] == (
+        "compiling the decode step of fake for context 2048, float32, 2 threads: about 42 s, "
+        "as its last compile here, once (cached here for context 2048, float32, 4 threads); "
+        "later runs load it from the cache"
+    )
+    assert asked[-1] == "compiled for 2 threads"
+    # With steps for 2 and 4 cached and 1 core free, the nearest count runs: 2.
+    assert compiled_fake(capsys, [], load=3.0)[-1] == "loaded for 2 threads"
+
+
+def test_another_context_is_announced_with_what_is_cached(capsys, compiled_fake):
+    compiled_fake(capsys, [])
+    other = compiled_fake(capsys, ["--context", "4096"], context=4096)
+    assert other[0].startswith(
+        "compiling the decode step of fake for context 4096, float32, 4 threads: about 42 s"
+    )
+    assert "(cached here for context 2048, float32, 4 threads)" in other[0]
+    assert other[-1] == "compiled for 4 threads"
+
+
+def test_level_0s_seconds_a_token_are_one_figure_wherever_they_are_said(smollm2_gguf, capsys):
+    """The README, run a real model's page, chat's warning and the benchmark's level-0 row
+    (``benchmarks.real_model``'s figure) say the same seconds a token for SmolLM2 (the
+    README said 3 where the warning said 5; 4.6 was measured)."""
+    from benchmarks.real_model import LEVEL0_SECONDS_PER_MAC, PARAMS
+    from levels import gguf
+
+    seconds = round(PARAMS * LEVEL0_SECONDS_PER_MAC)
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"every token written takes level 0 about {seconds} s here" in readme
+    checkpoints = " ".join((ROOT / "docs" / "checkpoints.md").read_text().split())
+    assert f"about {seconds} s a token for this model" in checkpoints
+    ladder_chat._warn_level0(gguf.config_of(smollm2_gguf))
+    assert f"takes about {seconds} s per token here" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- on a terminal

@@ -10,6 +10,7 @@ tested once, in test_config_params.py.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 import types
 
@@ -495,6 +496,22 @@ def test_attention_refuses_integer_inputs(level):
     q = level.arr(np.ones((1, 2, 3, 4), dtype=np.int64))
     with raises_before_launch(TypeError, match="floating-point q, k and v"):
         level.module.attention(q, q, q)
+
+
+@pytest.mark.exclude_levels("level0_loops")  # one number type only: Python's float
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+def test_attention_refuses_q_k_v_of_mixed_dtypes(level, which):
+    """One of q, k, v in the level's second dtype: the same TypeError at every level, never
+    a silent promotion (numpy's), a silent cast to q's dtype (a torch product's) or SDPA's
+    own RuntimeError."""
+    other = dataclasses.replace(level, dtype=level.module.FACTS.dtypes[1])
+    q, k, v = _qkv(level, T=3, S=3)
+    arrays = {"q": q, "k": k, "v": v}
+    arrays[which] = other.arr(level.module.to_numpy(arrays[which]))
+    names = [str(getattr(a, "dtype", "")).replace("torch.", "") for a in arrays.values()]
+    assert len(set(names)) == 2, names  # the mix the test is about
+    with raises_before_launch(TypeError, match=re.escape(f"of one dtype; got {', '.join(names)}")):
+        level.module.attention(*arrays.values(), causal=True)
 
 
 @pytest.mark.parametrize("scale", [0.0, -0.5, float("nan"), float("inf")])

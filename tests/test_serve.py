@@ -11,6 +11,7 @@ still answers. The queue's limit is the engine's own test, on a model that waits
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
@@ -26,13 +27,38 @@ QUESTION = "What is the capital of France?"
 
 
 @pytest.fixture(scope="module")
-def server(smollm2_gguf):
+def served(smollm2_gguf):
     """The server on a free port of 127.0.0.1, eager (the compile is ``ladder chat``'s to
-    test), with a small body limit to reach."""
+    test), with a small body limit to reach: its base URL and its output's lines so far."""
     from serving.launch import serving
 
-    with serving("--no-compile", "--threads", "1", "--max-body", "200000", start_s=120) as base:
-        yield base
+    output: list[str] = []
+    flags = ("--no-compile", "--threads", "1", "--max-body", "200000")
+    with serving(*flags, start_s=120, output=output) as base:
+        yield base, output
+
+
+@pytest.fixture(scope="module")
+def server(served):
+    return served[0]
+
+
+def _logged(output: list[str], route: str, since: int) -> str:
+    """The first line the server logged for ``route`` after its first ``since`` lines (a
+    line is written when its response is over: a moment after the client has it)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        for line in output[since:]:
+            if f" {route} " in line:
+                return line.rstrip("\n")
+        time.sleep(0.05)
+    raise AssertionError(f"no line for {route} in {output[since:]}")
+
+
+LOG_LINE = re.compile(  # time, client, method, route, status, then the parts it has
+    r"\d\d:\d\d:\d\d \S+ (?P<method>[A-Z]+) (?P<route>\S+) (?P<status>\d{3})"
+    r"(?P<rest>(?: \| [^|]+)*) \| total (?P<total>\d+\.\d\d) s"
+)
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +82,16 @@ def _post(server: str, path: str, body, *, raw: bytes | None = None) -> tuple[in
             return r.status, json.load(r)
     except urllib.error.HTTPError as exc:
         return exc.code, json.load(exc)
+
+
+def _get(server: str, path: str, method: str = "GET") -> tuple[int, dict, str | None]:
+    """``method path`` with no body -> (status, JSON body, its Allow header)."""
+    request = urllib.request.Request(f"{server}{path}", method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return r.status, json.load(r), r.headers.get("Allow")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.load(exc), exc.headers.get("Allow")
 
 
 # ----------------------------------------------------------------------------- answers
@@ -202,6 +238,58 @@ def _all_blocks_free(server: str) -> None:
     assert health["status"] == "ok" and blocks["free"] == blocks["total"] > 0
 
 
+@pytest.mark.parametrize(
+    "method, path, code, allow",
+    [
+        ("GET", "/v1/engines", 404, None),
+        ("POST", "/", 405, "GET"),  # the chat page
+        ("POST", "/v1/models", 405, "GET"),
+        ("GET", "/v1/chat/completions", 405, "POST"),
+        ("DELETE", "/health", 405, "GET"),
+    ],
+)
+def test_an_unknown_route_or_method_is_openais_error_body(server, method, path, code, allow):
+    status, body, allowed = _get(server, path, method)
+    error_code = {404: "not_found", 405: "method_not_allowed"}[code]
+    _error(status, body, code, error_code=error_code)
+    assert f"{method} {path}" in body["error"]["message"]
+    if allow is not None:  # the Allow header says what the route takes, as HTTP asks
+        assert allow in allowed.split(", ") and allow in body["error"]["message"]
+    else:  # and a wrong route lists the right ones
+        assert "POST /v1/chat/completions" in body["error"]["message"]
+
+
+def test_a_failure_of_the_server_is_openais_error_body_and_a_log_line():
+    """A handler that raises: 500 with OpenAI's body (the traceback is the server's to log),
+    and the request's line; without a log (``--quiet``), no line at all."""
+    from types import SimpleNamespace
+
+    from starlette.testclient import TestClient
+
+    from serving.api import Server
+
+    class Failing(Server):
+        async def models(self, request):
+            raise RuntimeError("a broken disk")
+
+    loaded = SimpleNamespace(tokenizer=None, stop_ids=(0,))
+    engine = SimpleNamespace(pool=None, loaded=loaded)
+    lines: list[str] = []
+    with TestClient(
+        Failing(engine, "m", log=lines.append).app(), raise_server_exceptions=False
+    ) as c:
+        response = c.get("/v1/models")
+        health = c.get("/health")
+    _error(response.status_code, response.json(), 500)
+    assert response.json()["error"]["type"] == "server_error" and health.status_code == 200
+    assert [LOG_LINE.fullmatch(line)["status"] for line in lines] == ["500", "200"]
+    assert " GET /v1/models 500 | the server failed: RuntimeError | total " in lines[0]
+    quiet = Failing(engine, "m", log=None).app()
+    with TestClient(quiet, raise_server_exceptions=False) as c:
+        assert c.get("/v1/nothing").status_code == 404
+    assert type(quiet).__name__ == "Starlette"  # no logging middleware around it
+
+
 def test_malformed_json_and_a_body_too_large(server):
     status, body = _post(server, "/v1/chat/completions", None, raw=b'{"messages": [')
     _error(status, body, 400)
@@ -215,9 +303,12 @@ def test_malformed_json_and_a_body_too_large(server):
     _all_blocks_free(server)
 
 
-def test_a_client_that_leaves_mid_stream_stops_its_request(server, client):
+def test_a_client_that_leaves_mid_stream_stops_its_request(served, client):
     """A stream of up to 400 tokens read for two chunks, then closed: the server stops that
-    request (the next one waits for no more than a few of its tokens) and answers again."""
+    request (the next one waits for no more than a few of its tokens), logs it as cancelled
+    with the tokens it made, and answers again."""
+    server, output = served
+    since = len(output)
     body = {"messages": [{"role": "user", "content": "Count from 1 to 500."}], "temperature": 0,
             "max_tokens": 400, "stream": True}  # fmt: skip
     request = urllib.request.Request(
@@ -238,6 +329,41 @@ def test_a_client_that_leaves_mid_stream_stops_its_request(server, client):
     assert reply.model_extra["timings"]["queued_s"] < 5.0
     assert time.monotonic() - start < 10.0
     _all_blocks_free(server)  # the cancelled request's blocks came back
+    line = _logged(output, "/v1/chat/completions", since)  # the cut one: it came first
+    made = re.search(
+        r" 200 \| prompt \d+ tokens \(\d+ cached\) \| (\d+) generated \(cancelled\)", line
+    )
+    assert made and 1 <= int(made[1]) < 400, line
+
+
+def test_each_request_is_one_line_in_the_log(served, client):
+    """A completion, a refused request and a wrong route: a line each, with the method,
+    the route, the status, the tokens (the prompt's, the answer's, why it ended), the time
+    to the first token and the total."""
+    server, output = served
+    since = len(output)
+    reply = client.completions.create(
+        model="smollm2-135m", prompt="The capital of France is", max_tokens=5, temperature=0
+    )
+    line = _logged(output, "/v1/completions", since)
+    m = LOG_LINE.fullmatch(line)
+    assert m and (m["method"], m["route"], m["status"]) == ("POST", "/v1/completions", "200")
+    prompt, generated, first = m["rest"].split(" | ")[1:]
+    assert prompt == f"prompt {reply.usage.prompt_tokens} tokens (0 cached)"
+    assert generated == f"{reply.usage.completion_tokens} generated (length)"
+    ttft = float(re.fullmatch(r"first token (\d+\.\d\d) s", first)[1])
+    assert 0 < ttft <= float(m["total"])  # the first token comes before the end
+
+    since = len(output)
+    status, _ = _post(server, "/v1/completions", {"prompt": "Hi", "temperature": 9})
+    line = _logged(output, "/v1/completions", since)
+    assert status == 400 and LOG_LINE.fullmatch(line), line
+    assert " 400 | 'temperature' must be in [0, 2], got 9 | prompt " in line
+
+    since = len(output)
+    status, _, _ = _get(server, "/v1/engines")
+    line = _logged(output, "/v1/engines", since)
+    assert status == 404 and LOG_LINE.fullmatch(line) and " GET /v1/engines 404 | no route" in line
 
 
 # ----------------------------------------------------------------------------- the engine

@@ -59,12 +59,14 @@ def attention_dims(
 
 
 def check_float_inputs(kinds: Sequence[str], dtypes: Sequence[object]) -> None:
-    """Attention computes on real floating-point q, k, v (not integers, bools or complex)."""
+    """Attention computes on real floating-point q, k, v (not integers, bools or complex),
+    all of one dtype: it converts none of them (numpy would promote to the widest, a
+    product of torch tensors to the first's or to an error, SDPA refuses)."""
+    names = [str(d).replace("torch.", "") for d in dtypes]
     if any(kind != "f" for kind in kinds):
-        raise TypeError(
-            "attention needs floating-point q, k and v; got "
-            + ", ".join(str(d).replace("torch.", "") for d in dtypes)
-        )
+        raise TypeError("attention needs floating-point q, k and v; got " + ", ".join(names))
+    if len(set(names)) > 1:
+        raise TypeError("attention needs q, k and v of one dtype; got " + ", ".join(names))
 
 
 def check_mask(mask_shape: Sequence[int], is_bool: bool, target: Sequence[int]) -> None:

@@ -1,0 +1,133 @@
+"""Level 3's compiled decode step as the commands meet it (``ladder chat``, ``generate
+--compile``, ``serve --max-batch 1``): which thread count a run takes, what it says before a
+compile, and the compiles it remembers.
+
+A compiled step is kept in the user's cache under a key of what it was compiled for
+(``levels.level3_sdpa_flash.compiled.cache_key``): the model, its context, dtype and weight
+format, and the thread count, since inductor splits the step's loops over the threads it
+compiles for (a step compiled for one thread runs on one; one compiled for two runs no
+faster than eager on one). Any of them new costs a compile of about a minute. So:
+
+* **the thread count** (unless ``--threads`` gives one) is one a step of this model is
+  cached for: the count the load average leaves free if that one is cached, else the
+  cached count nearest to it. The load average picks the count of a first compile only,
+  and a chat at another load runs the step it has instead of compiling a second one.
+  (One step for every count would be a one-thread step, which leaves every other core
+  idle on a quiet machine; and a compile costs more than a chat's whole answer gains from
+  one more thread.)
+* **a compile is announced** before it starts, with what it is for, what this model has
+  cached instead, and how long it should take: as long as this model's last compile here,
+  else about a minute (48.9 to 71.4 s for SmolLM2 on two cores, docs/decoding.md).
+* **each compile leaves a note** beside its step (``decode-<key>.json``: the model, the
+  context, dtype, weights and threads, the seconds it took), which the announcement reads.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from pathlib import Path
+
+FIRST_COMPILE_S = 60.0  # a model's first compile here, before any was timed (see above)
+SHOWN = 3  # cached steps named in an announcement, at most
+
+
+def compiles(model, tokens: int = 1) -> bool:
+    """Whether ``model``'s pass of ``tokens`` tokens a row (the decode step: one) is still to
+    be compiled or loaded ahead of time here: level 3 with ``compile`` on, on a CPU with a
+    C++ compiler (a GPU compiles at the first step, with no file to find; without a
+    compiler the step runs eager)."""
+    if not getattr(model, "compiled_decode", False):
+        return False
+    if tokens == 1 and model.decode_report is not None:
+        return False
+    if str(getattr(model, "device", "cpu")).startswith("cuda"):
+        return False
+    from levels.level3_sdpa_flash import compiled
+
+    return compiled.compiler_missing() is None
+
+
+def package(model, threads: int, tokens: int = 1) -> Path:
+    """Where ``model``'s step of ``tokens`` tokens a row compiled for ``threads`` threads is
+    kept (whether or not it is)."""
+    import torch
+
+    from levels.level3_sdpa_flash import compiled
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)  # the key reads the count torch runs with
+    try:
+        return compiled.package_path(model, 1, tokens=tokens)
+    finally:
+        torch.set_num_threads(before)
+
+
+def cached_counts(model, most: int) -> list[int]:
+    """The thread counts from 1 to ``most`` that a step of ``model`` is cached for."""
+    return [n for n in range(1, most + 1) if package(model, n).is_file()]
+
+
+def _note_path(step: Path) -> Path:
+    return step.with_suffix(".json")
+
+
+def remember(step: Path, model_name: str, model, dtype: str, threads: int, seconds: float,
+             tokens: int = 1):  # fmt: skip
+    """The note of a compile, beside the step it made (written whole, then renamed)."""
+    note = {
+        "tokens": tokens,
+        "model": model_name,
+        "context": int(model.config.max_seq_len),
+        "dtype": dtype,
+        "weights": getattr(model, "weights", "float"),
+        "threads": threads,
+        "seconds": round(seconds, 1),
+        "date": datetime.date.today().isoformat(),
+    }
+    path = _note_path(step)
+    scratch = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    scratch.write_text(json.dumps(note, indent=1) + "\n")
+    os.replace(scratch, path)
+
+
+def _notes(folder: Path, model_name: str, tokens: int = 1) -> list[dict]:
+    """The notes of this model's compiles of ``tokens`` tokens a row whose steps are still
+    cached, newest first."""
+    notes = []
+    for path in folder.glob("decode-*.json"):
+        try:
+            note = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # a note is a hint: an unreadable one is no note
+        if (note.get("model"), note.get("tokens", 1)) != (model_name, tokens):
+            continue
+        if path.with_suffix(".pt2").is_file():
+            notes.append(note)
+    return sorted(notes, key=lambda n: n.get("date", ""), reverse=True)
+
+
+def _describe(context: int, dtype: str, weights: str, threads: int) -> str:
+    fmt = dtype if weights == "float" else f"{weights} weights"
+    return f"context {context}, {fmt}, {threads} thread{'' if threads == 1 else 's'}"
+
+
+def announcement(model_name: str, model, dtype: str, threads: int, tokens: int = 1) -> str:
+    """The line before a compile: what it is for, how long it should take, what is cached
+    for the model instead (a ``--context``, ``--dtype``, ``--weights`` or ``--threads``
+    that matches one of those loads it instead)."""
+    weights = getattr(model, "weights", "float")
+    what = _describe(int(model.config.max_seq_len), dtype, weights, threads)
+    notes = _notes(package(model, threads, tokens).parent, model_name, tokens)
+    if notes:
+        when = f"about {notes[0]['seconds']:.0f} s, as its last compile here"
+    else:
+        when = f"about {FIRST_COMPILE_S / 60:.0f} minute"
+    step = "decode step" if tokens == 1 else f"check of {tokens - 1} guesses (--speculate)"
+    line = f"compiling the {step} of {model_name} for {what}: {when}, once"
+    if notes:
+        cached = [_describe(n["context"], n["dtype"], n["weights"], n["threads"]) for n in notes]
+        more = f" and {len(cached) - SHOWN} more" if len(cached) > SHOWN else ""
+        line += f" (cached here for {'; '.join(cached[:SHOWN])}{more})"
+    return line + "; later runs load it from the cache"
