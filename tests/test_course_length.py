@@ -92,3 +92,10 @@ def test_the_command_fails_over_its_budget(capsys):
     assert "| **the course** |" in capsys.readouterr().out
     assert course_length.main(["--budget", "0.5"]) == 1
     assert "over 0.5 h" in capsys.readouterr().out
+
+
+def test_hours_round_to_the_minute_before_splitting():
+    """179.6 minutes is 3 h 00, never 2 h 60; the half minute rounds to even (Python's)."""
+    assert [course_length.hours(m) for m in (179.6, 179.4, 120.0, 59.5, 0.4)] == [
+        "3 h 00", "2 h 59", "2 h 00", "1 h 00", "0 h 00",
+    ]  # fmt: skip

@@ -139,7 +139,8 @@ def rows(pages: list[Path]) -> list[Row]:
 
 
 def hours(minutes: float) -> str:
-    return f"{int(minutes // 60)} h {round(minutes % 60):02d}"
+    whole = round(minutes)  # to the minute first: 179.6 is 3 h 00, not 2 h 60
+    return f"{whole // 60} h {whole % 60:02d}"
 
 
 def table(pages: list[Path]) -> tuple[str, float, float]:
