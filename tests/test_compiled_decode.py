@@ -100,6 +100,9 @@ def test_the_step_reads_the_positions_the_cache_holds():
     ids, positions, slot, key_positions, keys, values = seen["inputs"]
     assert positions.tolist() == [[6], [3]] and slot.tolist() == [6]  # ragged: its own positions
     assert key_positions.tolist() == [[0, 1, 2, 3, 4, 5, 6], [0, 1, 2, -1, -1, -1, 3]]
+    # The compiled library reads its inputs with the strides it was exported with
+    # (contiguous ones), not with the cache's (its positions a narrow of a (B,C) buffer).
+    assert key_positions.is_contiguous() and positions.is_contiguous()
     assert cache.length == 7 and len(keys) == len(values) == GEMMA.n_layers
     assert keys[0].shape == (2, 1, 20, 6)  # a layer of the cache, written in place at the slot
     local = semantics.visible(positions, key_positions, 3)[:, 0, 0]  # GEMMA's layer 0: window 3

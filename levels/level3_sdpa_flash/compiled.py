@@ -27,8 +27,8 @@ shapes fixed:
 * the cache's layers are separate inputs, each written in place at ``slot``.
 
 The compiler and its cache, on a CPU: ``torch.export`` traces the step, one
-decomposition writes each one-row product ``x @ W.T`` as a dot product per
-output row, ``(x * W).sum(-1)`` over a row-major ``W`` (what inductor turns into
+decomposition writes each product of a few rows ``x @ W.T`` as a dot product per
+output and row, ``(W * x).sum(-1)`` over a row-major ``W`` (what inductor turns into
 one vectorised loop that streams ``W`` once; the same product lowered to a
 library GEMM streams it at eager's rate), and AOTInductor compiles the program
 into a shared library, kept in the user's cache (``levels.registry.cache_dir()``
@@ -65,6 +65,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..level2_torch_manual.arrays import copied
 from ..level2_torch_manual.models import Transformer
 
 # ----------------------------------------------------------------------------- the step
@@ -162,21 +163,34 @@ class _bare_attention:
                 m.kernels = kernels
 
 
-# ----------------------------------------------------------------------------- one-row products
+# ----------------------------------------------------------------------------- products of few rows
 
 
-def one_row_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None):
-    """``F.linear`` as the compiled step computes it: for one row, ``(x * W).sum(-1)``.
+FEW_ROWS = 6  # up to this many rows, a dot product per row and output; beyond, the GEMM
 
-    ``x (..., in)`` with one row in all, ``w (out, in)`` row-major: a dot product per
-    output, each reading its row of ``w`` front to back, which inductor fuses into one
-    vectorised loop over ``w`` (the elementwise product is never materialised). Any
-    other ``x`` keeps the library GEMM.
+
+def few_rows_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None):
+    """``F.linear`` as the compiled step computes it: for a few rows, a dot product per row
+    and output, ``(W * x_m).sum(-1)`` for each row ``m``.
+
+    ``x (..., in)`` with ``M`` rows in all, ``w (out, in)`` row-major. Inductor turns each
+    row's products into one vectorised loop that reads ``w`` front to back (the elementwise
+    product is never materialised): for one row, the decode step, it streams ``w`` at about
+    twice the rate of the library GEMM (docs/decoding.md). For ``M`` rows, speculative
+    decoding's ``k + 1``, the loops read ``w`` ``M`` times, and still beat the GEMM, which
+    streams a matrix of so few rows slowly. Measured on SmolLM2 at level 3, one thread
+    (2026-12-06, against a one-token step): a pass of 3 tokens costs 1.6 steps and one of 5
+    tokens 2.8, where the library GEMM's cost 4.1 and 3.2. Beyond ``FEW_ROWS`` rows the
+    product stays the GEMM (3.5 steps at 9 tokens), whose cost grows slower than a read
+    of ``w`` a row.
     """
-    if x.numel() != x.shape[-1]:
+    rows = x.numel() // x.shape[-1]
+    if rows > FEW_ROWS:
         y = x @ w.t()  # (..., in) @ (in, out)
     else:
-        y = (x.unsqueeze(-2) * w).sum(-1)  # (..., 1, in) * (out, in) -> (..., out)
+        flat = x.reshape(rows, -1)  # (M, in)
+        y = torch.stack([(w * flat[m]).sum(-1) for m in range(rows)])  # (M, out)
+        y = y.reshape(*x.shape[:-1], w.shape[0])  # (..., out)
     return y if bias is None else y + bias
 
 
@@ -184,7 +198,7 @@ def int8_rows(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Te
     """``aten._weight_int8pack_mm`` as the compiled step computes it, on a CPU: ``x (B, in)``,
     ``q (out, in)`` int8, ``scale (out,)`` -> ``(B, out)`` in ``x``'s dtype.
 
-    Written as ``one_row_linear``'s dot per output row, so inductor widens each int8 where
+    Written as ``few_rows_linear``'s dot per output row, so inductor widens each int8 where
     it reads it, inside the loop that streams ``q``: a step reads one byte a weight, at
     about twice the library kernel's rate (docs/decoding.md). One difference from the
     eager kernel: ``x`` arrives rounded to bfloat16 (the kernel takes 16-bit activations),
@@ -199,7 +213,7 @@ def int8_rows(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Te
 
 
 def decompositions() -> dict:
-    """``torch.export``'s default decompositions, with ``one_row_linear`` for ``aten.linear``
+    """``torch.export``'s default decompositions, with ``few_rows_linear`` for ``aten.linear``
     and ``int8_rows`` for the int8 kernel, and SDPA kept whole: its default decomposition is
     the unfused math (scores, softmax, two batched products), where the call runs PyTorch's
     fused CPU kernel."""
@@ -210,18 +224,18 @@ def decompositions() -> dict:
         aten._scaled_dot_product_flash_attention_for_cpu.default,
     ):
         table.pop(fused, None)
-    table[aten.linear.default] = one_row_linear
+    table[aten.linear.default] = few_rows_linear
     table[aten._weight_int8pack_mm.default] = int8_rows
     return table
 
 
 def row_major_(model: nn.Module) -> nn.Module:
     """Every matrix of ``model`` laid out row-major ``(out, in)``, in place: the layout
-    ``one_row_linear`` streams (level 2 keeps a tall matrix column-major, the layout eager
+    ``few_rows_linear`` streams (level 2 keeps a tall matrix column-major, the layout eager
     ``F.linear`` streams fastest; the numbers are the same)."""
     for param in model.parameters():
         if param.ndim == 2 and not param.is_contiguous():
-            param.data = param.data.contiguous()
+            param.data = copied(param.data)  # in memory of huge pages (arrays.copied)
     return model
 
 
@@ -350,6 +364,12 @@ def compile_step(model: nn.Module, batch: int, path: Path, tokens: int = 1) -> N
             # no faster than eager). So a step is compiled for the threads torch has now,
             # and kept under that count (cache_key).
             configs = {"cpp.threads": torch.get_num_threads()}
+            if tokens > 1:
+                # A pass of several tokens: a pointwise producer of more than four operations
+                # (a norm) is computed once into a buffer, not inlined into the product of
+                # few rows, which would redo it for every row of W (measured on SmolLM2,
+                # passes of 3 and 5 tokens: 1.25x and 1.14x faster).
+                configs["realize_opcount_threshold"] = 4
             torch._inductor.aoti_compile_and_package(
                 program, package_path=str(scratch), inductor_configs=configs
             )
@@ -384,6 +404,9 @@ class CompiledDecode:
         if self.whole_cache:
             inputs = (ids, positions, slot, cache.positions, cache.k, cache.v)
         else:
+            # The compiled library trusts the strides it was exported with: a contiguous
+            # (B,S), while the cache's is a narrow of its (B,C) buffer (rows C apart).
+            key_positions = key_positions.contiguous()  # (B,S): B x S integers, copied
             inputs = (ids, positions, slot, key_positions, cache.k.unbind(0), cache.v.unbind(0))
         return self.run(*inputs)  # (B,T,V)
 
