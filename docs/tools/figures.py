@@ -46,7 +46,7 @@ import json
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import course_figures
@@ -140,9 +140,8 @@ def train_induction(out: Path) -> None:
         weights.append(s.softmax(-1)[0])  # (H, T, S)
         return level.attention(q, k, v, **kw)
 
-    model = level.DecoderOnlyTransformer(
-        spec.config, params, kernels=level.Kernels(attention=recording)
-    )
+    kernels = replace(level.DecoderOnlyTransformer.kernels, attention=recording)  # the rest as is
+    model = level.DecoderOnlyTransformer(spec.config, params, kernels=kernels)
     recorded = []
     for example in examples:
         weights: list[torch.Tensor] = []

@@ -26,7 +26,7 @@ module holds itself. Every module reads ``self.kernels``: a class attribute (``L
 here), overridable per instance with the ``kernels=`` constructor argument, and passed
 down from a model to its layers. A higher level therefore writes, for example::
 
-    KERNELS = Kernels(attention=my_attention, layer_norm=MyLayerNorm, kv_cache=MyCache)
+    KERNELS = replace(LEVEL2_KERNELS, attention=my_attention, layer_norm=MyLayerNorm)
 
     class DecoderOnlyTransformer(level2.DecoderOnlyTransformer):
         kernels = KERNELS
