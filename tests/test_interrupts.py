@@ -267,9 +267,15 @@ def test_ctrl_c_at_moments_of_training_is_one_line_and_130(started_s, tmp_path):
         assert line.startswith(("ladder: interrupted", "ladder train: interrupted")), line
 
 
-@pytest.mark.extended
-def test_ctrl_c_at_many_moments_of_training(started_s, tmp_path):
-    _interrupted([*TRAIN, "--checkpoint", str(tmp_path / "run.pt")], _moments(started_s, 6.0, 40))
+# The loops: a dozen moments in CI's extended run, forty for a release (-m manual: the
+# counts docs/testing.md quotes). Each moment is a process of its own, about 4 s.
+@pytest.mark.parametrize(
+    "moments",
+    [pytest.param(12, marks=pytest.mark.extended), pytest.param(40, marks=pytest.mark.manual)],
+)
+def test_ctrl_c_at_many_moments_of_training(moments, started_s, tmp_path):
+    delays = _moments(started_s, 6.0, moments)
+    _interrupted([*TRAIN, "--checkpoint", str(tmp_path / "run.pt")], delays)
 
 
 # An answer that streams for longer than any signal waits (up to its 1000 tokens: a minute
@@ -292,9 +298,12 @@ def test_ctrl_c_at_moments_of_a_chat_is_one_line_and_130(started_s, smollm2_gguf
     assert line.startswith("ladder chat: interrupted after ") and "of the answer" in line
 
 
-@pytest.mark.extended
-def test_ctrl_c_at_many_moments_of_a_chat(started_s, smollm2_gguf):
-    _interrupted(CHAT, _moments(started_s, 10.0, 24))
+@pytest.mark.parametrize(
+    "moments",
+    [pytest.param(8, marks=pytest.mark.extended), pytest.param(24, marks=pytest.mark.manual)],
+)
+def test_ctrl_c_at_many_moments_of_a_chat(moments, started_s, smollm2_gguf):
+    _interrupted(CHAT, _moments(started_s, 10.0, moments))
 
 
 @pytest.mark.slow
