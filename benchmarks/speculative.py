@@ -58,7 +58,7 @@ def describe(values):
 CHAT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 TASKS = {"grounded": GROUNDED, "chat": CHAT}
 NEW, NEW_QUICK = 192, 64  # tokens a run
-KS, KS_QUICK = (4, 8), (4,)
+KS, KS_QUICK = (2, 4, 8), (2,)  # the quick run: the commands' default
 LAYERS = 10  # of SmolLM2's 30: the layer-skip draft
 CONTEXT = 768
 
@@ -119,14 +119,18 @@ def speculative_records(quick: bool) -> list[Record]:
 
     import levels
     from levels.common.speculative import Counts, speedup
+    from levels.level2_torch_manual.arrays import adopt
 
     config, params, tokenizer, template = _loaded()
     new, ks = (NEW_QUICK, KS_QUICK) if quick else (NEW, KS)
     records = []
     with cpu_threads(1), torch.no_grad():
-        model = levels.load("level3_sdpa_flash").DecoderOnlyTransformer(
-            config, params, compile=True
-        )
+        # As `ladder chat` builds it: the parameters are the loader's arrays (mapped from the
+        # unpacked file), not copies, and so the weights a step streams are those it streams.
+        with adopt():
+            model = levels.load("level3_sdpa_flash").DecoderOnlyTransformer(
+                config, params, compile=True
+            )
         compiles = [model.prepare_decode(1).line()]
         compiles += [model.prepare_decode(1, k + 1).line() for k in ks]
         drafts = _drafts(model, config, params, quick)

@@ -252,7 +252,7 @@ class Server:
         max_body: int = MAX_BODY,
         log: Callable[[str], None] | None = None,
         speculate: str | None = None,
-        draft_tokens: int = 4,
+        draft_tokens: int = 2,
     ):
         self.engine, self.model_name, self.max_body = engine, model_name, max_body
         self.log = log

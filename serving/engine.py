@@ -85,7 +85,7 @@ class Request:
     cancelled: threading.Event = field(default_factory=threading.Event)
     constraint: Any = None  # its own constrained.Constraint: the logits masked before its pick
     draft: Any = None  # speculative decoding: what guesses its tokens (levels.common.speculative)
-    draft_tokens: int = 4  # at most this many guesses a step
+    draft_tokens: int = 2  # at most this many guesses a step
 
     def cancel(self) -> None:
         """Stop it before its next token (or before it starts)."""

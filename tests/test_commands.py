@@ -215,7 +215,7 @@ COMMANDS: dict[str, list[tuple[str, Check]]] = {
             "ladder docs on a free port, its pages fetched, stopped by Ctrl-C",
         )),  # fmt: skip
         ('ladder chat -p "A person, as JSON" --json-schema person.json', CHAT_SCHEMA),
-        # Compiles the decode step and the check of four guesses on a fresh machine: 2 minutes.
+        # Compiles the decode step and the check of two guesses on a fresh machine: 2 minutes.
         ('ladder chat -p "Repeat: the quick brown fox jumps over the lazy dog." --speculate ngram', run(TRAIN, extended=True, expect="fox", expect_err="speculated:", **SMOL)),
     ],
     "docs/speculative.md": [

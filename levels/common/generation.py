@@ -56,7 +56,7 @@ def generate_decoder_only(
     seed: int | list[int] | None = None,
     eos_id: int | None = None,
     draft: speculative.Draft | None = None,
-    draft_tokens: int = 4,
+    draft_tokens: int = 2,
     counts: speculative.Counts | None = None,
 ) -> Native:
     """Continue every row of ``prefix (B, P)`` by ``max_new_tokens`` tokens.
@@ -169,7 +169,7 @@ def stream_decoder_only(
     seed: int | None = None,
     stop_ids: tuple[int, ...] = (),
     draft: speculative.Draft | None = None,
-    draft_tokens: int = 4,
+    draft_tokens: int = 2,
     counts: speculative.Counts | None = None,
     constraint: Any = None,
 ) -> Iterator[int]:

@@ -197,8 +197,9 @@ class DecoderOnlyTransformer(_Quantizable, level2.DecoderOnlyTransformer):
 
     def _compiled_step(self, ids: torch.Tensor, cache, last) -> compiled.CompiledDecode | None:
         """The compiled step for this pass: new tokens into a cache, no gradient; one token a
-        row (compiled at its first call), or as many as a prepared step takes."""
-        if cache is None or last:
+        row (compiled at its first call), or as many as a prepared step takes. (``last`` of
+        one token a row is that token: a draft's step asks for it.)"""
+        if cache is None or (last and ids.shape[1] != 1):
             return None
         if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
             return None  # the compiled step has no backward
