@@ -689,7 +689,7 @@ def test_a_serve_record_is_right_only_when_every_answer_is_the_one_alone():
 @pytest.mark.extended  # compiles a decode step and a verification (about a minute)
 def test_the_speculative_bench_checks_each_answer_and_reads_a_and_c_off_the_run(monkeypatch):
     """benchmarks/speculative.py over a small random model (its quick run: the n-gram draft,
-    k = 4): a plain record and one a draft for each task, every answer equal to plain
+    k = 2, the commands' default): a plain record and one a draft for each task, every answer equal to plain
     decoding's token for token, and the figures the formula reads, consistent with the
     counts they come from."""
     from types import SimpleNamespace
@@ -715,8 +715,9 @@ def test_the_speculative_bench_checks_each_answer_and_reads_a_and_c_off_the_run(
     assert all(r.status == "ok" for r in records), [r.note for r in records]
     for r in records[1::2]:
         f = r.figures
-        assert r.shape == {"task": r.shape["task"], "k": 4, "new": speculative.NEW_QUICK}
-        assert f["accepted"] <= f["drafted"] <= 4 * f["passes"]
+        (k,) = speculative.KS_QUICK
+        assert r.shape == {"task": r.shape["task"], "k": k, "new": speculative.NEW_QUICK}
+        assert f["accepted"] <= f["drafted"] <= k * f["passes"]
         # Every token after the first comes from a pass: new - 1 = passes + accepted.
         assert f["passes"] + f["accepted"] == speculative.NEW_QUICK - 1
         assert f["tokens_a_pass"] == (speculative.NEW_QUICK - 1) / f["passes"]
