@@ -81,10 +81,10 @@ def _drafts(model, config, params, quick: bool) -> dict:
     """The drafts by name: n-gram lookup, the int8 and int4 copies (compiled as the target
     is), the first ``LAYERS`` layers."""
     import levels
-    from levels.common.speculative import ModelDraft, NGramDraft, first_layers
+    from levels.common.speculative import ModelDraft, commands_ngram, first_layers
 
     L3 = levels.load("level3_sdpa_flash")
-    drafts = {"ngram": NGramDraft(max_n=4, min_n=2)}
+    drafts = {"ngram": commands_ngram()}
     for fmt in () if quick else ("int8", "int4"):
         copy = L3.DecoderOnlyTransformer(config, params, weights=fmt, compile=True)
         copy.prepare_decode(1)

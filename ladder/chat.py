@@ -330,10 +330,10 @@ def _draft(speculate, model, level, config, params, dtype, args, compile):
     of the model (compiled as the model is), or the model's first N layers."""
     if speculate is None:
         return None
-    from levels.common.speculative import ModelDraft, NGramDraft, first_layers
+    from levels.common.speculative import ModelDraft, commands_ngram, first_layers
 
     if speculate == "ngram":
-        return NGramDraft(max_n=4, min_n=2)  # a guess from a match of two tokens at least
+        return commands_ngram()
     seed = getattr(args, "seed", None)  # serve has none: each request's row is seeded by its own
     if speculate.startswith("layers:"):
         return ModelDraft(first_layers(model, int(speculate.partition(":")[2])), seed=seed)

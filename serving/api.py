@@ -422,7 +422,7 @@ class Server:
     def _draft(self, body: dict) -> tuple[object, int]:
         """The request's draft and guesses a step: its ``speculate`` and ``draft_tokens``, or the
         server's."""
-        from levels.common.speculative import NGramDraft
+        from levels.common.speculative import commands_ngram
 
         name = _field(body, "speculate", str, self.speculate or "none", what="a draft's name")
         k = _field(body, "draft_tokens", int, self.draft_tokens, check=lambda v: v >= 1,
@@ -432,7 +432,7 @@ class Server:
         if name == self.speculate and self.engine.loaded.draft is not None:
             return self.engine.loaded.draft, k
         if name == "ngram":
-            return NGramDraft(max_n=4, min_n=2), k
+            return commands_ngram(), k
         served = f", or '{self.speculate}'" if self.speculate else ""
         raise APIError(400, f"'speculate' must be 'ngram' or 'none'{served}, got {name!r}",
                        param="speculate")  # fmt: skip

@@ -226,6 +226,13 @@ class NGramDraft:
         return None
 
 
+def commands_ngram() -> NGramDraft:
+    """The n-gram draft ``--speculate ngram`` names (``ladder chat``/``generate``, a server's
+    request, the bench): matches of two to four tokens, since one matching token is weak
+    evidence and a wrong guess costs a pass."""
+    return NGramDraft(max_n=4, min_n=2)
+
+
 # ----------------------------------------------------------------------------- the arithmetic
 
 
@@ -301,15 +308,18 @@ class ModelDraft:
     def open(self, row: int, seed: int | None) -> None:
         """Start row ``row`` afresh, its draws seeded by ``seed`` (a server's request: its own
         seed, so that a seeded request's guesses, and so its answer, repeat)."""
-        self._rows[row] = (self.model.new_cache(1), [], np.random.default_rng(seed))
+        self._rows[row] = self._fresh(seed)
 
     def forget(self, row: int) -> None:
         """Let row ``row``'s cache go (a server's request that ended)."""
         self._rows.pop(row, None)
 
     def _new_row(self, row: int):
-        rng = np.random.default_rng(None if self.seed is None else [self.seed, row])
-        return self.model.new_cache(1), [], rng
+        return self._fresh(None if self.seed is None else [self.seed, row])
+
+    def _fresh(self, seed):
+        """A row's state before its first guess: an empty cache, no context, its generator."""
+        return self.model.new_cache(1), [], np.random.default_rng(seed)
 
     def _pass(self, ids: list[int], start: int, cache) -> np.ndarray:
         """The draft's logits ``(1, V)`` after ``ids`` at positions ``start ...`` into ``cache``."""

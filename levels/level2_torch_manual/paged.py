@@ -143,7 +143,21 @@ class BlockPool:
 
     def free(self, sequence: Sequence) -> None:
         """Give back every block of ``sequence`` (a published one stays findable while idle)."""
-        for i, block in enumerate(sequence.table):
+        self._give_back(sequence, 0)
+        sequence.table, sequence.count, sequence.digests = [], 0, []
+
+    def trim(self, sequence: Sequence) -> None:
+        """Give back the blocks past ``sequence``'s count (taken for a pass whose last
+        positions it did not keep: a speculative step's rejected guesses)."""
+        keep = self.blocks_for(sequence.count)
+        self._give_back(sequence, keep)
+        del sequence.table[keep:]
+
+    def _give_back(self, sequence: Sequence, start: int) -> None:
+        """Drop ``sequence``'s reference to its blocks from ``start`` on: a block no one holds
+        becomes idle if published (findable until taken), else free."""
+        for i in range(start, len(sequence.table)):
+            block = sequence.table[i]
             self.refs[block] -= 1
             if self.refs[block] == 0:
                 digest = sequence.digests[i] if i < len(sequence.digests) else None
@@ -151,17 +165,6 @@ class BlockPool:
                     self._idle[block] = digest
                 else:
                     self._free.append(block)
-        sequence.table, sequence.count, sequence.digests = [], 0, []
-
-    def trim(self, sequence: Sequence) -> None:
-        """Give back the blocks past ``sequence``'s count, all of them its own (taken for a
-        pass whose last positions it did not keep: a speculative step's rejected guesses)."""
-        keep = self.blocks_for(sequence.count)
-        for block in sequence.table[keep:]:
-            self.refs[block] -= 1
-            if self.refs[block] == 0:
-                self._free.append(block)
-        del sequence.table[keep:]
 
     def match(self, tokens: abc.Sequence[int]) -> Sequence:
         """A new sequence holding the longest run of published blocks that begins ``tokens``

@@ -29,8 +29,8 @@ shapes fixed:
 The compiler and its cache, on a CPU: ``torch.export`` traces the step, one
 decomposition writes each product of a few rows ``x @ W.T`` as a dot product per
 output and row, ``(W * x).sum(-1)`` over a row-major ``W`` (what inductor turns into
-one vectorised loop that streams ``W`` once; the same product lowered to a
-library GEMM streams it at eager's rate), and AOTInductor compiles the program
+a vectorised loop a row that streams ``W`` once; the same product of one row lowered
+to a library GEMM streams it at eager's rate), and AOTInductor compiles the program
 into a shared library, kept in the user's cache (``levels.registry.cache_dir()``
 ``/compiled``) under a key of everything it depends on but the weights' values:
 the weights stay the model's own tensors, handed to the library at load
