@@ -414,3 +414,29 @@ class Holdback:
 
     def finish(self) -> str:
         return self._release(len(self.text))
+
+
+class Text:
+    """A generated sequence's text as its ids come (the engine's output processing):
+    ``push(id)`` -> the text that may be shown now (a character split across tokens, and
+    whatever could still become one of ``stops``, are held back); ``stopped`` once a stop
+    string has appeared (the text ends before it); ``close()`` -> the rest, at the end."""
+
+    def __init__(self, tokenizer: Tokenizer, stops=()):
+        self.decoder, self.holdback = StreamDecoder(tokenizer), Holdback(list(stops))
+
+    @property
+    def stopped(self) -> bool:
+        return self.holdback.stopped
+
+    @property
+    def text(self) -> str:
+        """All of it so far (the held-back tail included, a stop string and after excluded)."""
+        return self.holdback.text
+
+    def push(self, token_id: int) -> str:
+        return self.holdback.add(self.decoder.push(token_id))
+
+    def close(self) -> str:
+        rest = "" if self.stopped else self.holdback.add(self.decoder.flush())
+        return rest + self.holdback.finish()

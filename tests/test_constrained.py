@@ -476,7 +476,7 @@ def test_speculation_under_the_mask_gives_the_masked_greedy_tokens(case):
     """Drafts verified under the mask: the n-gram draft's guesses and another model's (which
     knows nothing of the schema, so some of its guesses leave the language and are rejected
     by the rule, their p being 0) give the tokens of masked greedy decoding, at every level."""
-    from levels.common.speculative import ModelDraft, NGramDraft
+    from engine import ModelDraft, NGramDraft
 
     tokens = Tokens.from_list(VOCAB)
     index = Index(Language.schema(SCHEMA), tokens, (EOS,))

@@ -1,5 +1,6 @@
-"""The paged KV cache (levels/level2_torch_manual/paged.py): a pool of blocks, a table per
-sequence, and the prefix index, against each row decoded alone by the model's own cache.
+"""The paged KV cache (levels/level2_torch_manual/paged.py) over the engine's block manager
+(engine/blocks.py): a pool of blocks, a table per sequence, and the prefix index, against
+each row decoded alone by the model's own cache.
 
 Levels 2 and 3 in float64 (the batch changes only the order of sums), level 4 in float32
 through Triton's interpreter (its dtype here), small models throughout.
@@ -12,8 +13,9 @@ import pytest
 import torch
 from conftest import load_or_skip
 
+from engine.blocks import BlockPool, OutOfBlocks, Table
 from levels import TransformerConfig, init_params
-from levels.level2_torch_manual.paged import BlockPool, OutOfBlocks, PagedKVCache, Sequence
+from levels.level2_torch_manual.paged import PagedKVCache
 
 LEVELS = [("level2_torch_manual", torch.float64), ("level3_sdpa_flash", torch.float64),
           ("level4_triton_kernel", torch.float32)]  # fmt: skip
@@ -29,12 +31,18 @@ def _model(name: str, dtype, **options):
     return config, load_or_skip(name).DecoderOnlyTransformer(config, params, dtype=dtype)
 
 
+def _new_pool(config, blocks, block_size, dtype=None) -> BlockPool:
+    """A pool of ``blocks`` over level 2's storage of them."""
+    storage = PagedKVCache.storage(config, blocks, block_size, dtype=dtype)
+    return BlockPool(*storage, blocks, block_size)
+
+
 def _scattered_pool(config, dtype, blocks=24, block_size=4) -> BlockPool:
     """A pool whose blocks are handed out out of order, so no table is a run of blocks."""
-    pool = BlockPool(config, blocks, block_size=block_size, dtype=dtype)
+    pool = _new_pool(config, blocks, block_size, dtype)
     order = np.random.default_rng(0).permutation(blocks).tolist()
-    pool._free.clear()
-    pool._free.extend(order)
+    pool.free_blocks.clear()
+    pool.free_blocks.extend(order)
     return pool
 
 
@@ -71,7 +79,7 @@ def test_paged_rows_decode_as_each_row_alone(name, dtype, window, monkeypatch):
             logits, cache = model.prefill(torch.tensor([prompt]), last_only=True)
             want.append([logits[0]] + [model.decode_step(torch.tensor([t]), cache)[0]
                                        for t in tokens])  # fmt: skip
-        seqs = [Sequence() for _ in prompts]
+        seqs = [Table() for _ in prompts]
         got = [[] for _ in prompts]
 
         def prefill(rows):
@@ -113,7 +121,7 @@ def test_one_row_through_the_paged_cache_is_the_model_s_own_cache_bit_for_bit(na
     """One row alone (no padding, so the same shapes and sums as the model's own cache):
     its prefill's and five decode steps' logits identical in float64, across block edges."""
     config, model = _model(name, torch.float64)
-    pool, seq = _scattered_pool(config, torch.float64), Sequence()
+    pool, seq = _scattered_pool(config, torch.float64), Table()
     paged = model.kernels.paged_kv_cache
     with torch.no_grad():
         prompt = torch.tensor([[3, 4, 5, 6, 7, 8, 9]])
@@ -129,12 +137,12 @@ def test_one_row_through_the_paged_cache_is_the_model_s_own_cache_bit_for_bit(na
 
 def _pool(blocks=6, block_size=4) -> BlockPool:
     config = TransformerConfig(vocab_size=30, d_model=8, n_heads=2, d_ff=8, n_layers=1)
-    return BlockPool(config, blocks, block_size=block_size)
+    return _new_pool(config, blocks, block_size)
 
 
 def test_a_step_takes_all_its_blocks_or_none():
     pool = _pool(blocks=3)
-    a, b = Sequence(), Sequence()
+    a, b = Table(), Table()
     pool.reserve([a], 5)  # 5 positions: 2 blocks of 4
     assert len(a.table) == 2 and pool.available == 1
     with pytest.raises(OutOfBlocks, match="needs 2 more KV blocks and the pool has 1 free"):
@@ -151,8 +159,8 @@ def test_a_step_takes_all_its_blocks_or_none():
 
 def test_a_paged_step_must_be_right_padded_and_is_checked_before_it_counts():
     config, model = _model("level2_torch_manual", torch.float64)
-    pool = BlockPool(config, 8, block_size=4, dtype=torch.float64)
-    seq = Sequence()
+    pool = _new_pool(config, 8, 4, torch.float64)
+    seq = Table()
     with torch.no_grad():
         model.extend(torch.tensor([[5, 6]]), PagedKVCache(pool, [seq], config))
         with pytest.raises(ValueError, match="right-padded"):
@@ -161,7 +169,7 @@ def test_a_paged_step_must_be_right_padded_and_is_checked_before_it_counts():
     assert seq.count == 2  # the step's blocks were taken; none of its positions counts
 
 
-def _filled(pool, tokens) -> Sequence:
+def _filled(pool, tokens) -> Table:
     """A sequence that has computed ``tokens`` (its keys are not the point here)."""
     seq = pool.match(tokens[:-1])
     pool.reserve([seq], len(tokens) - seq.count)
@@ -202,7 +210,7 @@ def test_idle_prefix_blocks_are_reused_least_recently_freed_first_and_forgotten(
     pool.free(a)  # a's published block idle first, then b's
     pool.free(b)
     assert pool.available == 4
-    c = Sequence()
+    c = Table()
     pool.reserve([c], 6)  # 3 blocks: the two never-published first, then a's idle one
     assert pool.match([1, 2, 3]).count == 0  # a's prefix forgotten: its block was rewritten
     kept = pool.match([5, 6, 7])
@@ -211,6 +219,21 @@ def test_idle_prefix_blocks_are_reused_least_recently_freed_first_and_forgotten(
     pool.free(c)
     assert pool.available == 4 and not any(pool.refs)
 
+
+def test_a_freed_prefix_gives_back_its_tail_first_so_its_head_outlives_it():
+    """A sequence of three full published blocks and a partial one leaves; then the pool is
+    short of blocks and a new sequence takes two. Given back tail first, the idle blocks
+    taken are the prefix's last ones, and its head (what every match starts from) is still
+    found: its first two blocks, 8 positions. Given back head first, the head would go first
+    and nothing of the prefix could be found again."""
+    pool = _pool(blocks=4, block_size=4)
+    tokens = list(range(1, 15))  # 14 tokens: blocks of 4, 4, 4 published, then 2 more
+    first = _filled(pool, tokens)
+    assert len(first.digests) == 3 and pool.available == 0
+    pool.free(first)
+    taker = Table()
+    pool.reserve([taker], 8)  # two blocks: the unpublished one, then the oldest idle one
+    assert pool.match(tokens).count == 8  # the first two blocks, still filed
 
 @pytest.mark.parametrize("window", [None, 1, 5])
 @pytest.mark.parametrize("heads", [(4, 4), (4, 2), (6, 1)], ids=["mha", "gqa", "mqa"])

@@ -316,14 +316,14 @@ def test_speculated_greedy_tokens_equal_transformers(draft_name, smollm2, prompt
     guessed. The verification is a pass of five tokens, its sums in another order than a
     decode step's: a near tie decided differently would show here. (extended: with the
     chi-square below, the real models' share of CI's second core.)"""
-    from levels.common.speculative import Counts, ModelDraft, NGramDraft, first_layers
+    from engine import Counts, ModelDraft, NGramDraft
 
     config = smollm2[0]
     _, model = level_model("level3_sdpa_flash", *smollm2, "float32")
     counts = Counts()
     for name, ids in prompts.items():
         # A draft a prompt: the model draft's caches and generator start afresh.
-        draft = NGramDraft() if draft_name == "ngram" else ModelDraft(first_layers(model, 20))
+        draft = NGramDraft() if draft_name == "ngram" else ModelDraft(model.first_layers(20))
         got = list(
             model.stream(
                 ids,
@@ -362,7 +362,7 @@ def test_the_speculated_second_token_follows_transformers_law_by_chi_square(smol
 
     from scipy.stats import chisquare
 
-    from levels.common.speculative import Counts, ModelDraft, first_layers
+    from engine import Counts, ModelDraft
 
     config, params = smollm2
     ids = prompts["text"]
@@ -385,7 +385,7 @@ def test_the_speculated_second_token_follows_transformers_law_by_chi_square(smol
     law = law.numpy()
     support = law > 0
     prompt = np.array([ids] * CHI_SQUARE_ROWS)
-    draft_model = first_layers(model, CHI_SQUARE_DRAFT_LAYERS)
+    draft_model = model.first_layers(CHI_SQUARE_DRAFT_LAYERS)
     counts, pvalues = Counts(), {}
     for how in ("plain", "speculated"):
         seen = np.zeros(config.vocab_size)

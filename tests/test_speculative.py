@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
+from engine import NGramDraft
 from levels.common.sampling import Sampling, distribution, draw, keep_mask, pick
 from levels.common.speculative import (
-    NGramDraft,
     acceptance,
     acceptance_rate,
     estimate_acceptance,

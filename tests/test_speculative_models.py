@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from _helpers import random_tokens, right_padded, small_config
 
+from engine import Counts, ModelDraft, NGramDraft
 from levels import TransformerConfig, init_params
 from levels.common.sampling import Sampling, distribution
-from levels.common.speculative import Counts, ModelDraft, NGramDraft, first_layers
 
 pytestmark = pytest.mark.no_lowp
 
@@ -70,7 +70,7 @@ def test_greedy_speculation_gives_plain_greedy_tokens_for_every_draft(case):
     want = case.np(model.generate(case.arr(prompts), new, valid=case.arr(valid)))
     drafts = {
         "ngram": NGramDraft(),
-        "first layer": ModelDraft(first_layers(model, 1)),
+        "first layer": ModelDraft(model.first_layers(1)),
         "another model": ModelDraft(case.build("DecoderOnlyTransformer", config,
                                                init_params(config, "decoder_only", seed=9, scheme="random"))),
     }  # fmt: skip
@@ -154,7 +154,7 @@ def test_bad_draft_arguments_are_refused_before_any_pass(case):
         with pytest.raises(error, match=match):
             model.generate(case.arr(prompts), 3, **options)
     with pytest.raises(ValueError, match="1 <= N < 2"):
-        first_layers(model, 2)
+        model.first_layers(2)
 
 
 def test_the_second_token_follows_the_target_law_by_chi_square():

@@ -7,7 +7,7 @@ line that made it rather than deep inside a matmul.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from . import checks
 
@@ -230,3 +230,10 @@ class TransformerConfig:
     def embedding_scale(self) -> float:
         """What token embeddings are multiplied by: ``sqrt(D)``, or 1."""
         return math.sqrt(self.d_model) if self.scale_embeddings else 1.0
+
+    def first_layers(self, n: int) -> TransformerConfig:
+        """The config of this model's first ``n`` layers (with its final norm and head): a
+        draft for speculative decoding (``first_layers`` of a model). ``1 <= n < n_layers``."""
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n < self.n_layers:
+            raise ValueError(f"the first N layers of a model of {self.n_layers} need 1 <= N < {self.n_layers}, got {n!r}")  # fmt: skip
+        return replace(self, n_layers=n)

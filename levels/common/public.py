@@ -27,9 +27,12 @@ themselves, with positions they hold: they check their inputs once, not every st
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
+
+from .sampling import Sampling
+from .semantics import positions_of
 
 LEFT_PADDING_MESSAGE = (
     "a sequence is not right-padded (a real token after padding): its real tokens come "
@@ -160,14 +163,6 @@ def check_new_tokens(max_new_tokens: object) -> int:
 # ----------------------------------------------------------------------------- positions
 
 
-def positions_of(valid: np.ndarray, start=0) -> np.ndarray:
-    """Each token's position: ``valid (B,T)`` right-padded -> ``(B,T)`` int64, counting
-    ``start, start + 1, ...`` over a row's real tokens and ``-1`` at its padding;
-    ``start`` an int, or one per row ``(B,)`` (where each row of a cache stands)."""
-    counted = np.cumsum(valid, axis=1) - 1 + np.asarray(start, dtype=np.int64)[..., None]
-    return np.where(valid, counted, -1)
-
-
 def _native(model, *arrays: np.ndarray) -> tuple:
     """Numpy arrays in the model's own arrays, on its device."""
     return tuple(model.arrays.asarray(a, device=model.device) for a in arrays)
@@ -230,23 +225,96 @@ def extend(model, tokens, cache, *, valid=None, last_only: bool = False):
     return model.arrays.last_position(out) if last_only else _zeroed(model, out, real)
 
 
-def generate(model, prefix, max_new_tokens, **options):
-    """Continue ``prefix (B,P)`` -> ``(B, P + max_new_tokens)``; greedy by default.
+def check_token_id(name: str, value: object, vocab_size: int) -> None:
+    """A special token (``bos_id``, ``eos_id``, a stop id) is one integer id in ``[0, V)``."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{name} must be an integer token id, got {value!r}")
+    check_tokens(int(value), int(value), vocab_size, what=name)
 
-    ``options``: ``valid``, ``use_cache``, ``temperature``, ``top_k``, ``top_p``, ``seed``,
-    ``eos_id``, as ``levels.common.generation.generate_decoder_only`` takes them.
+
+def check_draft(draft, draft_tokens: object, use_cache: bool = True) -> None:
+    """A draft proposes (a ``propose`` method), ``draft_tokens`` is an integer >= 1, and the
+    model keeps a cache (speculation rolls it back)."""
+    if draft is None:
+        return
+    if not callable(getattr(draft, "propose", None)):
+        raise TypeError(f"draft must have a propose(context, k) method, got {type(draft).__name__}")
+    if isinstance(draft_tokens, bool) or not isinstance(draft_tokens, int) or draft_tokens < 1:
+        raise ValueError(f"draft_tokens must be an integer >= 1, got {draft_tokens!r}")
+    if not use_cache:
+        raise ValueError("speculative decoding (draft=) verifies against the cache: use_cache=True")
+
+
+def check_fits(length: int, max_new_tokens: int, max_seq_len: int, what: str) -> None:
+    if length + max_new_tokens > max_seq_len:
+        raise ValueError(f"{what} {length} + max_new_tokens {max_new_tokens} exceeds max_seq_len={max_seq_len}")  # fmt: skip
+
+
+def generate(model, prefix, max_new_tokens, *, valid=None, use_cache: bool = True,
+             temperature: float = 0.0, top_k=None, top_p=None, seed=None, eos_id=None,
+             draft=None, draft_tokens: int = 2, counts=None):  # fmt: skip
+    """Continue every row of ``prefix (B,P)`` by ``max_new_tokens`` tokens -> ``(B, P + N)``.
+
+    ``valid (B,P)`` marks right-padded prompts of different lengths (None: every token is
+    real). Each row continues from its own last real token, at its own positions, and the
+    result holds each row's prompt, its continuation, then ``pad_id``: row ``b`` equals that
+    row generated alone. ``temperature``, ``top_k``, ``top_p`` and ``seed`` choose the
+    tokens (``levels.common.sampling``; greedy by default; row ``b`` draws with ``seed + b``,
+    or the ``b``-th of a list of seeds). With ``eos_id`` a row stops after producing it;
+    without, every row gets ``max_new_tokens``. ``use_cache=False`` runs each pass over
+    everything so far (obviously right, and the same tokens). ``draft``
+    (``engine.NGramDraft``, ``engine.ModelDraft``) decodes speculatively, up to
+    ``draft_tokens`` guesses a pass: greedy, the same tokens; sampled, the same law;
+    ``counts`` (``engine.Counts``) adds up its passes and the guesses made and kept.
+    Every argument is checked before the model runs; the decoding is the engine's.
     """
-    from .generation import generate_decoder_only
+    from engine import Engine, Request
 
-    return generate_decoder_only(model, prefix, max_new_tokens, **options)
+    sampling = Sampling(temperature, top_k, top_p, seed)
+    tokens = ids_of(model, prefix, "prefix")  # (B, P)
+    check_new_tokens(max_new_tokens)
+    B, P = tokens.shape
+    lengths = valid_of(model, valid, (B, P)).sum(axis=1)  # (B,) real tokens a prompt
+    if eos_id is not None:
+        check_token_id("eos_id", eos_id, model.config.vocab_size)
+    check_fits(int(lengths.max()), max_new_tokens, model.config.max_seq_len, "prefix length")
+    check_draft(draft, draft_tokens, use_cache)
+    stops = () if eos_id is None else (int(eos_id),)
+    requests = [Request(tokens[b, : lengths[b]].tolist(), max_new_tokens, row, stops, draft=draft,
+                        draft_tokens=draft_tokens) for b, row in enumerate(sampling.rows(B))]  # fmt: skip
+    engine = Engine(model, cache="level" if use_cache else "none", max_batch=B, counts=counts)
+    out = np.full((B, P + max_new_tokens), model.config.pad_id, dtype=np.int64)  # (B, P + N)
+    for b, seq in enumerate(engine.generate(requests)):
+        out[b, : len(seq.tokens)] = seq.tokens
+    return model.arrays.asarray(out, device=model.device)
 
 
-def stream(model, prompt, max_new_tokens, **options):
-    """Continue one prompt ``(P,)``, yielding each new token id as it is chosen (greedy by
-    default); ``options`` as ``levels.common.generation.stream_decoder_only`` takes them."""
-    from .generation import stream_decoder_only
+def stream(model, prompt, max_new_tokens, *, temperature: float = 0.0, top_k=None,
+           top_p=None, seed=None, stop_ids=(), draft=None, draft_tokens: int = 2, counts=None,
+           constraint=None) -> Iterator[int]:  # fmt: skip
+    """Continue one prompt ``(P,)`` token by token: yield each new id as soon as it is chosen.
 
-    return stream_decoder_only(model, prompt, max_new_tokens, **options)
+    The tokens are ``generate``'s for the same prompt and options (one row, the same
+    sampling), each handed over at once, for a chat that prints them as they come. It ends
+    after ``max_new_tokens`` tokens, or after yielding a token of ``stop_ids`` (the model's
+    end-of-turn ids); a caller may stop earlier. Arguments are checked before the model
+    runs. ``draft``, ``draft_tokens`` and ``counts`` as ``generate``'s (a pass may then
+    yield several tokens at once); ``constraint`` (``constrained.Constraint``) masks the
+    logits before each choice and takes each token chosen (guesses are checked under it).
+    """
+    from engine import Engine, Request
+
+    sampling = Sampling(temperature, top_k, top_p, seed)
+    tokens = ids_of(model, np.asarray(prompt)[None], "prompt")  # (1, P)
+    check_new_tokens(max_new_tokens)
+    for stop in stop_ids:
+        check_token_id("a stop id", stop, model.config.vocab_size)
+    check_fits(tokens.shape[1], max_new_tokens, model.config.max_seq_len, "prompt length")
+    check_draft(draft, draft_tokens)
+    request = Request(tokens[0].tolist(), max_new_tokens, sampling, tuple(stop_ids),
+                      constraint=constraint, draft=draft, draft_tokens=draft_tokens)  # fmt: skip
+    for new in Engine(model, counts=counts).stream(request):
+        yield from new
 
 
 # ----------------------------------------------------------------------------- seq2seq
@@ -310,13 +378,60 @@ def seq2seq_decode_step(model, tokens, cache):
     return model.arrays.last_position(logits)  # (B,V)
 
 
-def seq2seq_generate(model, src, **options):
-    """Decoding from BOS -> ``(B, 1 + n)``; each row stops at its EOS, then pads.
+def seq2seq_generate(model, src, *, src_valid=None, bos_id=None, eos_id=None,
+                     max_new_tokens=None, use_cache: bool = True, temperature: float = 0.0,
+                     top_k=None, top_p=None, seed=None):  # fmt: skip
+    """Decoding from BOS for every row of ``src (B,S)`` -> ``(B, 1 + n)``; each row stops at
+    its EOS, then pads.
 
-    ``options``: ``src_valid``, ``bos_id``, ``eos_id``, ``max_new_tokens`` (default
-    ``max_seq_len - 1``, the longest target that fits), ``use_cache``, ``temperature``,
-    ``top_k``, ``top_p``, ``seed``, as ``levels.common.generation.generate_seq2seq`` takes them.
+    ``n <= max_new_tokens`` is the number of steps until every row has produced EOS;
+    ``max_new_tokens`` defaults to ``max_seq_len - 1``, the longest target that fits;
+    ``bos_id`` and ``eos_id`` to the config's. ``temperature``, ``top_k``, ``top_p`` and
+    ``seed`` choose the tokens as for the decoder-only model (greedy by default). The
+    source is encoded once; each step runs the decoder over its newest token against the
+    cache, or over the target so far (``use_cache=False``).
     """
-    from .generation import generate_seq2seq
+    from engine import Engine, Request
 
-    return generate_seq2seq(model, src, **options)
+    config = model.config
+    sampling = Sampling(temperature, top_k, top_p, seed)
+    bos_id = config.bos_id if bos_id is None else bos_id
+    eos_id = config.eos_id if eos_id is None else eos_id
+    for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
+        check_token_id(name, value, config.vocab_size)
+    max_new_tokens = config.max_seq_len - 1 if max_new_tokens is None else max_new_tokens
+    check_new_tokens(max_new_tokens)
+    if 1 + max_new_tokens > config.max_seq_len:
+        raise ValueError(f"1 + max_new_tokens = {1 + max_new_tokens} exceeds max_seq_len={config.max_seq_len}")  # fmt: skip
+    ids = ids_of(model, src, "source tokens")  # (B, S)
+    check_length(ids.shape[1], config.max_seq_len, what="source length")
+    lengths = valid_of(model, src_valid, ids.shape, "src_valid").sum(axis=1)  # (B,)
+    requests = [Request([int(bos_id)], max_new_tokens, row, (int(eos_id),),
+                        source=ids[b, : lengths[b]].tolist())
+                for b, row in enumerate(sampling.rows(len(ids)))]  # fmt: skip
+    engine = Engine(model, cache="level" if use_cache else "none", max_batch=len(ids))
+    seqs = engine.generate(requests)
+    out = np.full((len(ids), max(len(s.tokens) for s in seqs)), config.pad_id, dtype=np.int64)
+    for b, seq in enumerate(seqs):
+        out[b, : len(seq.tokens)] = seq.tokens
+    return model.arrays.asarray(out, device=model.device)
+
+
+# ----------------------------------------------------------------------------- the classes
+
+
+class DecoderOnly:
+    """The public methods of every rung's decoder-only model, defined once: a rung's
+    ``DecoderOnlyTransformer`` lists this class first among its bases, before its plain
+    ``Transformer``, whose ``forward`` it keeps as ``transformer``."""
+
+    logits, forward, prefill, decode_step = logits, forward, prefill, decode_step
+    extend, generate, stream = extend, generate, stream
+
+
+class Seq2Seq:
+    """The public methods of every rung's encoder-decoder model, defined once (as
+    ``DecoderOnly``, before the rung's ``EncoderDecoder``)."""
+
+    logits, forward, encode = seq2seq_logits, seq2seq_forward, encode
+    prefill, decode_step, generate = seq2seq_prefill, seq2seq_decode_step, seq2seq_generate

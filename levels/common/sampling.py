@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -89,6 +89,16 @@ class Sampling:
         if len(self.seed) != batch:
             raise ValueError(f"seed has {len(self.seed)} entries for a batch of {batch} rows")
         return [np.random.default_rng(int(s)) for s in self.seed]
+
+    def rows(self, batch: int) -> list[Sampling]:
+        """The settings of each of ``batch`` rows, each drawing alone: row ``b`` seeded ``seed +
+        b``, or by the ``b``-th of a list of seeds (one per row); no seed, or greedy: these."""
+        if self.greedy or self.seed is None:
+            return [self] * batch
+        seeds = [int(self.seed) + b for b in range(batch)] if _is_int(self.seed) else self.seed
+        if len(seeds) != batch:
+            raise ValueError(f"seed has {len(seeds)} entries for a batch of {batch} rows")
+        return [replace(self, seed=int(s)) for s in seeds]
 
 
 def _is_int(value: object) -> bool:

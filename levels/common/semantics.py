@@ -25,6 +25,8 @@ Plain integers (or arrays) in, the same out: no check (``checks.py`` and
 
 from __future__ import annotations
 
+import numpy as np
+
 
 def sees(q: int, k: int, window: int | None = None, *, causal: bool = True) -> bool:
     """May a query at position ``q`` see a key at position ``k``? (``-1``: padding.)
@@ -38,6 +40,14 @@ def sees(q: int, k: int, window: int | None = None, *, causal: bool = True) -> b
     if causal and k > q:
         return False
     return window is None or abs(q - k) < window
+
+
+def positions_of(valid, start=0):
+    """Each token's position: ``valid (B,T)`` right-padded (numpy) -> ``(B,T)`` int64,
+    counting ``start, start + 1, ...`` over a row's real tokens and ``-1`` at its padding;
+    ``start`` an int, or one per row ``(B,)`` (where each row of a cache stands)."""
+    counted = np.cumsum(valid, axis=1) - 1 + np.asarray(start, dtype=np.int64)[..., None]
+    return np.where(valid, counted, -1)
 
 
 def visible(q_pos, k_pos, window: int | None = None, *, causal: bool = True):

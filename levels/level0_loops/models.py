@@ -16,6 +16,8 @@ numpy's. Each model is two layers, read in this order:
 
 from __future__ import annotations
 
+import copy
+
 from ..common import public
 from ..common.cache import Cache
 from ..common.params import check_params, param_shapes
@@ -130,6 +132,15 @@ class Transformer(_Plain):
         if not config.tie_embeddings:
             self.output_projection = self._native(params["output_projection.weight"])
 
+    def first_layers(self, n: int) -> Transformer:
+        """This model cut after its first ``n`` layers, with its own final norm and head: a
+        model of its own over the same parameters (speculative decoding's layer-skip
+        draft). A shallow copy: its layers are this model's own objects."""
+        draft = copy.copy(self)
+        draft.config, draft.layers = self.config.first_layers(n), self.layers[:n]
+        draft.windows = self.windows[:n]
+        return draft
+
     def forward(self, ids, positions, cache: KVCache | None = None, last: bool = False) -> Native:
         """``ids (B,T)`` in ``[0, V)``, ``positions (B,T)`` (``-1``: padding) -> logits ``(B,T,V)``.
 
@@ -190,27 +201,21 @@ class EncoderDecoder(_Plain):
         return ops.linear(self.decoder_norm(x), self.output_projection, None)  # (B,T,V)
 
 
-class DecoderOnlyTransformer(Transformer):
+class DecoderOnlyTransformer(public.DecoderOnly, Transformer):
     """The decoder-only model a user calls: ``forward(tokens (B,T), *, valid=None) -> logits
     (B,T,V)``, ``logits``, ``prefill``, ``decode_step``, ``extend``, ``generate`` and
-    ``stream``, taking nested lists (or numpy). They are the functions every rung's model
-    takes as its methods (``levels.common.public``): each checks its inputs, makes the
+    ``stream``, taking nested lists (or numpy). They are the methods every rung's model
+    has (``levels.common.public.DecoderOnly``): each checks its inputs, makes the
     positions, and calls ``Transformer.forward``, kept as ``transformer`` here since the
     public ``forward`` takes tokens and ``valid``."""
 
     transformer = Transformer.forward
-    logits, forward, prefill = public.logits, public.forward, public.prefill
-    decode_step, extend = public.decode_step, public.extend
-    generate, stream = public.generate, public.stream
 
 
-class Seq2SeqTransformer(EncoderDecoder):
+class Seq2SeqTransformer(public.Seq2Seq, EncoderDecoder):
     """The encoder-decoder model a user calls, level 0's ``EncoderDecoder`` with the methods
-    of every rung (``levels.common.public``): ``forward(src (B,S), tgt_in (B,T), *,
+    of every rung (``levels.common.public.Seq2Seq``): ``forward(src (B,S), tgt_in (B,T), *,
     src_valid=None, tgt_valid=None) -> (B,T,V)``, ``logits``, ``encode``, ``prefill``,
     ``decode_step`` and ``generate``."""
 
     transformer = EncoderDecoder.forward
-    logits, forward, encode = public.seq2seq_logits, public.seq2seq_forward, public.encode
-    prefill, decode_step = public.seq2seq_prefill, public.seq2seq_decode_step
-    generate = public.seq2seq_generate

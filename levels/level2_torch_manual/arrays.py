@@ -144,10 +144,22 @@ def fetch(
         )
     target = {"device": device, "dtype": dtype or DEFAULT_DTYPE}
     if value.ndim == 2 and not _ROW_MAJOR.get():
+        if _ADOPT.get() and _fits(value, **target) and _in_matvec_layout(value):
+            return nn.Parameter(value)  # another model's parameter, laid out already
         return nn.Parameter(matvec_layout(value, **target))
     if _ADOPT.get():  # inside adopt(), `to` returns the value itself where it can
         return nn.Parameter(value.to(**target, memory_format=torch.contiguous_format))
     return nn.Parameter(copied(value, **target))
+
+
+def _fits(value: torch.Tensor, *, device, dtype) -> bool:
+    return value.dtype == dtype and value.device == torch.device(device or "cpu")
+
+
+def _in_matvec_layout(w: torch.Tensor) -> bool:
+    """Whether ``w (out, in)`` is laid out as ``matvec_layout`` lays it out."""
+    out, inner = w.shape
+    return (w.t() if out >= inner else w).is_contiguous()
 
 
 def matvec_layout(w: torch.Tensor, *, device=None, dtype=None) -> torch.Tensor:

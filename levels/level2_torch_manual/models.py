@@ -578,6 +578,21 @@ class Transformer(_Plain):
             V, D = config.vocab_size, config.d_model
             self.output_projection = linear(params, "output_projection.", V, D, bias=False, **kw)
 
+    def first_layers(self, n: int) -> Transformer:
+        """This model cut after its first ``n`` layers, with its own final norm and head: a
+        model of its own over the same parameters, not copies (speculative decoding's
+        layer-skip draft), built as any model is, from its parameters (``adopt``)."""
+        config = self.config.first_layers(n)
+        kept = param_shapes(config, "decoder_only")
+        params = {name: p.detach() for name, p in self.state_dict().items() if name in kept}
+        with level_arrays.adopt():
+            return type(self)(config, params, device=self.device, **self.options())
+
+    def options(self) -> dict:
+        """What this model was built with besides its config and parameters (a model built
+        from its parts again: ``first_layers``)."""
+        return {"dtype": self.dtype, "kernels": self.kernels}
+
     def forward(self, ids, positions, cache=None, last: bool = False) -> torch.Tensor:
         """``ids (B,T)`` in ``[0, V)``, ``positions (B,T)`` (``-1``: padding) -> logits ``(B,T,V)``.
 
@@ -650,26 +665,21 @@ class EncoderDecoder(_Plain):
 # ----------------------------------------------------------------------------- the public models
 
 
-class DecoderOnlyTransformer(Transformer):
+class DecoderOnlyTransformer(public.DecoderOnly, Transformer):
     """The decoder-only model a user calls, with the methods every rung shares
-    (``levels.common.public``): ``forward(tokens (B,T), *, valid=None) -> logits (B,T,V)``
-    (also ``model(tokens)``, ``nn.Module``'s call), ``logits``, ``prefill``, ``decode_step``,
-    ``extend``, ``generate`` and ``stream``, taking tensors, numpy or lists. The plain pass
-    stays reachable as ``transformer``: an engine calls it with positions it holds."""
+    (``levels.common.public.DecoderOnly``): ``forward(tokens (B,T), *, valid=None) -> logits
+    (B,T,V)`` (also ``model(tokens)``, ``nn.Module``'s call), ``logits``, ``prefill``,
+    ``decode_step``, ``extend``, ``generate`` and ``stream``, taking tensors, numpy or lists.
+    The plain pass stays reachable as ``transformer``: an engine calls it with positions it
+    holds."""
 
     transformer = Transformer.forward
-    logits, forward, prefill = public.logits, public.forward, public.prefill
-    decode_step, extend = public.decode_step, public.extend
-    generate, stream = public.generate, public.stream
 
 
-class Seq2SeqTransformer(EncoderDecoder):
+class Seq2SeqTransformer(public.Seq2Seq, EncoderDecoder):
     """The encoder-decoder model a user calls, with the methods every rung shares
-    (``levels.common.public``): ``forward(src (B,S), tgt_in (B,T), *, src_valid=None,
+    (``levels.common.public.Seq2Seq``): ``forward(src (B,S), tgt_in (B,T), *, src_valid=None,
     tgt_valid=None) -> (B,T,V)``, ``logits``, ``encode``, ``prefill``, ``decode_step`` and
     ``generate``, over ``memory`` and ``EncoderDecoder.forward`` (``transformer``)."""
 
     transformer = EncoderDecoder.forward
-    logits, forward, encode = public.seq2seq_logits, public.seq2seq_forward, public.encode
-    prefill, decode_step = public.seq2seq_prefill, public.seq2seq_decode_step
-    generate = public.seq2seq_generate

@@ -6,22 +6,15 @@ decoding many requests of unknown lengths would hold ``B x C`` positions to use 
 hundred. Here memory is handed out ``bs`` positions (a block) at a time::
 
     pool      k, v  (L, N, Hkv, bs, Dh)      N blocks, shared by every sequence
-    Sequence  table [7, 2, 9], count 37      positions  0-15 in block 7
+    table     [7, 2, 9], count 37            positions  0-15 in block 7
                                                        16-31 in block 2
                                                        32-36 in block 9 (11 slots free)
 
-A sequence's blocks need not be adjacent or in order; rows join and leave a batch
-without moving a byte (``PagedKVCache`` is a batch of sequences, made for one step);
-a finished sequence's blocks go back to the pool for the next request.
-
-A full block is also found by what it holds: ``BlockPool.publish`` files it under the
-hash of its tokens and of every token before them (a chain: block ``i``'s digest covers
-block ``i - 1``'s), and ``BlockPool.match`` hands a later prompt that starts the same
-way (a system prompt, the earlier turns of a chat) those blocks by reference instead of
-computing them again. A shared block is full and never written again: a sequence writes
-only past its ``count``, which is always in a block of its own. A block nobody holds
-keeps its contents and its digest until the pool needs it back (least recently freed
-first), so a prefix outlives the request that computed it.
+Which block goes where (handed out, shared by prefix, given back) is the engine's block
+manager's business (engine/blocks.py); this is the level's side: the storage
+(``PagedKVCache.storage``) and a pass's keys and values written into a batch's blocks
+and read back. A sequence's blocks need not be adjacent or in order; rows join and leave
+a batch without moving a byte (``PagedKVCache`` is a batch of tables, made for one pass).
 
 Attention reads a sequence's keys by gathering its blocks into ``(B,Hkv,S,Dh)``: a
 copy per layer and step, the traffic level 2's concatenating cache has, so levels 2 and
@@ -35,10 +28,6 @@ sees, then the step's new ones: so a row decodes as it would alone.
 from __future__ import annotations
 
 import collections.abc as abc
-import hashlib
-from array import array
-from collections import OrderedDict, deque
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -46,155 +35,10 @@ import torch
 from ..common.config import TransformerConfig
 from .arrays import zeros
 
-BLOCK_SIZE = 16  # positions per block: vLLM's default; a prefix is shared in whole blocks
-
-
-class OutOfBlocks(ValueError):
-    """A step needs more free blocks than the pool has (nothing was written)."""
-
-
-@dataclass
-class Sequence:
-    """One sequence's place in the pool: its ``table`` of blocks, in position order, the
-    ``count`` of positions filled, and the ``digests`` of its first full blocks, those
-    filed in the pool's prefix index (or found there)."""
-
-    table: list[int] = field(default_factory=list)
-    count: int = 0
-    digests: list[bytes] = field(default_factory=list)
-
-    def _next_digest(self, tokens: abc.Sequence[int], block_size: int) -> bytes:
-        """The digest of its next full block, whose tokens come from ``tokens`` (all of its
-        tokens): that block's tokens and the digest of the blocks before it."""
-        i = len(self.digests)
-        parent = self.digests[-1] if self.digests else b""
-        block = array("q", tokens[i * block_size : (i + 1) * block_size]).tobytes()
-        return hashlib.sha256(parent + block).digest()
-
-
-class BlockPool:
-    """``blocks`` blocks of ``block_size`` positions for every layer's keys and values,
-    ``k, v (L, N, Hkv, bs, Dh)``, with a reference count per block and the prefix index."""
-
-    def __init__(
-        self,
-        config: TransformerConfig,
-        blocks: int,
-        *,
-        block_size: int = BLOCK_SIZE,
-        device=None,
-        dtype=None,
-    ):
-        if blocks < 1 or block_size < 1:
-            raise ValueError(
-                f"a pool needs blocks >= 1 and block_size >= 1, got {blocks}, {block_size}"
-            )
-        L, H, Dh = config.n_layers, config.kv_heads, config.d_head
-        kw = {"device": device, "dtype": dtype or torch.float32}
-        # Zeros that cost nothing until written (`zeros`): most blocks of a large pool
-        # are never used. A slot past a sequence's count is masked, never read.
-        self.k = zeros((L, blocks, H, block_size, Dh), **kw)  # (L,N,Hkv,bs,Dh)
-        self.v = zeros((L, blocks, H, block_size, Dh), **kw)  # (L,N,Hkv,bs,Dh)
-        self.blocks, self.block_size = blocks, block_size
-        self.refs = [0] * blocks
-        self._free = deque(range(blocks))  # held by nobody, holding no published prefix
-        self._idle: OrderedDict[int, bytes] = OrderedDict()  # held by nobody, still published
-        self._index: dict[bytes, int] = {}  # digest -> the block filed under it
-
-    @property
-    def nbytes(self) -> int:
-        """The pool's bytes, keys and values of every layer."""
-        return self.k.nbytes + self.v.nbytes
-
-    @property
-    def available(self) -> int:
-        """Blocks a sequence may take now: the free ones and the idle published ones."""
-        return len(self._free) + len(self._idle)
-
-    def blocks_for(self, positions: int) -> int:
-        """The blocks that hold ``positions`` positions."""
-        return -(-positions // self.block_size)
-
-    def needed(self, sequences: abc.Sequence[Sequence], adding: int) -> int:
-        """The blocks ``sequences`` lack for ``adding`` more positions each."""
-        return sum(max(self.blocks_for(s.count + adding) - len(s.table), 0) for s in sequences)
-
-    def reserve(self, sequences: abc.Sequence[Sequence], adding: int) -> None:
-        """Blocks for ``adding`` more positions in each sequence, all or none: ``OutOfBlocks``
-        before anything is taken."""
-        total = self.needed(sequences, adding)
-        if total > self.available:
-            raise OutOfBlocks(
-                f"this step needs {total} more KV blocks and the pool has {self.available} free"
-            )
-        for sequence in sequences:
-            sequence.table.extend(self._take() for _ in range(self.needed([sequence], adding)))
-
-    def _take(self) -> int:
-        """A block for writing: a never-published one first, else the least recently idle
-        published one (its prefix is forgotten)."""
-        if self._free:
-            block = self._free.popleft()
-        else:
-            block, digest = self._idle.popitem(last=False)
-            del self._index[digest]
-        self.refs[block] = 1
-        return block
-
-    def free(self, sequence: Sequence) -> None:
-        """Give back every block of ``sequence`` (a published one stays findable while idle)."""
-        self._give_back(sequence, 0)
-        sequence.table, sequence.count, sequence.digests = [], 0, []
-
-    def trim(self, sequence: Sequence) -> None:
-        """Give back the blocks past ``sequence``'s count (taken for a pass whose last
-        positions it did not keep: a speculative step's rejected guesses)."""
-        keep = self.blocks_for(sequence.count)
-        self._give_back(sequence, keep)
-        del sequence.table[keep:]
-
-    def _give_back(self, sequence: Sequence, start: int) -> None:
-        """Drop ``sequence``'s reference to its blocks from ``start`` on: a block no one holds
-        becomes idle if published (findable until taken), else free."""
-        for i in range(start, len(sequence.table)):
-            block = sequence.table[i]
-            self.refs[block] -= 1
-            if self.refs[block] == 0:
-                digest = sequence.digests[i] if i < len(sequence.digests) else None
-                if digest is not None and self._index.get(digest) == block:
-                    self._idle[block] = digest
-                else:
-                    self._free.append(block)
-
-    def match(self, tokens: abc.Sequence[int]) -> Sequence:
-        """A new sequence holding the longest run of published blocks that begins ``tokens``
-        (whole blocks only; each one's reference counted)."""
-        sequence = Sequence()
-        for _ in range(len(tokens) // self.block_size):
-            digest = sequence._next_digest(tokens, self.block_size)
-            block = self._index.get(digest)
-            if block is None:
-                break
-            if self.refs[block] == 0:
-                del self._idle[block]
-            self.refs[block] += 1
-            sequence.table.append(block)
-            sequence.digests.append(digest)
-            sequence.count += self.block_size
-        return sequence
-
-    def publish(self, sequence: Sequence, tokens: abc.Sequence[int]) -> None:
-        """File each full block of ``sequence`` not filed yet under its digest; ``tokens``
-        are the sequence's tokens (at least its ``count``). A block whose digest is filed
-        already (the same prefix computed twice at once) stays unfiled."""
-        for i in range(len(sequence.digests), sequence.count // self.block_size):
-            digest = sequence._next_digest(tokens, self.block_size)
-            self._index.setdefault(digest, sequence.table[i])
-            sequence.digests.append(digest)
-
 
 class PagedKVCache:
-    """A batch of ``sequences`` in ``pool``, for the passes of one batch: a pass over ``T``
+    """A batch of ``sequences`` (block tables: ``table``, ``count``) in ``pool`` (the engine's
+    ``BlockPool``: ``k``, ``v``, ``block_size``, ``reserve``), for one pass: a pass over ``T``
     new tokens a row appends them to each sequence, in its own blocks.
 
     ``extend(positions)`` (once a pass) takes the blocks the pass needs, all or none, and
@@ -204,9 +48,18 @@ class PagedKVCache:
     as every public method's input is.
     """
 
-    def __init__(
-        self, pool: BlockPool, sequences: abc.Sequence[Sequence], config: TransformerConfig
+    @staticmethod
+    def storage(
+        config: TransformerConfig, blocks: int, block_size: int, *, device=None, dtype=None
     ):
+        """The pool's keys and values, ``k, v (L,N,Hkv,bs,Dh)``: zeros that cost nothing until
+        written (``arrays.zeros``; most blocks of a large pool never are). A slot past a
+        sequence's count is masked, never read."""
+        shape = (config.n_layers, blocks, config.kv_heads, block_size, config.d_head)
+        kw = {"device": device, "dtype": dtype or torch.float32}
+        return zeros(shape, **kw), zeros(shape, **kw)
+
+    def __init__(self, pool, sequences: abc.Sequence, config: TransformerConfig):
         self.pool, self.sequences = pool, list(sequences)
         self.capacity, self.batch, self.device = (
             config.max_seq_len,

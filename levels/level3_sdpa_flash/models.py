@@ -165,8 +165,6 @@ class DecoderOnlyTransformer(_Quantizable, level2.DecoderOnlyTransformer):
         with row_major() if compile else contextlib.nullcontext():  # the compiled step's layout
             super().__init__(*args, **kwargs)
         self.compiled_decode = compile
-        if compile:  # every engine's one-token passes go through the compiled step
-            self.transformer = self._compiled_or_plain
         # By (batch size, tokens a pass, torch's threads): a CPU step is compiled for the
         # threads it runs on.
         self._steps: dict[tuple[int, int, int], compiled.CompiledDecode | None] = {}
@@ -188,12 +186,19 @@ class DecoderOnlyTransformer(_Quantizable, level2.DecoderOnlyTransformer):
                 self.decode_report = step.report
         return self.decode_report
 
-    def _compiled_or_plain(self, ids, positions, cache=None, last: bool = False):
-        """``Transformer.forward``, through the compiled step where one runs this pass."""
-        step = self._compiled_step(ids, cache, last)
+    def transformer(self, ids, positions, cache=None, last: bool = False):
+        """The plain pass every engine calls, ``Transformer.forward``: with ``compile``, through
+        the compiled step where one runs this pass."""
+        step = self._compiled_step(ids, cache, last) if self.compiled_decode else None
         if step is None:
             return Transformer.forward(self, ids, positions, cache, last)
-        return step(ids, positions, cache)  # (B,1,V)
+        return step(ids, positions, cache)  # (B,T,V)
+
+    def options(self) -> dict:
+        """Level 2's, and ``compile``; a model of int8 or int4 weights is not rebuilt from them."""
+        if self.weights != "float":
+            raise ValueError(f"a model of {self.weights} weights is not built again from its parts (first_layers): build it from float weights")  # fmt: skip
+        return super().options() | {"compile": self.compiled_decode}
 
     def _compiled_step(self, ids: torch.Tensor, cache, last) -> compiled.CompiledDecode | None:
         """The compiled step for this pass: new tokens into a cache, no gradient; one token a

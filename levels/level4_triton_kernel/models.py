@@ -45,7 +45,7 @@ class PagedKVCache(paged.PagedKVCache):
     the table, each row's window by position (a sequence's slot is its position). A pass
     of several positions (a prompt), or one that tracks gradients, gathers as level 2's does."""
 
-    def __init__(self, pool: paged.BlockPool, sequences, config):
+    def __init__(self, pool, sequences, config):
         super().__init__(pool, sequences, config)
         self.windows = config.layer_windows  # each layer's: the kernel applies it by position
         self._pages: tuple[torch.Tensor, torch.Tensor] | None = None

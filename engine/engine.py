@@ -1,0 +1,202 @@
+"""The engine: requests in, tokens out, one turn at a time.
+
+``add`` a request (it waits in line), then ``step``: the scheduler admits what fits, and
+each of the turn's passes goes: the guesses of every sequence that drafts, the runner's
+pass over what each feeds, and the step for each sequence that has a token to take, then
+the cache keeps what each kept. ``generate`` runs requests to their end; ``stream`` one
+request, a pass at a time. Every decode of the ladder goes through here: the models'
+``generate`` and ``stream`` at every level, the commands, the server, the bench.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+from .request import Counts, Request, Sequence
+from .runner import LevelCache, NoCache, PagedCache, Runner
+from .scheduler import Scheduler
+from .step import advance
+
+PREFILL_TOKENS = 256  # prompt positions computed per turn, at most: a long prompt's piece
+
+
+class Engine:
+    """Decodes ``model``'s requests over its cache: ``"level"`` (its own, a fixed batch of up
+    to ``max_batch`` rows), ``"paged"`` (a pool of ``blocks`` blocks of ``block_size``
+    positions: continuous batching, ``prefix_cache``, chunked prefill of ``prefill_tokens``
+    a turn) or ``"none"``. ``isolate``: a pass or a step that fails ends the sequences it
+    was for (``finish`` ``"error"``, ``error``), not the engine. ``counts`` (``Counts``)
+    adds up what every sequence's draft guessed and the model kept."""
+
+    def __init__(self, model, *, cache: str = "level", max_batch: int = 1, blocks=None,
+                 block_size=None, prefill_tokens: int = PREFILL_TOKENS, prefix_cache: bool = True,
+                 isolate: bool = False, counts: Counts | None = None):  # fmt: skip
+        self.runner, self.isolate = Runner(model), isolate
+        if cache == "paged":
+            self.kv = PagedCache(model, max_batch, blocks, block_size, prefix_cache)
+        else:
+            self.kv = {"level": LevelCache, "none": NoCache}[cache](model)
+        self.scheduler = Scheduler(self.kv, max_batch=max_batch, prefill_tokens=prefill_tokens)
+        self.counts = counts if counts is not None else Counts()  # the drafts' guesses, passes
+        # What the batching did: decode passes and the rows they decoded, prefill passes
+        # and the positions they computed.
+        self.steps = self.rows = self.prefills = self.computed = 0
+        self.said: list[str] = []  # what the last turn did, for a trace
+        self._ids, self._memory = itertools.count(), None
+
+    @property
+    def pool(self):
+        return getattr(self.kv, "pool", None)
+
+    def add(self, request: Request) -> Sequence:
+        """Queue ``request`` -> its sequence (ended at once if it asks for no token)."""
+        seq = Sequence(request, next(self._ids))
+        start = getattr(request.draft, "open", None)  # a model draft's row, seeded as it is
+        if start is not None:
+            start(seq.id, request.sampling.seed)
+        if request.max_tokens < 1:
+            seq.end("length")
+        else:
+            self.scheduler.waiting.append(seq)
+        return seq
+
+    def abort(self, seq: Sequence, reason: str = "cancelled") -> None:
+        """End ``seq`` before its next token (waiting or running)."""
+        if seq.finish is None:
+            seq.end(reason)
+            if seq in self.scheduler.waiting:
+                self.scheduler.waiting.remove(seq)
+            self._leave(seq)
+
+    def generate(self, requests: list[Request]) -> list[Sequence]:
+        """Every request to its end -> their sequences, in order."""
+        seqs = [self.add(r) for r in requests]
+        while any(s.finish is None for s in seqs):
+            self.step()
+        return seqs
+
+    def stream(self, request: Request) -> Iterator[list[int]]:
+        """One request -> the tokens it takes, a pass at a time."""
+        seq = self.add(request)
+        while seq.finish is None:
+            self.step()
+            if seq.new:
+                yield seq.new
+
+    @property
+    def preempted(self) -> int:
+        """Sequences preempted so far (a paged pool too small for every running one)."""
+        return self.scheduler.preempted
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.scheduler.running or self.scheduler.waiting)
+
+    def step(self) -> list[Sequence]:
+        """One turn: admit, prefill, decode -> the sequences that took tokens or ended."""
+        self.said = self.scheduler.said = []
+        touched = {}
+        for seq in [*self.scheduler.running, *self.scheduler.waiting]:  # a preempted one too
+            seq.new, seq.piece = [], ""
+        for seq in self.scheduler.admit():
+            found = f", {seq.cached} found cached" if seq.cached else ""
+            self.said.append(f"r{seq.id} joins ({len(seq.tokens)} tokens{found})")
+        for seqs, sizes in self.scheduler.prefills():
+            self._pass(seqs, sizes, touched)
+        decoding = self.scheduler.decoding()
+        if decoding:
+            self._pass(decoding, [len(s.todo) for s in decoding], touched, decode=True)
+        return list(touched)
+
+    def _pass(self, seqs: list[Sequence], sizes: list[int], touched: dict, *, decode=False):
+        """One pass: each of ``seqs`` feeds ``sizes`` of its todo (an ended one, nothing) and,
+        decoding, its draft's guesses; each that fed its whole todo takes tokens."""
+        live = [s.finish is None and n > 0 for s, n in zip(seqs, sizes, strict=True)]
+        guesses = [self._guess(s) if decode and a else ([], None) for s, a in zip(seqs, live, strict=True)]  # fmt: skip
+        drafting = [a and s.request.draft is not None for s, a in zip(seqs, live, strict=True)]
+        k = max((s.request.draft_tokens for s, d in zip(seqs, drafting, strict=True) if d and decode), default=0)  # fmt: skip
+        T = max(n + len(g) if a else 0 for n, a, (g, _) in zip(sizes, live, guesses, strict=True))
+        width = self.kv.width(T, k)
+        if not self.kv.fixed:
+            staying = self.scheduler.room(seqs, width)  # may preempt the newest
+            keep = [i for i, s in enumerate(seqs) if s in staying]
+            seqs, sizes, live, guesses, drafting = (
+                [x[i] for i in keep] for x in (seqs, sizes, live, guesses, drafting)
+            )
+            if not seqs:
+                return
+        fed = [s.todo[:n] + g if a else [] for s, n, a, (g, _) in zip(seqs, sizes, live, guesses, strict=True)]  # fmt: skip
+        if self.runner.seq2seq and self._memory is None:
+            self._memory = self.runner.memory([s.request.source for s in seqs])
+        last = not any(g for g, _ in guesses)
+        try:
+            cache = self.kv.cache(seqs, width)
+            logits = self.runner.logits(fed, [s.cached for s in seqs], cache, width=width,
+                                        last=last, memory=self._memory)  # fmt: skip
+        except Exception as exc:
+            return self._fail(seqs, exc)
+        self._count(seqs, sizes, live, drafting, decode)
+        kept, ended = [], []
+        for b, (seq, n, (tokens, q)) in enumerate(zip(seqs, sizes, guesses, strict=True)):
+            if not live[b] or n < len(seq.todo):  # ended, or a piece of a prompt
+                kept.append(None)
+                continue
+            at = 0 if last else n - 1  # the row after its last fed token, then each guess's
+            try:
+                taken = advance(seq, logits[b, at : at + len(tokens) + 1], tokens, q)
+            except ValueError as exc:  # its constraint refused every token: its failure
+                if not self.isolate:
+                    raise
+                seq.error, taken = exc, len(tokens)
+                seq.end("error")
+            touched[seq] = True
+            if tokens:
+                self.counts.add(len(tokens), taken)
+            kept.append(None if seq.finish or taken == len(tokens) else n + taken)
+            if seq.finish is not None:
+                ended.append(seq)
+        self.kv.keep(seqs, [len(f) for f in fed], kept, width)
+        for seq in ended:
+            self._leave(seq)
+
+    def _guess(self, seq: Sequence):
+        """Its draft's guesses after its last token: as many as ``draft_tokens`` allows past
+        what it feeds already, and it may still take (none without a draft)."""
+        request = seq.request
+        room = min(request.draft_tokens + 1 - len(seq.todo), seq.room - 1)
+        if request.draft is None or room < 1:
+            return [], None
+        return request.draft.propose(seq.tokens, room, row=seq.id, sampling=request.sampling)
+
+    def _count(self, seqs, sizes, live, drafting, decode: bool) -> None:
+        """The pass counted and said: decode passes and their rows, prefill passes and their
+        positions, the passes that checked guesses (``counts``)."""
+        names = " ".join(f"r{s.id}" for s, a in zip(seqs, live, strict=True) if a)
+        if decode:
+            self.steps, self.rows = self.steps + 1, self.rows + sum(live)
+            self.said.append(f"decode {names}")
+        else:
+            self.prefills, self.computed = self.prefills + 1, self.computed + sum(sizes)
+            self.said.append(f"prefill {names} {sum(sizes)}")
+        if decode and any(drafting):
+            self.counts.passes += 1
+            for seq, d in zip(seqs, drafting, strict=True):
+                seq.counts.passes += d
+
+    def _fail(self, seqs: list[Sequence], exc: Exception) -> None:
+        if not self.isolate:
+            raise exc
+        for seq in seqs:
+            seq.error = exc
+            seq.end("error")
+            self._leave(seq)
+
+    def _leave(self, seq: Sequence) -> None:
+        """An ended sequence: its blocks back, its draft's row let go."""
+        if seq.finish != "cancelled":
+            self.said.append(f"r{seq.id} done ({seq.finish}, {len(seq.generated)} tokens)")
+        self.scheduler.leave(seq)
+        forget = getattr(seq.request.draft, "forget", None)
+        if forget is not None:
+            forget(seq.id)
