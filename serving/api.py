@@ -67,9 +67,9 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .engine import Engine, Finished, QueueFull, Request
 from .metrics import Metrics, StatusCounter
 from .structured import FormatError, Formats
+from .worker import Completion, Finished, QueueFull, Worker
 
 MAX_BODY = 1 << 20  # bytes: a request body larger than this is refused (413)
 MAX_STOPS = 4  # as OpenAI
@@ -241,12 +241,12 @@ def _messages(body: dict) -> list[dict[str, str]]:
 
 
 class Server:
-    """The routes over one ``Engine`` serving the model named ``model_name``; ``log``, if
+    """The routes over one ``Worker`` serving the model named ``model_name``; ``log``, if
     given, is called with each request's line when it ends."""
 
     def __init__(
         self,
-        engine: Engine,
+        worker: Worker,
         model_name: str,
         *,
         max_body: int = MAX_BODY,
@@ -254,13 +254,13 @@ class Server:
         speculate: str | None = None,
         draft_tokens: int = 2,
     ):
-        self.engine, self.model_name, self.max_body = engine, model_name, max_body
+        self.worker, self.model_name, self.max_body = worker, model_name, max_body
         self.log = log
         # The server's draft, by name (None: no speculation unless a request asks for ngram).
         self.speculate, self.draft_tokens = speculate, draft_tokens
         self.created = int(time.time())
-        self.formats = Formats(engine.loaded.tokenizer, engine.loaded.stop_ids)
-        self.metrics = Metrics(engine)
+        self.formats = Formats(worker.loaded.tokenizer, worker.loaded.stop_ids)
+        self.metrics = Metrics(worker)
 
     def app(self):
         routes = [
@@ -318,7 +318,7 @@ class Server:
         and how many no running request holds (a finished or cancelled one's come back;
         those holding a prefix stay findable until taken)."""
         body = {"status": "ok", "model": self.model_name, "queue": self.metrics.queue}
-        pool = self.engine.pool
+        pool = self.worker.pool
         if pool is not None:
             body["kv_blocks"] = {"total": pool.blocks, "free": pool.available}
         return JSONResponse(body)
@@ -386,7 +386,7 @@ class Server:
         return body
 
     def _prompt(self, body: dict, chat: bool) -> list[int]:
-        loaded = self.engine.loaded
+        loaded = self.worker.loaded
         if chat:
             if loaded.template is None:
                 raise APIError(400, "this model has no chat template: use /v1/completions")
@@ -406,31 +406,31 @@ class Server:
             raise APIError(400, "the prompt is empty", param="messages" if chat else "prompt")
         return ids
 
-    def _request(self, ids: list[int], settings: dict) -> Request:
-        room = self.engine.context - len(ids)
+    def _request(self, ids: list[int], settings: dict) -> Completion:
+        room = self.worker.context - len(ids)
         asked = settings.pop("max_tokens")
         if room < (asked or 1):
             raise APIError(
                 400,
                 f"the prompt's {len(ids)} tokens and {asked or 1} new ones exceed the context "
-                f"of {self.engine.context} tokens",
+                f"of {self.worker.context} tokens",
                 param="messages",
                 code="context_length_exceeded",
             )
-        return Request(ids, asked or room, **settings)
+        return Completion(ids, asked or room, **settings)
 
     def _draft(self, body: dict) -> tuple[object, int]:
         """The request's draft and guesses a step: its ``speculate`` and ``draft_tokens``, or the
         server's."""
-        from levels.common.speculative import commands_ngram
+        from engine import commands_ngram
 
         name = _field(body, "speculate", str, self.speculate or "none", what="a draft's name")
         k = _field(body, "draft_tokens", int, self.draft_tokens, check=lambda v: v >= 1,
                    what="an integer >= 1")  # fmt: skip
         if name == "none":
             return None, k
-        if name == self.speculate and self.engine.loaded.draft is not None:
-            return self.engine.loaded.draft, k
+        if name == self.speculate and self.worker.loaded.draft is not None:
+            return self.worker.loaded.draft, k
         if name == "ngram":
             return commands_ngram(), k
         served = f", or '{self.speculate}'" if self.speculate else ""
@@ -446,7 +446,7 @@ class Server:
             raise APIError(400, str(exc), param="response_format") from None
         return None if index is None else index.constraint()
 
-    def _submit(self, request: Request, exchange: Exchange | None) -> asyncio.Queue:
+    def _submit(self, request: Completion, exchange: Exchange | None) -> asyncio.Queue:
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
 
         def arrived(event) -> None:  # on the event loop, in the order the engine sent them
@@ -460,7 +460,7 @@ class Server:
 
         deliver = self.metrics.watch(lambda e: loop.call_soon_threadsafe(arrived, e))
         try:
-            self.engine.submit(request, deliver)
+            self.worker.submit(request, deliver)
         except QueueFull as exc:
             self.metrics.refused(deliver)
             raise APIError(429, str(exc), kind="rate_limit_error", code="queue_full") from None

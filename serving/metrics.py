@@ -25,7 +25,7 @@ import threading
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from .engine import Finished
+from .worker import Finished
 
 # Seconds: from a token of a small model on a GPU to a long prompt at level 0.
 FIRST_TOKEN_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -34,11 +34,11 @@ QUEUE_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60)
 
 
 class Metrics:
-    """The counters of one server over ``engine``."""
+    """The counters of one server over ``worker`` (``worker.py``)."""
 
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, engine):
+    def __init__(self, worker):
         self.registry = registry = CollectorRegistry()
         self.responses = Counter(
             "ladder_requests", "HTTP responses, by route and status code",
@@ -90,7 +90,7 @@ class Metrics:
         Gauge(
             "ladder_requests_running", "requests producing tokens", registry=registry
         ).set_function(lambda: len(self._running))
-        pool = engine.pool
+        pool = worker.pool
         if pool is not None:
             Gauge(
                 "ladder_kv_blocks_used", "KV-cache blocks held by running requests (a "

@@ -5,11 +5,12 @@ eager: the compile is ``ladder chat``'s business, tested there), waits for ``/he
 and stops it at the end, leaving no process behind. The answers are held to ``ladder
 chat --temperature 0`` and ``ladder generate``; the bad requests to OpenAI's error body
 and status; after each of them, and after a client that leaves mid-stream, the server
-still answers. The queue's limit is the engine's own test, on a model that waits.
+still answers. The queue's limit is the worker's own test, on a model that waits.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import socket
@@ -226,7 +227,7 @@ def test_a_bad_request_is_refused_with_the_field_named(server, body, code, param
 
 def _all_blocks_free(server: str) -> None:
     """``/health`` answers, and every KV block is back in the pool (within a few seconds: a
-    request leaves the batch at the engine's next turn)."""
+    request leaves the batch at the worker's next turn)."""
     deadline = time.monotonic() + 5
     while True:
         with urllib.request.urlopen(f"{server}/health", timeout=10) as r:
@@ -273,10 +274,10 @@ def test_a_failure_of_the_server_is_openais_error_body_and_a_log_line():
             raise RuntimeError("a broken disk")
 
     loaded = SimpleNamespace(tokenizer=None, stop_ids=(0,))
-    engine = SimpleNamespace(pool=None, loaded=loaded)
+    worker = SimpleNamespace(pool=None, loaded=loaded)
     lines: list[str] = []
     with TestClient(
-        Failing(engine, "m", log=lines.append).app(), raise_server_exceptions=False
+        Failing(worker, "m", log=lines.append).app(), raise_server_exceptions=False
     ) as c:
         response = c.get("/v1/models")
         health = c.get("/health")
@@ -284,7 +285,7 @@ def test_a_failure_of_the_server_is_openais_error_body_and_a_log_line():
     assert response.json()["error"]["type"] == "server_error" and health.status_code == 200
     assert [LOG_LINE.fullmatch(line)["status"] for line in lines] == ["500", "200"]
     assert " GET /v1/models 500 | the server failed: RuntimeError | total " in lines[0]
-    quiet = Failing(engine, "m", log=None).app()
+    quiet = Failing(worker, "m", log=None).app()
     with TestClient(quiet, raise_server_exceptions=False) as c:
         assert c.get("/v1/nothing").status_code == 404
     assert type(quiet).__name__ == "Starlette"  # no logging middleware around it
@@ -366,7 +367,7 @@ def test_each_request_is_one_line_in_the_log(served, client):
     assert status == 404 and LOG_LINE.fullmatch(line) and " GET /v1/engines 404 | no route" in line
 
 
-# ----------------------------------------------------------------------------- the engine
+# ----------------------------------------------------------------------------- the worker
 
 
 class _Letters:
@@ -382,24 +383,39 @@ class _Letters:
         return None
 
 
+class _Counting:
+    """A plain model whose next token is the position after the last one it was fed, mod
+    ``V`` (the only token of finite logit, at any temperature), and whose passes wait for
+    ``release``: enough to watch a queue at work."""
+
+    def __init__(self, release: threading.Event, V: int = 8):
+        from types import SimpleNamespace
+
+        from levels.common.cache import Cache
+
+        self.release, self.V, self.device = release, V, None
+        self.config = SimpleNamespace(max_seq_len=64, pad_id=0, vocab_size=V, n_layers=1)
+        self.arrays = SimpleNamespace(asarray=lambda a, device=None: np.asarray(a),
+                                      to_numpy=np.asarray, inference=contextlib.nullcontext)  # fmt: skip
+        self.new_cache = lambda batch: Cache(self.config, batch)
+
+    def transformer(self, ids, positions, cache=None, last=False):
+        self.release.wait(10)
+        cache.length += ids.shape[1]
+        at = positions.max(axis=1, keepdims=True) if last else positions  # (B, T')
+        return np.where(np.eye(self.V, dtype=bool)[(at + 1) % self.V], 0.0, -np.inf)  # (B,T',V)
+
+
 def test_the_engine_queues_at_most_max_queue_and_decodes_in_order():
     """On a model that waits until released: one request decoding, ``max_queue`` waiting,
     the next refused (``QueueFull``, the server's 429); then all of them finish, in order."""
     from types import SimpleNamespace
 
-    from serving.engine import Engine, Finished, QueueFull, Request
+    from serving.worker import Completion, Finished, QueueFull, Worker
 
     release = threading.Event()
-
-    class Model:
-        config = SimpleNamespace(max_seq_len=64)
-
-        def stream(self, ids, n, **options):
-            release.wait(10)
-            yield from range(1, 1 + n)
-
-    loaded = SimpleNamespace(model=Model(), tokenizer=_Letters(), stop_ids=(0,))
-    engine = Engine(loaded, max_queue=2)
+    loaded = SimpleNamespace(model=_Counting(release), tokenizer=_Letters(), stop_ids=(0,))
+    worker = Worker(loaded, max_queue=2)
     done, texts = [], {}
 
     def deliver(name):
@@ -411,21 +427,21 @@ def test_the_engine_queues_at_most_max_queue_and_decodes_in_order():
 
         return take
 
-    engine.submit(Request([1, 2], 3), deliver("a"))
+    worker.submit(Completion([1, 2], 3), deliver("a"))
     deadline = time.monotonic() + 5
-    while engine._queued and time.monotonic() < deadline:  # "a" leaves the queue to decode
+    while worker._queued and time.monotonic() < deadline:  # "a" leaves the queue to decode
         time.sleep(0.01)
-    engine.submit(Request([1], 2), deliver("b"))
-    engine.submit(Request([1], 1), deliver("c"))
+    worker.submit(Completion([1], 2), deliver("b"))
+    worker.submit(Completion([1], 1), deliver("c"))
     with pytest.raises(QueueFull):
-        engine.submit(Request([1], 1), deliver("d"))
+        worker.submit(Completion([1], 1), deliver("d"))
     release.set()
     deadline = time.monotonic() + 10
     while len(done) < 3 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert done == [("a", "length", 3), ("b", "length", 2), ("c", "length", 1)]
     text = _Letters().decode
-    assert texts == {"a": text([1, 2, 3]), "b": text([1, 2]), "c": text([1])}
+    assert texts == {"a": text([2, 3, 4]), "b": text([1, 2]), "c": text([1])}
 
 
 def test_an_address_that_cannot_be_listened_on_is_one_line_before_the_model_loads(capsys):
@@ -487,18 +503,18 @@ def test_serve_blocks_a_float32_batch_at_level_3_on_a_cpu_by_default():
 
 
 def _engine_run(level_name: str, requests: list, arrivals: list[int], draft=None, **options):
-    """``requests`` submitted to an engine over a small float64 model of ``level_name``
-    (``options`` the engine's), request ``i`` once the engine has run ``arrivals[i]`` decode
+    """``requests`` submitted to an worker over a small float64 model of ``level_name``
+    (``options`` the worker's), request ``i`` once the worker has run ``arrivals[i]`` decode
     steps; ``draft(model)``, when given, the draft every request speculates with; -> (texts,
     reasons: (finish reason, completion tokens, cached tokens, drafted, accepted) each, the
-    engine, the model)."""
+    worker, the model)."""
     from types import SimpleNamespace
 
     import torch
 
     import levels
     from levels import TransformerConfig, init_params
-    from serving.engine import Engine, Finished
+    from serving.worker import Finished, Worker
 
     level = levels.load(level_name)
     config = TransformerConfig(vocab_size=40, d_model=16, n_heads=4, n_kv_heads=2, n_layers=2,
@@ -506,7 +522,7 @@ def _engine_run(level_name: str, requests: list, arrivals: list[int], draft=None
     params = init_params(config, "decoder_only", seed=1, scheme="random")
     model = level.DecoderOnlyTransformer(config, params, dtype=torch.float64)
     loaded = SimpleNamespace(model=model, level=level, tokenizer=_Letters(), stop_ids=(7,))
-    engine = Engine(loaded, max_queue=64, **options)
+    worker = Worker(loaded, max_queue=64, **options)
     if draft is not None:
         shared = draft(model)
         for request in requests:
@@ -529,15 +545,15 @@ def _engine_run(level_name: str, requests: list, arrivals: list[int], draft=None
         return take
 
     for i in sorted(range(len(requests)), key=lambda i: arrivals[i]):
-        # Until the engine has run arrivals[i] steps, or stands idle (all it had is done).
-        seen, changed = engine.steps, time.monotonic()
-        while engine.steps < arrivals[i] and time.monotonic() - changed < 0.5:
+        # Until the worker has run arrivals[i] steps, or stands idle (all it had is done).
+        seen, changed = worker.engine.steps, time.monotonic()
+        while worker.engine.steps < arrivals[i] and time.monotonic() - changed < 0.5:
             time.sleep(0.001)
-            if engine.steps != seen:
-                seen, changed = engine.steps, time.monotonic()
-        engine.submit(requests[i], deliver(i))
+            if worker.engine.steps != seen:
+                seen, changed = worker.engine.steps, time.monotonic()
+        worker.submit(requests[i], deliver(i))
     assert done.wait(120), reasons
-    return texts, reasons, engine, model
+    return texts, reasons, worker, model
 
 
 def _alone(model, request) -> str:
@@ -554,39 +570,39 @@ def test_continuous_batching_answers_each_request_as_it_is_answered_alone(level_
     temperature 0.9 with top-k and top-p) arriving while others decode, at most four at
     once: each request's text is the text of ``stream`` on it alone (its seed its own
     generator, as alone), and the steps decoded several rows at a time."""
-    from serving.engine import Request
+    from serving.worker import Completion
 
     rng = np.random.default_rng(0)
     requests, arrivals = [], []
     for i in range(10):
         ids = [int(t) for t in rng.integers(8, 40, size=int(rng.integers(1, 12)))]
         sampled = i % 3 == 2
-        requests.append(Request(ids, int(rng.integers(1, 14)), temperature=0.9 if sampled else 0.0,
+        requests.append(Completion(ids, int(rng.integers(1, 14)), temperature=0.9 if sampled else 0.0,
                                 top_k=12 if sampled else None, top_p=0.95 if sampled else None,
                                 seed=100 + i if sampled else None))  # fmt: skip
         arrivals.append([0, 0, 0, 1, 2, 2, 4, 5, 9, 12][i])
-    texts, reasons, engine, model = _engine_run(level_name, requests, arrivals, max_batch=4)
-    _assert_alone(requests, texts, reasons, engine, model)
-    assert engine.rows > engine.steps  # some steps decoded several requests
-    assert engine.rows / engine.steps <= 4  # never more than max_batch
+    texts, reasons, worker, model = _engine_run(level_name, requests, arrivals, max_batch=4)
+    _assert_alone(requests, texts, reasons, worker, model)
+    assert worker.engine.rows > worker.engine.steps  # some steps decoded several requests
+    assert worker.engine.rows / worker.engine.steps <= 4  # never more than max_batch
 
 
-def _assert_alone(requests, texts, reasons, engine, model) -> None:
+def _assert_alone(requests, texts, reasons, worker, model) -> None:
     """Each request's text is its text alone; each ended as it should; and every block went
     back to the pool."""
     for i, request in enumerate(requests):
         assert texts[i] == _alone(model, request), f"request {i}: {reasons[i]}"
         assert reasons[i][0] in ("stop", "length") and 1 <= reasons[i][1] <= request.max_tokens
     deadline = time.monotonic() + 5  # the last request's blocks are freed after its Finished
-    while engine.pool.available < engine.pool.blocks and time.monotonic() < deadline:
+    while worker.pool.available < worker.pool.blocks and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert engine.pool.available == engine.pool.blocks and not any(engine.pool.refs)
+    assert worker.pool.available == worker.pool.blocks and not any(worker.pool.refs)
 
 
 def _requests(n: int, seed: int, prefix=(), longest=12, most_tokens=14):
     """``n`` requests with prompts of 1 to ``longest`` tokens after ``prefix``, greedy, and
     every third one sampled (seeded, temperature 0.9, top-k and top-p)."""
-    from serving.engine import Request
+    from serving.worker import Completion
 
     rng = np.random.default_rng(seed)
     requests = []
@@ -595,7 +611,7 @@ def _requests(n: int, seed: int, prefix=(), longest=12, most_tokens=14):
             int(t) for t in rng.integers(8, 40, size=int(rng.integers(1, longest)))
         ]
         sampled = i % 3 == 2
-        requests.append(Request(ids, int(rng.integers(1, most_tokens)),
+        requests.append(Completion(ids, int(rng.integers(1, most_tokens)),
                                 temperature=0.9 if sampled else 0.0, top_k=12 if sampled else None,
                                 top_p=0.95 if sampled else None, seed=100 + i if sampled else None))  # fmt: skip
     return requests
@@ -610,8 +626,8 @@ def test_speculated_requests_in_a_batch_answer_as_alone(drafter):
     the guesses; and every block, a rejected guess's included, is back in the pool."""
     import torch
 
+    from engine import ModelDraft
     from levels import init_params
-    from levels.common.speculative import ModelDraft
 
     def draft(model):
         if drafter == "itself":
@@ -622,12 +638,12 @@ def test_speculated_requests_in_a_batch_answer_as_alone(drafter):
     requests = _requests(8, seed=6, prefix=list(range(10, 23)), longest=8, most_tokens=14)
     for request in requests:  # greedy: the speculated tokens are the plain ones
         request.temperature, request.top_k, request.top_p, request.seed = 0.0, None, None, None
-    texts, reasons, engine, model = _engine_run(
+    texts, reasons, worker, model = _engine_run(
         "level2_torch_manual", requests, [0, 0, 0, 0, 1, 2, 3, 4], draft=draft, max_batch=4,
         blocks=20, block_size=4,
     )  # fmt: skip
-    _assert_alone(requests, texts, reasons, engine, model)
-    assert engine.preempted > 0 and any(r[2] for r in reasons)  # preempted; prefixes found
+    _assert_alone(requests, texts, reasons, worker, model)
+    assert worker.engine.preempted > 0 and any(r[2] for r in reasons)  # preempted; prefixes found
     drafted, accepted = (sum(r[i] for r in reasons) for i in (3, 4))
     assert drafted >= 20 and (accepted == drafted if drafter == "itself" else accepted < drafted)
 
@@ -638,8 +654,8 @@ def test_a_seeded_speculated_request_repeats_its_answer_in_any_batch():
     distribution is the plain one: ``verify``'s proof, tests/test_speculative.py)."""
     import torch
 
+    from engine import ModelDraft
     from levels import init_params
-    from levels.common.speculative import ModelDraft
 
     def draft(model):
         params = init_params(model.config, "decoder_only", seed=2, scheme="random")
@@ -649,7 +665,8 @@ def test_a_seeded_speculated_request_repeats_its_answer_in_any_batch():
         requests = _requests(6, seed=8, longest=8, most_tokens=14)
         for request in requests:
             request.temperature, request.top_k, request.top_p = 0.9, 12, 0.95
-            request.seed = 300 + requests.index(request)
+            # Seeds under which each of the first five requests has guesses kept and refused.
+            request.seed = 500 + requests.index(request)
         chosen = [requests[i] for i in indices]
         texts, reasons, *_ = _engine_run("level2_torch_manual", chosen, arrivals, draft=draft,
                                          max_batch=4, blocks=40, block_size=4)  # fmt: skip
@@ -666,12 +683,12 @@ def test_a_pool_too_small_for_all_preempts_the_newest_and_each_answer_is_unchang
     requests of up to 29): the newest running requests are preempted, compute again what
     they had and go on, and each text is still its text alone."""
     requests = _requests(8, seed=4, longest=16, most_tokens=14)
-    texts, reasons, engine, model = _engine_run(
+    texts, reasons, worker, model = _engine_run(
         "level2_torch_manual", requests, [0, 0, 0, 0, 1, 2, 3, 4], max_batch=4, blocks=12,
         block_size=4,
     )  # fmt: skip
-    _assert_alone(requests, texts, reasons, engine, model)
-    assert engine.preempted > 0
+    _assert_alone(requests, texts, reasons, worker, model)
+    assert worker.engine.preempted > 0
 
 
 @pytest.mark.parametrize("level_name", ["level2_torch_manual", "level3_sdpa_flash"])
@@ -684,39 +701,39 @@ def test_a_shared_prefix_is_computed_once_and_answers_are_unchanged(level_name):
     requests = _requests(6, seed=5, prefix=prefix, longest=6)
     requests[5].ids = prefix[:12]  # three whole blocks exactly
     arrivals = [0, 3, 3, 4, 6, 8]
-    texts, reasons, engine, model = _engine_run(level_name, requests, arrivals, max_batch=3,
+    texts, reasons, worker, model = _engine_run(level_name, requests, arrivals, max_batch=3,
                                                 block_size=4)  # fmt: skip
-    _assert_alone(requests, texts, reasons, engine, model)
+    _assert_alone(requests, texts, reasons, worker, model)
     cached = [r[2] for r in reasons]
     assert cached[0] == 0 and cached[1:5] == [12] * 4 and cached[5] == 8
-    assert engine.computed == sum(len(r.ids) for r in requests) - sum(cached)
+    assert worker.engine.computed == sum(len(r.ids) for r in requests) - sum(cached)
 
 
 def test_without_the_prefix_cache_every_prompt_is_computed_whole():
     prefix = list(range(10, 23))
     requests = _requests(3, seed=5, prefix=prefix, longest=6)
-    texts, reasons, engine, model = _engine_run("level2_torch_manual", requests, [0, 3, 3],
+    texts, reasons, worker, model = _engine_run("level2_torch_manual", requests, [0, 3, 3],
                                                 max_batch=3, block_size=4, prefix_cache=False)  # fmt: skip
-    _assert_alone(requests, texts, reasons, engine, model)
+    _assert_alone(requests, texts, reasons, worker, model)
     assert [r[2] for r in reasons] == [0, 0, 0]
-    assert engine.computed == sum(len(r.ids) for r in requests)
+    assert worker.engine.computed == sum(len(r.ids) for r in requests)
 
 
 def test_a_long_prompt_is_prefilled_in_pieces_while_the_others_decode():
     """A budget of 5 prompt positions a turn: a 30-token prompt arriving while two requests
     decode takes six turns to compute, and the two decode between its pieces; every
     text is its text alone."""
-    from serving.engine import Request
+    from serving.worker import Completion
 
     requests = _requests(2, seed=6, longest=4, most_tokens=2) + [
-        Request(list(range(8, 38)), 4, temperature=0.0)
+        Completion(list(range(8, 38)), 4, temperature=0.0)
     ]
     requests[0].max_tokens = requests[1].max_tokens = 16
-    texts, reasons, engine, model = _engine_run(
+    texts, reasons, worker, model = _engine_run(
         "level3_sdpa_flash", requests, [0, 0, 2], max_batch=3, prefill_tokens=5
     )
-    _assert_alone(requests, texts, reasons, engine, model)
-    assert engine.prefills >= 2 + 6  # the two short prompts, and six pieces of the long one
+    _assert_alone(requests, texts, reasons, worker, model)
+    assert worker.engine.prefills >= 2 + 6  # the two short prompts, and six pieces of the long one
 
 
 def test_the_engine_decodes_without_reading_its_ids_back(monkeypatch):
@@ -731,14 +748,14 @@ def test_the_engine_decodes_without_reading_its_ids_back(monkeypatch):
     import levels
     from levels import TransformerConfig, init_params
     from levels.common import public
-    from serving.engine import Engine, Finished, Request
+    from serving.worker import Completion, Finished, Worker
 
     level = levels.load("level2_torch_manual")
     config = TransformerConfig(vocab_size=40, d_model=16, n_heads=4, n_kv_heads=2, n_layers=2,
                                d_ff=32, max_seq_len=48)  # fmt: skip
     model = level.DecoderOnlyTransformer(config, init_params(config, "decoder_only", seed=1))
     loaded = SimpleNamespace(model=model, level=level, tokenizer=_Letters(), stop_ids=(7,))
-    engine = Engine(loaded, max_batch=2, start=False)
+    worker = Worker(loaded, max_batch=2, start=False)
     passed, copied, plain = [], [], model.transformer
 
     def transformer(ids, positions, cache=None, last=False):
@@ -758,18 +775,18 @@ def test_the_engine_decodes_without_reading_its_ids_back(monkeypatch):
     monkeypatch.setattr(public, "ids_of", lambda *a, **k: pytest.fail("a public method ran"))
     done = []
     for prompt in ([10, 11, 12], [13, 14]):
-        request = Request(prompt, 5, temperature=0.0)
-        engine.submit(request, lambda e: done.append(e) if isinstance(e, Finished) else None)
+        request = Completion(prompt, 5, temperature=0.0)
+        worker.submit(request, lambda e: done.append(e) if isinstance(e, Finished) else None)
     for _ in range(20):
-        engine.turn()
-    assert len(done) == 2 and engine.steps >= 4  # both answered, decoding together
+        worker.turn()
+    assert len(done) == 2 and worker.engine.steps >= 4  # both answered, decoding together
     assert any(tuple(ids.shape) == (2, 1) for ids in passed)  # a step of two rows
     assert all(isinstance(ids, torch.Tensor) and ids.dtype == torch.long for ids in passed)
     assert copied == []
 
 
 def test_a_preempted_request_resumes_from_its_own_blocks_turn_by_turn():
-    """The engine stepped by hand (``start=False``), deterministic: a pool of six blocks of
+    """The worker stepped by hand (``start=False``), deterministic: a pool of six blocks of
     four, three requests, four prompt positions a turn. The newest request is preempted
     twice (once its prompt was computed, once while decoding), comes back, finds the
     blocks it had filed (8 of its 10 tokens), computes the rest and ends as it would alone;
@@ -780,7 +797,7 @@ def test_a_preempted_request_resumes_from_its_own_blocks_turn_by_turn():
 
     import levels
     from levels import TransformerConfig, init_params
-    from serving.engine import Engine, Finished, Request
+    from serving.worker import Completion, Finished, Worker
 
     level = levels.load("level2_torch_manual")
     config = TransformerConfig(vocab_size=40, d_model=16, n_heads=4, n_kv_heads=2, n_layers=2,
@@ -788,17 +805,17 @@ def test_a_preempted_request_resumes_from_its_own_blocks_turn_by_turn():
     params = init_params(config, "decoder_only", seed=1, scheme="random")
     model = level.DecoderOnlyTransformer(config, params, dtype=torch.float64)
     loaded = SimpleNamespace(model=model, level=level, tokenizer=_Letters(), stop_ids=(7,))
-    engine = Engine(loaded, max_batch=3, blocks=6, block_size=4, prefill_tokens=4, start=False)
-    requests = [Request([10, 11], 14, temperature=0.0), Request(list(range(12, 24)), 2, temperature=0.0),
-                Request([24, 25], 10, temperature=0.0)]  # fmt: skip
+    worker = Worker(loaded, max_batch=3, blocks=6, block_size=4, prefill_tokens=4, start=False)
+    requests = [Completion([10, 11], 14, temperature=0.0), Completion(list(range(12, 24)), 2, temperature=0.0),
+                Completion([24, 25], 10, temperature=0.0)]  # fmt: skip
     texts, done = ["", "", ""], [None, None, None]
     for i, request in enumerate(requests):
-        engine.submit(request, lambda e, i=i: done.__setitem__(i, e) if isinstance(e, Finished)
+        worker.submit(request, lambda e, i=i: done.__setitem__(i, e) if isinstance(e, Finished)
                       else texts.__setitem__(i, texts[i] + e))  # fmt: skip
-    trace = [line for line in (engine.turn() for _ in range(30)) if line]
+    trace = [line for line in (worker.turn() for _ in range(30)) if line]
     preempted = [line for line in trace if "preempted" in line]
-    assert len(preempted) == 2 and all("r3 preempted" in line for line in preempted)
-    assert any("r3 joins (10 tokens, 8 found cached)" in line for line in trace)
+    assert len(preempted) == 2 and all("r2 preempted" in line for line in preempted)
+    assert any("r2 joins (10 tokens, 8 found cached)" in line for line in trace)
     assert all(texts[i] == _alone(model, r) for i, r in enumerate(requests))
     assert [d.finish_reason for d in done] == ["length"] * 3
-    assert engine.pool.available == engine.pool.blocks and engine.preempted == 2
+    assert worker.pool.available == worker.pool.blocks and worker.engine.preempted == 2

@@ -6,7 +6,7 @@ SmolLM2 (level 3, eager, one thread) on 127.0.0.1 and a free port. Held there:
 * ``response_format`` (a JSON schema, any JSON object, a regex) on both routes, whole
   and streamed: the answer parses and ``jsonschema`` validates it, the stream's text is
   the whole answer's; four requests at once, under different formats and none, each
-  answered as it is alone (the engine's batch, each request its own automaton state:
+  answered as it is alone (the worker's batch, each request its own automaton state:
   held to the letter in float64 on a small model below, turn by turn);
 * a bad format (an unsupported keyword, a malformed schema, a pattern that matches
   nothing, a ``maxLength`` of 10^6) is a 400 with OpenAI's error body naming it, and
@@ -18,7 +18,7 @@ SmolLM2 (level 3, eager, one thread) on 127.0.0.1 and a free port. Held there:
 
 In the default run, without a server: the formats refused by name, the metrics counted
 from a request's events and read back by Prometheus's parser, the page's file, and the
-engine's batch of constrained requests turn by turn.
+worker's batch of constrained requests turn by turn.
 """
 
 from __future__ import annotations
@@ -248,8 +248,8 @@ def test_the_metrics_count_a_request_s_events():
 
     from prometheus_client.parser import text_string_to_metric_families
 
-    from serving.engine import Finished
     from serving.metrics import Metrics
+    from serving.worker import Finished
 
     pool = SimpleNamespace(blocks=10, available=7)
     metrics = Metrics(SimpleNamespace(pool=pool))
@@ -297,16 +297,16 @@ def test_the_page_is_one_file_over_the_server_s_own_routes():
     assert set(re.findall(r'fetch\("([^"]+)"', page)) == {"/v1/models", "/v1/chat/completions"}
 
 
-# ----------------------------------------------------------------------------- the engine
+# ----------------------------------------------------------------------------- the worker
 
 
 def test_batched_constrained_requests_are_each_answered_as_alone():
-    """The engine stepped by hand (float64, level 2): seven requests, three at a time,
+    """The worker stepped by hand (float64, level 2): seven requests, three at a time,
     under three languages and none, greedy and sampled: each request's tokens are those of
     ``stream`` on it alone under a fresh constraint, and each constrained text is whole."""
     import levels
     from levels import TransformerConfig, init_params
-    from serving.engine import Engine, Finished, Request
+    from serving.worker import Completion, Finished, Worker
 
     tokens = Tokens.from_list(VOCAB)
     languages = [Language.regex('\\{"k":(?:[0-9]|12)\\}'), Language.schema(PERSON),
@@ -333,25 +333,25 @@ def test_batched_constrained_requests_are_each_answered_as_alone():
     from types import SimpleNamespace
 
     loaded = SimpleNamespace(model=model, level=level, tokenizer=Bytes(), stop_ids=(EOS,))
-    engine = Engine(loaded, max_batch=3, block_size=4, prefill_tokens=8, start=False)
+    worker = Worker(loaded, max_batch=3, block_size=4, prefill_tokens=8, start=False)
     rng = np.random.default_rng(7)
     requests, indexes, taken, texts = [], [], {}, [""] * 7
     for i in range(7):
         language = languages[i % 4]
         index = None if language is None else Index(language, tokens, (EOS,))
         sampled = i % 3 == 1
-        request = Request([int(t) for t in rng.integers(3, len(VOCAB), int(rng.integers(1, 6)))], 40,
+        request = Completion([int(t) for t in rng.integers(3, len(VOCAB), int(rng.integers(1, 6)))], 40,
                           temperature=0.9 if sampled else 0.0, seed=10 + i if sampled else None,
                           constraint=None if index is None else index.constraint())  # fmt: skip
         requests.append(request)
         indexes.append(index)
-        engine.submit(request, lambda e, i=i: taken.__setitem__(i, e) if isinstance(e, Finished)
+        worker.submit(request, lambda e, i=i: taken.__setitem__(i, e) if isinstance(e, Finished)
                       else texts.__setitem__(i, texts[i] + e))  # fmt: skip
     for _ in range(400):
-        engine.turn()
+        worker.turn()
         if len(taken) == 7:
             break
-    assert len(taken) == 7 and engine.rows > engine.steps  # batched
+    assert len(taken) == 7 and worker.engine.rows > worker.engine.steps  # batched
     for i, request in enumerate(requests):
         fresh = None if indexes[i] is None else indexes[i].constraint()
         alone = list(model.stream(request.ids, 40, temperature=request.temperature, seed=request.seed,
