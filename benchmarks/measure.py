@@ -399,31 +399,3 @@ def measure_read_bandwidth(
         for how, fn in read_streams(device, nbytes).items()
     ]
     return max(measured, key=lambda b: b.gbs)
-
-
-def free_cores(default: int) -> int:
-    """CPU threads for the run: the cores the other processes leave free (the 1-minute
-    load average), at least 1, at most ``default``.
-
-    On a busy machine every parallel region of a multi-threaded op waits until all of
-    its threads get a core, which can make a small op a hundred times slower; one
-    thread per free core avoids that.
-    """
-    cores = os.cpu_count() or 1
-    return max(1, min(default, cores - round(os.getloadavg()[0])))
-
-
-@contextlib.contextmanager
-def cpu_threads(n: int):
-    """torch's intra-op threads and numpy's BLAS threads (``threadpoolctl``) set to ``n``
-    for the run, and restored after it."""
-    import torch
-    from threadpoolctl import threadpool_limits
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        with threadpool_limits(limits=n, user_api="blas"):
-            yield
-    finally:
-        torch.set_num_threads(before)

@@ -42,7 +42,9 @@ from typing import Any
 
 import numpy as np
 
-from .measure import cpu_threads
+from loading.models import LEVEL0_SECONDS_PER_MAC
+from loading.threads import cpu_threads
+
 from .reference import Case, Reference, scaled_error
 from .subjects import Subject
 
@@ -68,11 +70,6 @@ DTYPE_OF = {
 }
 QUANTIZED = ("int8", "int4")
 PARAMS = 134.5e6  # SmolLM2-135M's weights: a multiply-add each per token
-# Level 0's seconds per multiply-add of a decode step (a term of sum(map(mul, ...)) over Python
-# floats, about 40 ns, and the rest of the step): SmolLM2 decoded 4.6 s a token on two cores;
-# 3.3 to 5.6 s of CPU a token on 2026-12-06, a shared machine. ``ladder chat --level 0``
-# warns with it, and the level-0 row here says it.
-LEVEL0_SECONDS_PER_MAC = 4e-8
 GROUP = 32  # the int4 groups (levels/level3_sdpa_flash/quant.py's default)
 
 

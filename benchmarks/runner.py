@@ -31,13 +31,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+from loading.threads import cpu_threads
+
 from .flops import matmul_flops
 from .measure import (
     Bandwidth,
     Peak,
     Stats,
     TimingPolicy,
-    cpu_threads,
     cpu_timer,
     cuda_timer,
     describe_machine,

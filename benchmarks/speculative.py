@@ -26,7 +26,8 @@ import time
 
 import numpy as np
 
-from .measure import cpu_threads
+from loading.threads import cpu_threads
+
 from .records import OK, WRONG, Record
 
 GROUNDED = '''Rewrite the following Python function, renaming the variable total to running_sum. Reply with the code only.
@@ -81,7 +82,7 @@ def _drafts(model, config, params, quick: bool) -> dict:
     """The drafts by name: n-gram lookup, the int8 and int4 copies (compiled as the target
     is), the first ``LAYERS`` layers."""
     import levels
-    from levels.common.speculative import ModelDraft, commands_ngram, first_layers
+    from engine import ModelDraft, commands_ngram
 
     L3 = levels.load("level3_sdpa_flash")
     drafts = {"ngram": commands_ngram()}
@@ -90,7 +91,7 @@ def _drafts(model, config, params, quick: bool) -> dict:
         copy.prepare_decode(1)
         drafts[fmt] = ModelDraft(copy)
     if not quick:
-        drafts[f"layers:{LAYERS}"] = ModelDraft(first_layers(model, LAYERS))
+        drafts[f"layers:{LAYERS}"] = ModelDraft(model.first_layers(LAYERS))
     return drafts
 
 
@@ -118,7 +119,8 @@ def speculative_records(quick: bool) -> list[Record]:
     import torch
 
     import levels
-    from levels.common.speculative import Counts, speedup
+    from engine import Counts
+    from levels.common.speculative import speedup
     from levels.level2_torch_manual.arrays import adopt
 
     config, params, tokenizer, template = _loaded()

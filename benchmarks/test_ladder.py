@@ -23,12 +23,13 @@ import time
 import pytest
 
 import levels
-from benchmarks.measure import cpu_threads, free_cores, summarize
+from benchmarks.measure import summarize
 from benchmarks.plan import budget_key, default_plan
 from benchmarks.records import WRONG, size_label
 from benchmarks.reference import Reference
 from benchmarks.runner import Pace, check, pairs, screen
 from benchmarks.subjects import load_subjects
+from loading.threads import cpu_threads, free_cores
 
 DTYPE = "float32"
 PLAN = default_plan("cpu", quick=True)

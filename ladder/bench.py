@@ -16,7 +16,7 @@ import os
 import time
 from pathlib import Path
 
-from benchmarks.measure import cpu_threads, free_cores
+from loading.threads import cpu_threads, free_cores
 
 from .cli import Interrupted, UsageError, check_device, check_output_path
 

@@ -4,8 +4,8 @@ What runs is a *model source* (``--model``): a name the ladder knows (pulled
 into the cache on first use), a GGUF file, a Hugging Face directory, or a
 ``ladder train`` checkpoint (generate only: a task's symbols, not text). The
 chosen level builds its model from the canonical parameters as for any
-other run; the tokens come one at a time from the model's ``stream``, which
-is ``generate``'s loop for one row (``levels.common.generation``), so a
+other run (``loading``); the tokens come one at a time from the model's
+``stream``, the engine's decoding of one request (the ``engine`` package), so a
 ``--temperature 0`` answer is the same tokens at every level.
 
 Text leaves as it is completed: ``levels.tokenizer``'s stream decoder holds
@@ -23,92 +23,24 @@ the first, memory bandwidth for the second; docs/decoding.md).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
 import importlib.util
 import json
 import os
 import re
 import sys
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
+import loading
+from loading import Loaded, Threads
 
 from .cli import Interrupted, UsageError, check_device
 
-DEFAULT_CONTEXT = 2048  # tokens: the KV cache a chat allocates unless --context says otherwise
 DEFAULT_NEW_TOKENS = 256
-LEVEL0_WARNING = (
-    "level 0 computes in pure Python: this model takes about {seconds:.0f} s per token here "
-    "(and {memory:.0f} GB for its weights as Python floats); it works, slowly"
-)
-# Bytes per parameter held as a Python float in a list (SmolLM2-135M at level 0); the seconds
-# per multiply-add of a decode step are the benchmark's (benchmarks.real_model), one figure.
-LEVEL0_BYTES_PER_PARAM = 32
-
-
-@dataclass
-class Loaded:
-    """A model built at a level, with what turns text into its tokens and back."""
-
-    model: Any
-    level: Any  # the level's module
-    name: str  # what the user asked for, as it is reported
-    tokenizer: Any = None  # tokenizers.Tokenizer, None for a trained task model
-    template: Any = None  # levels.tokenizer.ChatTemplate, None without one
-    stop_ids: tuple[int, ...] = ()
-    dtype: str = "float64"
-    spec: Any = None  # a trained checkpoint's RunSpec
-    model_context: int | None = None  # the longest context the model allows (its file's)
-    draft: Any = None  # with --speculate: what guesses (levels.common.speculative)
-    prepared: set = field(default_factory=set)  # (model's id, tokens) of passes compiled or loaded
 
 
 # ----------------------------------------------------------------------------- loading
-
-
-def _source(args, *, quiet: bool = False) -> tuple[str, Path | None]:
-    """``(kind, path)`` of the model the arguments name: ``gguf``, ``hf`` or ``checkpoint``.
-    ``--checkpoint`` and ``--hf`` say the kind outright (their readers report a bad path);
-    ``--model`` is recognised by what it is, and a known name is pulled first."""
-    from levels import registry
-
-    from .pull import fetch
-
-    if getattr(args, "checkpoint", None) is not None:
-        return "checkpoint", args.checkpoint
-    if getattr(args, "hf", None) is not None:
-        if not args.hf.is_dir():
-            raise UsageError(f"--hf {args.hf}: not a directory")
-        return "hf", args.hf
-    text = str(args.model or registry.DEFAULT_MODEL)
-    if text in registry.MODELS:
-        return "gguf", fetch(text, quiet=quiet)
-    path = Path(text)
-    if path.is_dir():
-        if not (path / "config.json").exists():
-            raise UsageError(f"--model {path}: a directory without config.json")
-        return "hf", path
-    if not path.is_file():
-        raise UsageError(
-            f"--model {text}: no such file or directory, and not a model the ladder knows "
-            f"({', '.join(registry.MODELS)})"
-        )
-    with open(path, "rb") as f:
-        head = f.read(32)
-    if head.startswith(b"GGUF") or path.suffix == ".gguf":
-        return "gguf", path
-    from lab.checkpoint import MAGIC
-
-    if head.startswith(MAGIC):
-        return "checkpoint", path
-    raise UsageError(
-        f"--model {path}: neither a GGUF file, a Hugging Face directory nor a `ladder train` "
-        "checkpoint"
-    )
 
 
 def _check_inputs(kind: str, args, *, chat: bool) -> None:
@@ -132,42 +64,6 @@ def _check_inputs(kind: str, args, *, chat: bool) -> None:
             )
         if args.prompt is None:
             raise UsageError("generate needs --prompt, the text to continue")
-
-
-def _dtype(level, asked: str | None) -> str:
-    dtype = asked or ("float32" if "float32" in level.FACTS.dtypes else level.FACTS.dtypes[0])
-    if dtype not in level.FACTS.dtypes:
-        raise UsageError(
-            f"--dtype {dtype}: {level.__name__} computes in {', '.join(level.FACTS.dtypes)}"
-        )
-    return dtype
-
-
-def build(
-    level, config, params, dtype: str, device: str, *, weights="float", compile=False, owned=False
-):
-    """The level's decoder-only model of ``(config, params)`` in ``dtype`` on ``device``;
-    level 3 takes ``weights`` (``"int8"``, ``"int4"``) and ``compile``. ``owned``: the
-    caller hands ``params`` over (a torch level's parameters may then be those very
-    arrays, not copies: ``levels.level2_torch_manual.arrays.adopt``)."""
-    kwargs: dict[str, Any] = {}
-    if level.FACTS.array == "numpy":
-        kwargs["dtype"] = np.dtype(dtype)
-    elif level.FACTS.array == "torch":
-        import torch
-
-        kwargs |= {"dtype": getattr(torch, dtype), "device": device}
-    if weights != "float":
-        kwargs["weights"] = weights
-    if compile:
-        kwargs["compile"] = True
-    handover = contextlib.nullcontext()
-    if owned and level.FACTS.array == "torch":
-        from levels.level2_torch_manual.arrays import adopt
-
-        handover = adopt()
-    with handover:
-        return level.DecoderOnlyTransformer(config, params, **kwargs)
 
 
 def _level3_options(level, args, dtype: str) -> tuple[str, bool]:
@@ -206,60 +102,13 @@ def _level3_options(level, args, dtype: str) -> tuple[str, bool]:
     return weights, asked
 
 
-def _prepare_decode(loaded: Loaded, threads: Threads, model=None, tokens: int = 1) -> None:
-    """With ``--compile``, level 3's pass of ``tokens`` tokens a row for ``model`` (the
-    loaded model's by default, or a draft's) compiled now (or loaded from the cache), once,
-    saying which on stderr: after the first prompt is known to fit (a refused one costs no
-    compile), before its answer, whose tokens/s are then the compiled step's. ``tokens``
-    is 1 for the decode step, ``K + 1`` for ``--speculate``'s check of ``K`` guesses. A
-    compile says so before it starts, with its expected time (``decode_step.announcement``)."""
-    model = model or loaded.model
-    if not getattr(model, "compiled_decode", False) or (id(model), tokens) in loaded.prepared:
-        return
-    if tokens == 1 and model.decode_report is not None:  # prepared before it was loaded here
-        return
-    loaded.prepared.add((id(model), tokens))
-    from . import decode_step
-
-    step = None
-    if decode_step.compiles(model, tokens):
-        step = decode_step.package(model, threads.n, tokens)
-        if not step.is_file():
-            line = decode_step.announcement(loaded.name, model, loaded.dtype, threads.n, tokens)
-            print(line, file=sys.stderr, flush=True)
-    report = model.prepare_decode(1, tokens)
-    print(report.line(), file=sys.stderr, flush=True)
-    if report.how == "compiled" and step is not None and step.is_file():
-        decode_step.remember(step, loaded.name, model, loaded.dtype, threads.n, report.seconds,
-                             tokens)  # fmt: skip
-
-
-def _prepare(loaded: Loaded, args, threads: Threads) -> None:
-    """Every compiled pass an answer runs: the decode step and, with ``--speculate``, the
-    check of ``--draft-tokens`` guesses and the draft's own decode step."""
-    _prepare_decode(loaded, threads)
-    if loaded.draft is not None:
-        _prepare_decode(loaded, threads, tokens=args.draft_tokens + 1)
-        if hasattr(loaded.draft, "model"):
-            _prepare_decode(loaded, threads, model=loaded.draft.model)
-
-
-def _warn_level0(config) -> None:
-    from benchmarks.real_model import LEVEL0_SECONDS_PER_MAC
-    from levels.common.params import param_shapes
-
-    n = sum(int(np.prod(s)) for s in param_shapes(config, "decoder_only").values())
-    seconds = n * LEVEL0_SECONDS_PER_MAC
-    print(
-        LEVEL0_WARNING.format(seconds=seconds, memory=n * LEVEL0_BYTES_PER_PARAM / 1e9),
-        file=sys.stderr,
-    )
-
-
 def load(args: argparse.Namespace, *, chat: bool) -> Loaded:
-    """The model ``args`` names, built at ``args.level``; every check before the weights load."""
+    """The model ``args`` names, built at ``args.level`` (``loading.load``); every check
+    before the weights load. A known model is pulled with a progress bar first."""
     import levels
-    from levels import gguf, hf, unpacked
+    from levels import registry
+
+    from .pull import fetch
 
     check_device(args.device)
     missing = [m for m in ("gguf", "tokenizers", "jinja2") if importlib.util.find_spec(m) is None]
@@ -268,83 +117,25 @@ def load(args: argparse.Namespace, *, chat: bool) -> Loaded:
             f"real models need {', '.join(missing)}: pip install 'attention-ladder[hf]'"
         )
     level = levels.load(args.level)
-    dtype = _dtype(level, args.dtype)
+    dtype = loading.default_dtype(level, args.dtype)
     weights, compile = _level3_options(level, args, dtype)
-    kind, path = _source(args)
+    kind, path = loading.source(args.model, hf=getattr(args, "hf", None),
+                                checkpoint=getattr(args, "checkpoint", None), fetch=fetch)  # fmt: skip
     _check_inputs(kind, args, chat=chat)
-    if kind == "checkpoint":
-        from lab.inference import load_model
-
-        model, spec = load_model(path, level, device=args.device)
-        return Loaded(model, level, str(path), spec=spec)
-    name = str(args.model or getattr(args, "hf", None) or levels.registry.DEFAULT_MODEL)
-    if kind == "gguf":
-        template = gguf.load_chat_template(path, chat)  # first: it may refuse the file
-        tokenizer = gguf.load_tokenizer(path)  # Gemma 3's 262k pieces take a while
-        config, params = unpacked.load(path, dtype=_numpy_dtype(dtype))  # kept unpacked
-        stops = set(gguf.end_of_turn_ids(path))
-    else:
-        template = hf.load_chat_template(path, chat)
-        tokenizer = hf.load_tokenizer(path)
-        config, params = hf.load(path, dtype=_numpy_dtype(dtype))
-        stops = set()
-    context = args.context or min(config.max_seq_len, DEFAULT_CONTEXT)
-    if context > config.max_seq_len:
-        raise UsageError(f"--context {context} exceeds the model's {config.max_seq_len} tokens")
-    longest = config.max_seq_len
-    # The KV cache and RoPE tables are built for this context, not the file's whole one.
-    config = dataclasses.replace(config, max_seq_len=context)
-    if level.__name__.endswith("level0_loops"):
-        _warn_level0(config)
-    stops.add(config.eos_id)
-    speculate = getattr(args, "speculate", None)
-    _check_draft(level, config, speculate)
-    copy = speculate in ("int8", "int4")  # a second model over the same floats: not handed over
-    model = build(
-        level, config, params, dtype, args.device, weights=weights, compile=compile, owned=not copy
-    )
-    draft = _draft(speculate, model, level, config, params, dtype, args, compile)
-    return Loaded(
-        model, level, name, tokenizer, template, tuple(sorted(stops)), dtype,
-        model_context=longest, draft=draft,
-    )  # fmt: skip
+    name = str(args.model or getattr(args, "hf", None) or registry.DEFAULT_MODEL)
+    return loading.load(kind, path, level=level, name=name, dtype=dtype, device=args.device,
+                        context=args.context, weights=weights, compile=compile,
+                        draft=getattr(args, "speculate", None), seed=getattr(args, "seed", None),
+                        chat=chat, warn=_say)  # fmt: skip
 
 
-def _check_draft(level, config, speculate: str | None) -> None:
-    """``--speculate``'s draft fits this model and level: int8 and int4 copies are level 3's,
-    ``layers:N`` needs fewer layers than the model has; one line before the model is built."""
-    if speculate in ("int8", "int4") and not level.__name__.endswith("level3_sdpa_flash"):
-        raise UsageError(
-            f"--speculate {speculate} drafts with level 3's {speculate} weights (--level 3)"
-        )
-    if speculate and speculate.startswith("layers:"):
-        n = int(speculate.partition(":")[2])
-        if not 1 <= n < config.n_layers:
-            raise UsageError(
-                f"--speculate {speculate}: the model has {config.n_layers} layers; N must be 1 to {config.n_layers - 1}"
-            )
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
-def _draft(speculate, model, level, config, params, dtype, args, compile):
-    """The draft ``--speculate`` names, or None: the n-gram lookup, level 3's int8 or int4 copy
-    of the model (compiled as the model is), or the model's first N layers."""
-    if speculate is None:
-        return None
-    from levels.common.speculative import ModelDraft, commands_ngram, first_layers
-
-    if speculate == "ngram":
-        return commands_ngram()
-    seed = getattr(args, "seed", None)  # serve has none: each request's row is seeded by its own
-    if speculate.startswith("layers:"):
-        return ModelDraft(first_layers(model, int(speculate.partition(":")[2])), seed=seed)
-    copy = build(level, config, params, dtype, args.device, weights=speculate, compile=compile)
-    return ModelDraft(copy, seed=seed)
-
-
-def _numpy_dtype(dtype: str):
-    # Parameters as float64 for the float64 levels; float32 holds every other dtype's
-    # weights exactly (GGUF dequantizes to float32; half precision is a subset).
-    return np.float64 if dtype == "float64" else np.float32
+def _prepare(loaded: Loaded, args, threads: Threads) -> None:
+    """Every compiled pass an answer runs, compiled or loaded now, saying which."""
+    loading.prepare_all(loaded, threads.n, _say, getattr(args, "draft_tokens", 2))
 
 
 # ----------------------------------------------------------------------------- one answer
@@ -358,7 +149,7 @@ class Speed:
     prompt_s: float
     new_tokens: int  # the first comes from the prompt's pass, each later one from a decode step
     decode_s: float  # from the first new token to the last
-    speculation: Any = None  # with --speculate: its passes and guesses (speculative.Counts)
+    speculation: Any = None  # with --speculate: its passes and guesses (engine.Counts)
 
     def line(self, what: str) -> str:
         """``[prompt ... | decode ... | what]``; the decode only when there were decode steps,
@@ -449,7 +240,7 @@ def answer(
     decoder, holdback = StreamDecoder(loaded.tokenizer), Holdback(args.stop)
     speculation = {}
     if loaded.draft is not None:
-        from levels.common.speculative import Counts
+        from engine import Counts
 
         speculation = {"draft": loaded.draft, "draft_tokens": args.draft_tokens, "counts": Counts()}
     tokens = loaded.model.stream(
@@ -509,55 +300,11 @@ def _report(loaded: Loaded, speed: Speed, threads: Threads) -> None:
 
 # ----------------------------------------------------------------------------- the commands
 
-DEFAULT_THREADS = 8  # at most, unless --threads: a 135M model's decode gains little past a few
-
-
-@dataclass(frozen=True)
-class Threads:
-    """The CPU threads a run uses, and why that many (the speeds line says both)."""
-
-    n: int
-    why: str
-
-    def __str__(self) -> str:
-        return f"{self.n} thread{'' if self.n == 1 else 's'} ({self.why})"
-
-    def limit(self):
-        """A context in which torch and BLAS use ``n`` threads."""
-        from benchmarks.measure import cpu_threads
-
-        return cpu_threads(self.n)
-
 
 def _threads(args, model=None) -> Threads:
-    """``--threads``, else one thread per core the load average leaves free (at most
-    ``DEFAULT_THREADS``): on a busy machine a thread without a core of its own stalls every
-    multi-threaded op (``benchmarks.measure.free_cores``). Where ``model`` decodes with a
-    compiled step, a count its step is cached for instead, when the load's is not
-    (``decode_step``: a compile costs more than a thread more or less)."""
-    from benchmarks.measure import free_cores
-
-    if args.threads:
-        return Threads(args.threads, "--threads")
-    cores = os.cpu_count() or 1
-    n = free_cores(DEFAULT_THREADS)
-    if model is not None:
-        from . import decode_step
-
-        if decode_step.compiles(model):
-            cached = decode_step.cached_counts(model, min(cores, DEFAULT_THREADS))
-            if cached and n not in cached:
-                m = min(cached, key=lambda c: (abs(c - n), c))  # the nearest, then the fewer
-                return Threads(
-                    m, f"the count its cached decode step is compiled for; --threads {n}, "
-                    f"as the load average gives, would compile one"
-                )  # fmt: skip
-    if n == cores:
-        return Threads(n, "every core")
-    if n == DEFAULT_THREADS:
-        return Threads(n, f"at most {n} by default; --threads {cores} for every core")
-    load = os.getloadavg()[0]  # what free_cores read: other processes' share of the cores
-    return Threads(n, f"load average {load:.1f} on {cores} cores; --threads {cores} for every core")
+    """``--threads``, else the count the load average (or a cached compiled step) gives
+    (``loading.threads.choose``)."""
+    return loading.choose(args.threads, model)
 
 
 HELP = """\

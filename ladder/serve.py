@@ -3,9 +3,9 @@
 The model loads as ``ladder chat`` loads it (``--model``, ``--level``, ``--dtype``,
 ``--context``, level 3's ``--weights``). Up to ``--max-batch`` requests (8) are decoded
 together, a row each in every step, eagerly, over a paged KV cache of ``--blocks``
-blocks with prefix caching (``serving.engine``), and at level 3 in float32 on a CPU with
-the matrices in oneDNN's layout for a few rows (``--weights blocked``, unless
-``--weights`` says otherwise); ``--max-batch 1`` decodes one request at a
+blocks with prefix caching (the engine, on a worker thread: ``serving.worker``), and at
+level 3 in float32 on a CPU with the matrices in oneDNN's layout for a few rows
+(``--weights blocked``, unless ``--weights`` says otherwise); ``--max-batch 1`` decodes one request at a
 time, and at level 3 with the compiled step (compiled, or loaded from the cache, before
 the first request). Then uvicorn serves ``serving.api`` on ``--host`` (127.0.0.1 by
 default: this machine only) and ``--port`` until Ctrl-C, writing a line per request to
@@ -31,10 +31,11 @@ def serve(args: argparse.Namespace) -> int:
     _check_address(args.host, args.port)  # before the model loads
     import uvicorn
 
+    import loading
     from serving.api import Server
-    from serving.engine import Engine
+    from serving.worker import Worker
 
-    from .chat import _prepare_decode, _threads, load
+    from .chat import load
 
     if args.max_batch > 1 and args.compile:
         raise UsageError(
@@ -48,10 +49,10 @@ def serve(args: argparse.Namespace) -> int:
         if args.weights is None and _blocked_fits(args):
             args.weights = "blocked"  # oneDNN's product of a few rows: about one row's time
     loaded = load(args, chat=True)
-    threads = _threads(args, loaded.model)
+    threads = loading.choose(args.threads, loaded.model)
     with threads.limit():  # the step is compiled for the threads the engine will decode with
-        _prepare_decode(loaded, threads)
-    engine = Engine(
+        loading.prepare_all(loaded, threads.n, _log, args.draft_tokens)
+    worker = Worker(
         loaded,
         max_queue=args.max_queue,
         max_batch=args.max_batch,
@@ -60,14 +61,14 @@ def serve(args: argparse.Namespace) -> int:
         limit=threads.limit,
     )
     log = None if args.quiet else _log
-    server = Server(engine, loaded.name, max_body=args.max_body, log=log,
+    server = Server(worker, loaded.name, max_body=args.max_body, log=log,
                     speculate=getattr(args, "speculate", None), draft_tokens=args.draft_tokens)  # fmt: skip
     batch = "one at a time"
-    if engine.pool is not None:
-        pool = engine.pool
+    if worker.pool is not None:
+        pool = worker.pool
         blocked = ", matrices blocked for oneDNN" if args.weights == "blocked" else ""
         batch = (
-            f"up to {engine.max_batch} requests at once over {pool.blocks} KV blocks of "
+            f"up to {worker.max_batch} requests at once over {pool.blocks} KV blocks of "
             f"{pool.block_size} positions ({pool.nbytes / 2**20:.0f} MiB){blocked}"
         )
     print(

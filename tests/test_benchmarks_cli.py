@@ -615,7 +615,7 @@ def test_a_nan_result_is_wrong():
 def test_cpu_threads_are_set_for_the_run_and_restored():
     from threadpoolctl import threadpool_info
 
-    from benchmarks.measure import cpu_threads
+    from loading.threads import cpu_threads
 
     before = torch.get_num_threads()
     with cpu_threads(1):

@@ -306,6 +306,7 @@ def test_a_chat_model_takes_the_weights_it_is_handed(number):
     import torch
 
     import levels
+    import loading
     from levels.common.params import init_params
     from levels.level2_torch_manual.arrays import row_major
 
@@ -319,12 +320,12 @@ def test_a_chat_model_takes_the_weights_it_is_handed(number):
         addresses = {p.data_ptr() for p in model.parameters()}
         return {k for k, v in params.items() if v.ctypes.data in addresses}
 
-    copied = ladder_chat.build(level, config, params, "float32", "cpu")
+    copied = loading.build(level, config, params, "float32", "cpu")
     assert shared(copied) == set()
     with row_major():  # every matrix in the arrays' own layout, as a compiled model holds them
-        owned = ladder_chat.build(level, config, params, "float32", "cpu", owned=True)
+        owned = loading.build(level, config, params, "float32", "cpu", owned=True)
     assert shared(owned) == set(params)
-    owned64 = ladder_chat.build(level, config, params, "float64", "cpu", owned=True)
+    owned64 = loading.build(level, config, params, "float64", "cpu", owned=True)
     assert shared(owned64) == set()  # another dtype: a cast, so a copy
     with torch.no_grad():
         copied.norm.weight.add_(1.0)
@@ -449,7 +450,7 @@ def test_a_compile_is_announced_before_it_starts_with_its_expected_time(capsys, 
 def test_a_speculating_chat_prepares_the_check_of_its_guesses_once(capsys, compiled_fake):
     """With a draft, the pass that checks ``--draft-tokens`` guesses is compiled too, after
     the decode step and announced as the decode step is; the next chat loads both."""
-    from levels.common.speculative import NGramDraft
+    from engine import NGramDraft
 
     first = compiled_fake(capsys, ["--draft-tokens", "3"], draft=NGramDraft())
     assert first[2] == (
@@ -497,18 +498,18 @@ def test_another_context_is_announced_with_what_is_cached(capsys, compiled_fake)
 
 def test_level_0s_seconds_a_token_are_one_figure_wherever_they_are_said(smollm2_gguf, capsys):
     """The README, run a real model's page, chat's warning and the benchmark's level-0 row
-    (``benchmarks.real_model``'s figure) say the same seconds a token for SmolLM2 (the
-    README said 3 where the warning said 5; 4.6 was measured)."""
-    from benchmarks.real_model import LEVEL0_SECONDS_PER_MAC, PARAMS
+    (``loading``'s figure) say the same seconds a token for SmolLM2 (the README said 3
+    where the warning said 5; 4.6 was measured)."""
+    from benchmarks.real_model import PARAMS
     from levels import gguf
+    from loading.models import LEVEL0_SECONDS_PER_MAC, level0_warning
 
     seconds = round(PARAMS * LEVEL0_SECONDS_PER_MAC)
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert f"every token written takes level 0 about {seconds} s here" in readme
     checkpoints = " ".join((ROOT / "docs" / "checkpoints.md").read_text().split())
     assert f"about {seconds} s a token for this model" in checkpoints
-    ladder_chat._warn_level0(gguf.config_of(smollm2_gguf))
-    assert f"takes about {seconds} s per token here" in capsys.readouterr().err
+    assert f"takes about {seconds} s per token here" in level0_warning(gguf.config_of(smollm2_gguf))
 
 
 # ----------------------------------------------------------------------------- on a terminal

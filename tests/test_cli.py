@@ -147,17 +147,18 @@ def test_a_file_that_is_not_a_model_is_a_usage_error(capsys, tmp_path, command):
 
 
 def test_only_the_readers_input_errors_are_usage_errors():
-    """The rule behind exit status 2: a usage error, or a reader refusing the file it was given;
-    any other exception (a ValueError inside a level, say) is a failure while running."""
+    """The rule behind exit status 2: a usage error, or a reader refusing the file it was given
+    (or the loader, the source it was given); any other exception (a ValueError inside a
+    level, say) is a failure while running."""
     from lab.checkpoint import CheckpointError
     from ladder.cli import INPUT_ERRORS, UsageError, is_usage_error
     from levels.gguf import GGUFError
+    from loading import LoadError
 
-    assert {f"{c.__module__}.{c.__qualname__}" for c in (GGUFError, CheckpointError)} == set(
-        INPUT_ERRORS
-    )
+    readers = (GGUFError, CheckpointError, LoadError)
+    assert {f"{c.__module__}.{c.__qualname__}" for c in readers} == set(INPUT_ERRORS)
     assert is_usage_error(UsageError("x")) and is_usage_error(GGUFError("x"))
-    assert is_usage_error(CheckpointError("x"))
+    assert is_usage_error(CheckpointError("x")) and is_usage_error(LoadError("x"))
     assert not is_usage_error(ValueError("x")) and not is_usage_error(RuntimeError("x"))
 
 

@@ -1,6 +1,6 @@
-"""Level 3's compiled decode step as the commands meet it (``ladder chat``, ``generate
---compile``, ``serve --max-batch 1``): which thread count a run takes, what it says before a
-compile, and the compiles it remembers.
+"""Level 3's compiled passes as a run meets them (``ladder chat``, ``generate --compile``,
+``serve --max-batch 1``, the bench): prepared before the first answer, announced before a
+compile, and remembered.
 
 A compiled step is kept in the user's cache under a key of what it was compiled for
 (``levels.level3_sdpa_flash.compiled.cache_key``): the model, its context, dtype and weight
@@ -8,8 +8,8 @@ format, and the thread count, since inductor splits the step's loops over the th
 compiles for (a step compiled for one thread runs on one; one compiled for two runs no
 faster than eager on one). Any of them new costs a compile of about a minute. So:
 
-* **the thread count** (unless ``--threads`` gives one) is one a step of this model is
-  cached for: the count the load average leaves free if that one is cached, else the
+* **the thread count** (unless ``--threads`` gives one; ``threads.py``) is one a step of
+  this model is cached for: the count the load average leaves free if that one is cached, else the
   cached count nearest to it. The load average picks the count of a first compile only,
   and a chat at another load runs the step it has instead of compiling a second one.
   (One step for every count would be a one-thread step, which leaves every other core
@@ -27,6 +27,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 FIRST_COMPILE_S = 60.0  # a model's first compile here, before any was timed (see above)
@@ -131,3 +132,35 @@ def announcement(model_name: str, model, dtype: str, threads: int, tokens: int =
         more = f" and {len(cached) - SHOWN} more" if len(cached) > SHOWN else ""
         line += f" (cached here for {'; '.join(cached[:SHOWN])}{more})"
     return line + "; later runs load it from the cache"
+
+
+def prepare(loaded, threads: int, say: Callable[[str], None], model=None, tokens: int = 1) -> None:
+    """With ``compile``, level 3's pass of ``tokens`` tokens a row for ``model`` (the loaded
+    model's by default, or a draft's) compiled now (or loaded from the cache), once for
+    ``loaded``, saying which (``say``): a compile says so before it starts, with its
+    expected time. ``tokens`` is 1 for the decode step, ``K + 1`` for a check of ``K``
+    guesses. A run prepares before its first answer (after the prompt is known to fit: a
+    refused prompt costs no compile), so that the answer's tokens/s are the compiled step's."""
+    model = model or loaded.model
+    if not getattr(model, "compiled_decode", False) or (id(model), tokens) in loaded.prepared:
+        return
+    if tokens == 1 and model.decode_report is not None:  # prepared before it was loaded here
+        return
+    loaded.prepared.add((id(model), tokens))
+    step = package(model, threads, tokens) if compiles(model, tokens) else None
+    if step is not None and not step.is_file():
+        say(announcement(loaded.name, model, loaded.dtype, threads, tokens))
+    report = model.prepare_decode(1, tokens)
+    say(report.line())
+    if report.how == "compiled" and step is not None and step.is_file():
+        remember(step, loaded.name, model, loaded.dtype, threads, report.seconds, tokens)
+
+
+def prepare_all(loaded, threads: int, say: Callable[[str], None], draft_tokens: int) -> None:
+    """Every compiled pass an answer runs: the decode step and, with a draft, the check of
+    ``draft_tokens`` guesses and the draft model's own decode step."""
+    prepare(loaded, threads, say)
+    if loaded.draft is not None:
+        prepare(loaded, threads, say, tokens=draft_tokens + 1)
+        if hasattr(loaded.draft, "model"):
+            prepare(loaded, threads, say, model=loaded.draft.model)
