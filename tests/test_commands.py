@@ -431,8 +431,8 @@ def test_a_commands_note_and_continued_lines_are_read_as_the_shell_reads_them(tm
     )
     assert commands(page) == ["ladder show", 'ladder chat -p "a # in quotes" --level 1']
     # A quote left open at the end of a line holds the next lines (a JSON body), newlines kept.
-    page.write_text("```bash\ncurl -d '{\n  \"a\": 1,\n  \"b\": \"#2\"}'  # a note\nladder show\n```\n")
-    assert commands(page) == ["curl -d '{\n  \"a\": 1,\n  \"b\": \"#2\"}'", "ladder show"]
+    page.write_text('```bash\ncurl -d \'{\n  "a": 1,\n  "b": "#2"}\'  # a note\nladder show\n```\n')
+    assert commands(page) == ['curl -d \'{\n  "a": 1,\n  "b": "#2"}\'', "ladder show"]
     page.write_text("```console\n$ ladder show\n```\n")
     with pytest.raises(ValueError, match="write ```bash"):
         commands(page)

@@ -27,7 +27,9 @@ IMAGE = re.compile(r'(?P<link><a\b[^>]*>\s*)?(?P<img><img\b[^>]*\bsrc="(?P<src>[
 INLINE_CODE = re.compile(r"(?<!<span></span>)(?<!<pre>)<code>(?P<text>[^<\n]*)</code>")
 HYPHENATED = re.compile(r"\S*-\S*")
 # The body of a block marked wrap (its highlighter's div has the class "wrap").
-WRAPPED = re.compile(r'(?P<open><div class="language-\w+ wrap highlight">.*?<code>)(?P<body>.*?)</code>', re.S)
+WRAPPED = re.compile(
+    r'(?P<open><div class="language-\w+ wrap highlight">.*?<code>)(?P<body>.*?)</code>', re.S
+)
 
 
 def _info(info: str) -> tuple[str, dict[str, str]]:
