@@ -47,6 +47,28 @@ def test_every_page_of_the_navigation_is_built(site):
     assert (site / "assets" / "katex" / "katex.min.js").is_file()
 
 
+def test_the_hooks_link_the_figures_wrap_the_transcripts_and_keep_flags_whole(site):
+    """docs/tools/site_hooks.py, in the built pages: every figure is a link to its own file,
+    each block marked wrap="why" is a wrapping block of lines, and `--weights` is unbroken."""
+    import re
+
+    from markdown_blocks import blocks
+
+    figures = wrapped = 0
+    for html in site.glob("*.html"):
+        text = html.read_text()
+        for img in re.finditer(r'<img\b[^>]*\bsrc="([^"]+)"', text):
+            link = text[: img.start()].rsplit("<a ", 1)[-1]
+            assert link.startswith(f'class="figure-link" href="{img[1]}">'), (html.name, img[1])
+            figures += 1
+        wrapped += text.count('class="language-text wrap highlight"')
+    marked = [b for page in (ROOT / "docs").glob("*.md") for b in blocks(page) if "wrap" in b.attrs]
+    assert figures >= 10 and wrapped == len(marked) > 0, (figures, wrapped, len(marked))
+    serving = (site / "serving.html").read_text()
+    assert '<span class="line">19:45:40 127.0.0.1 GET /v1/nothing 404' in serving
+    assert '<code><span class="nobreak">--weights</span></code>' in serving
+
+
 def test_the_built_pages_fetch_nothing_from_outside(site):
     """Every script, style sheet, font and image the pages name is a file of the site."""
     import re
