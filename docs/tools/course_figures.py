@@ -466,23 +466,13 @@ def draw_flash_state(data: Path, png: Path) -> None:
 def _flash2_order(ax, n_tiles: int) -> None:
     """FlashAttention-2's loop order, this kernel's: the Q tile and the state of its rows
     held on chip, the K and V tiles read one after another."""
-    from matplotlib.patches import FancyArrowPatch, Rectangle
+    from matplotlib.patches import FancyArrowPatch
 
-    ax.set_xlim(0, 10)
-    ax.set_ylim(0, 10)
-    ax.axis("off")
-    ax.set_title("this kernel: FlashAttention-2's order", fontsize=9.5)
-    ax.add_patch(Rectangle((0.2, 5.6), 9.6, 4.2, facecolor="#fdf0d5", edgecolor="0.5"))
-    ax.text(5, 9.3, "HBM (slow, large)", ha="center", fontsize=9)
+    _memory(ax, "this kernel: FlashAttention-2's order", "HBM (slow, large)",
+            "on chip (registers, fast, small)", "Q tile\nheld for\nthe whole loop", "#f4a261")  # fmt: skip
     for i in range(n_tiles):
-        for row, name in ((7.7, "K"), (6.1, "V")):
-            ax.add_patch(Rectangle((1.2 + 2.1 * i, row), 1.8, 1.1, facecolor=TILE_COLOURS[i % 4],
-                                   edgecolor="0.3"))  # fmt: skip
-            ax.text(2.1 + 2.1 * i, row + 0.55, f"{name}{i}", ha="center", va="center", fontsize=9)
-    ax.add_patch(Rectangle((0.2, 0.2), 9.6, 4.4, facecolor="#e9f5db", edgecolor="0.5"))
-    ax.text(0.6, 4.05, "on chip (registers, fast, small)", fontsize=9)
-    ax.add_patch(Rectangle((0.6, 0.7), 3.2, 2.6, facecolor="#f4a261", edgecolor="0.3"))
-    ax.text(2.2, 2.0, "Q tile\nheld for\nthe whole loop", ha="center", va="center", fontsize=8.5)
+        for y, name in ((7.7, "K"), (6.1, "V")):
+            _tile(ax, i, y, f"{name}{i}", TILE_COLOURS[i % 4], fontsize=9)
     ax.text(6.9, 2.0, "this step's S tile;\nm, l, acc: the state\nof every row, float32",
             ha="center", va="center", fontsize=8.5)  # fmt: skip
     ax.add_patch(FancyArrowPatch((6.6, 6.0), (6.6, 3.4), arrowstyle="-|>", mutation_scale=14))
@@ -493,30 +483,43 @@ def _flash1_order(ax, n_tiles: int) -> None:
     """FlashAttention-1's loop order (Dao et al. 2022, Algorithm 1), in the style of the
     kernel's panel: a K, V tile held on chip, the query tiles with their output and m, l
     read from memory, updated, and written back."""
-    from matplotlib.patches import FancyArrowPatch, Rectangle
+    from matplotlib.patches import FancyArrowPatch
 
-    ax.set_xlim(0, 10)
-    ax.set_ylim(0, 10)
-    ax.axis("off")
-    ax.set_title("FlashAttention-1's order, for comparison", fontsize=9.5)
-    ax.add_patch(Rectangle((0.2, 5.6), 9.6, 4.2, facecolor="#fdf0d5", edgecolor="0.5"))
-    ax.text(5, 9.3, "HBM (K, V: each tile read once)", ha="center", fontsize=9)
+    _memory(ax, "FlashAttention-1's order, for comparison", "HBM (K, V: each tile read once)",
+            "on chip", "Kj, Vj tile\nheld for the\ninner loop", "#8ecae6")  # fmt: skip
     for i in range(n_tiles):
-        for row, name in ((7.7, "Q"), (6.1, "O,m,l ")):
-            ax.add_patch(Rectangle((1.2 + 2.1 * i, row), 1.8, 1.1, facecolor="#f4a261",
-                                   alpha=0.5 if row < 7 else 1.0, edgecolor="0.3"))  # fmt: skip
-            ax.text(2.1 + 2.1 * i, row + 0.55, f"{name}{i}", ha="center", va="center", fontsize=8)
-    ax.add_patch(Rectangle((0.2, 0.2), 9.6, 4.4, facecolor="#e9f5db", edgecolor="0.5"))
-    ax.text(0.6, 4.05, "on chip", fontsize=9)
-    ax.add_patch(Rectangle((0.6, 0.7), 3.2, 2.6, facecolor="#8ecae6", edgecolor="0.3"))
-    ax.text(
-        2.2, 2.0, "Kj, Vj tile\nheld for the\ninner loop", ha="center", va="center", fontsize=8.5
-    )
+        _tile(ax, i, 7.7, f"Q{i}", "#f4a261", fontsize=8)
+        _tile(ax, i, 6.1, f"O,m,l {i}", "#f4a261", fontsize=8, alpha=0.5)
     ax.text(6.8, 2.0, "each Qi, with its\nOi, mi, li read,\nupdated, written\nback", ha="center",
             va="center", fontsize=8.5)  # fmt: skip
     ax.add_patch(FancyArrowPatch((4.6, 6.0), (4.6, 3.4), arrowstyle="-|>", mutation_scale=14))
     ax.add_patch(FancyArrowPatch((5.6, 3.4), (5.6, 6.0), arrowstyle="-|>", mutation_scale=14))
     ax.text(5.8, 5.1, "Oi, mi, li back", fontsize=8, va="center")
+
+
+def _memory(ax, title: str, hbm: str, chip: str, held: str, held_colour: str) -> None:
+    """What both loop orders' panels share: HBM above, the chip below, the tile it holds."""
+    from matplotlib.patches import Rectangle
+
+    ax.set_xlim(0, 10)
+    ax.set_ylim(0, 10)
+    ax.axis("off")
+    ax.set_title(title, fontsize=9.5)
+    ax.add_patch(Rectangle((0.2, 5.6), 9.6, 4.2, facecolor="#fdf0d5", edgecolor="0.5"))
+    ax.text(5, 9.3, hbm, ha="center", fontsize=9)
+    ax.add_patch(Rectangle((0.2, 0.2), 9.6, 4.4, facecolor="#e9f5db", edgecolor="0.5"))
+    ax.text(0.6, 4.05, chip, fontsize=9)
+    ax.add_patch(Rectangle((0.6, 0.7), 3.2, 2.6, facecolor=held_colour, edgecolor="0.3"))
+    ax.text(2.2, 2.0, held, ha="center", va="center", fontsize=8.5)
+
+
+def _tile(ax, i: int, y: float, label: str, colour: str, fontsize: float, alpha=1.0) -> None:
+    """Tile i of a row of tiles in HBM, at height y, labelled."""
+    from matplotlib.patches import Rectangle
+
+    ax.add_patch(Rectangle((1.2 + 2.1 * i, y), 1.8, 1.1, facecolor=colour, alpha=alpha,
+                           edgecolor="0.3"))  # fmt: skip
+    ax.text(2.1 + 2.1 * i, y + 0.55, label, ha="center", va="center", fontsize=fontsize)
 
 
 # ----------------------------------------------------------------------------- backward loops
