@@ -94,6 +94,12 @@ class Browser:
         except subprocess.TimeoutExpired:
             self._process.kill()
             self._process.wait()
+        for _ in range(20):  # Chromium's helper processes may still write as they exit
+            try:
+                self._profile.cleanup()
+                return
+            except OSError:
+                time.sleep(0.1)
         self._profile.cleanup()
 
     def _devtools_port(self) -> int:

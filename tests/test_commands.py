@@ -223,8 +223,8 @@ COMMANDS: dict[str, list[tuple[str, Check]]] = {
     ],
     "docs/serving.md": [
         ("ladder serve", SERVE),
-        ('curl -N http://127.0.0.1:8000/v1/chat/completions -H "Content-Type: application/json" -d \'{"model": "smollm2-135m", "messages": [{"role": "user", "content": "What is the capital of France?"}], "temperature": 0, "stream": true, "stream_options": {"include_usage": true}}\'', SERVE_CURL),
-        ('curl http://127.0.0.1:8000/v1/chat/completions -H "Content-Type: application/json" -d \'{"messages": [{"role": "user", "content": "Give me a person as JSON"}], "temperature": 0, "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 0, "maximum": 150}}, "required": ["name", "age"]}}}}\'', SERVE_SCHEMA),
+        ('curl -N http://127.0.0.1:8000/v1/chat/completions -H "Content-Type: application/json" -d \'{\n  "model": "smollm2-135m",\n  "messages": [{"role": "user", "content": "What is the capital of France?"}],\n  "temperature": 0, "stream": true, "stream_options": {"include_usage": true}}\'', SERVE_CURL),
+        ('curl http://127.0.0.1:8000/v1/chat/completions -H "Content-Type: application/json" -d \'{\n  "messages": [{"role": "user", "content": "Give me a person as JSON"}], "temperature": 0,\n  "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": {\n    "type": "object",\n    "properties": {"name": {"type": "string", "maxLength": 20},\n                   "age": {"type": "integer", "minimum": 0, "maximum": 150}},\n    "required": ["name", "age"]}}}}\'', SERVE_SCHEMA),
     ],
     "docs/benchmarks.md": [
         ("ladder bench", run(BENCH, manual=True)),  # CI: the --quick run below, every scenario smaller
@@ -294,17 +294,32 @@ COMMANDS: dict[str, list[tuple[str, Check]]] = {
 # ----------------------------------------------------------------------------- reading the pages
 
 
-def _without_comment(line: str) -> str:
-    """``line`` up to its first ``#`` outside quotes that starts a word (as the shell reads it)."""
-    quote = None
+def _read(line: str, quote: str | None = None) -> tuple[str, str | None]:
+    """``line`` up to its first ``#`` outside quotes that starts a word (as the shell reads
+    it), and the quote still open at its end; ``quote``: the one open at its start."""
     for i, c in enumerate(line):
         if quote:
             quote = None if c == quote else quote
         elif c in "'\"":
             quote = c
         elif c == "#" and (i == 0 or line[i - 1].isspace()):
-            return line[:i].rstrip()
-    return line.rstrip()
+            return line[:i].rstrip(), None
+    return line.rstrip(), quote
+
+
+def _shell_lines(text: str) -> list[str]:
+    """``text``'s commands a line each, as the shell reads them: a line ending in ``\\``
+    continues on the next, and so does a quote left open (a JSON body written over several
+    lines keeps its newlines); notes after ``#`` are left out."""
+    text = re.sub(r"\s*\\\n\s*", " ", text)  # continued lines are one command
+    found, held, quote = [], [], None
+    for line in text.splitlines():
+        read, quote = _read(line, quote)
+        held.append(read)
+        if quote is None:
+            found.append("\n".join(held))
+            held = []
+    return found + ["\n".join(held)] * bool(held)
 
 
 def commands(page: Path) -> list[str]:
@@ -315,8 +330,7 @@ def commands(page: Path) -> list[str]:
             raise ValueError(f"{page}:{block.line}: write ```{SHELL} for commands (they run)")
         if block.lang != SHELL:
             continue
-        text = re.sub(r"\s*\\\n\s*", " ", block.text)  # continued lines are one command
-        found += [c for c in map(_without_comment, text.splitlines()) if c.strip()]
+        found += [c for c in _shell_lines(block.text) if c.strip()]
     return found
 
 
@@ -416,6 +430,9 @@ def test_a_commands_note_and_continued_lines_are_read_as_the_shell_reads_them(tm
         'ladder chat -p "a # in quotes" \\\n   --level 1\n```\n\n```python\nprint(1)\n```\n'
     )
     assert commands(page) == ["ladder show", 'ladder chat -p "a # in quotes" --level 1']
+    # A quote left open at the end of a line holds the next lines (a JSON body), newlines kept.
+    page.write_text('```bash\ncurl -d \'{\n  "a": 1,\n  "b": "#2"}\'  # a note\nladder show\n```\n')
+    assert commands(page) == ['curl -d \'{\n  "a": 1,\n  "b": "#2"}\'', "ladder show"]
     page.write_text("```console\n$ ladder show\n```\n")
     with pytest.raises(ValueError, match="write ```bash"):
         commands(page)

@@ -47,6 +47,28 @@ def test_every_page_of_the_navigation_is_built(site):
     assert (site / "assets" / "katex" / "katex.min.js").is_file()
 
 
+def test_the_hooks_link_the_figures_wrap_the_transcripts_and_keep_flags_whole(site):
+    """docs/tools/site_hooks.py, in the built pages: every figure is a link to its own file,
+    each block marked wrap="why" is a wrapping block of lines, and `--weights` is unbroken."""
+    import re
+
+    from markdown_blocks import blocks
+
+    figures = wrapped = 0
+    for html in site.glob("*.html"):
+        text = html.read_text()
+        for img in re.finditer(r'<img\b[^>]*\bsrc="([^"]+)"', text):
+            link = text[: img.start()].rsplit("<a ", 1)[-1]
+            assert link.startswith(f'class="figure-link" href="{img[1]}">'), (html.name, img[1])
+            figures += 1
+        wrapped += text.count('class="language-text wrap highlight"')
+    marked = [b for page in (ROOT / "docs").glob("*.md") for b in blocks(page) if "wrap" in b.attrs]
+    assert figures >= 10 and wrapped == len(marked) > 0, (figures, wrapped, len(marked))
+    serving = (site / "serving.html").read_text()
+    assert '<span class="line">19:45:40 127.0.0.1 GET /v1/nothing 404' in serving
+    assert '<code><span class="nobreak">--weights</span></code>' in serving
+
+
 def test_the_built_pages_fetch_nothing_from_outside(site):
     """Every script, style sheet, font and image the pages name is a file of the site."""
     import re
@@ -182,3 +204,90 @@ def test_the_search_finds_online_softmax_and_three_pages_look_right(served):
             browser.evaluate("new Promise(done => setTimeout(done, 600))")  # the header's fade
             browser.screenshot(SCREENSHOTS / name)
         assert browser.errors == []
+
+
+# ----------------------------------------------------------------------------- at 1280 px
+
+MOST_WIDE_BLOCKS = 10  # code blocks that may scroll sideways at 1280 px, in the whole course
+SMALLEST_TEXT_PX = 9.0  # a figure's smallest text, as the page draws it
+# The width of the page's first code box, the width a line of WIDTH characters of its font
+# takes there (with the box's padding), how many code blocks, and the first line of each
+# one that scrolls sideways.
+CODE = """(() => {
+    const code = document.querySelector('.md-typeset pre > code');
+    let line = null;
+    if (code) {
+        const probe = document.createElement('span');
+        probe.textContent = '0'.repeat(%d);
+        code.appendChild(probe);
+        const style = getComputedStyle(code);
+        line = probe.getBoundingClientRect().width
+            + parseFloat(style.paddingLeft) + parseFloat(style.paddingRight);
+        probe.remove();
+    }
+    const blocks = [...document.querySelectorAll('.md-typeset pre > code')];
+    return {
+        box: code ? code.clientWidth : null,
+        line: line,
+        blocks: blocks.length,
+        wide: blocks.filter(c => c.scrollWidth > c.clientWidth)
+                    .map(c => c.innerText.split('\\n')[0]),
+    };
+})()"""
+# Every figure of the page: its file, its natural width, the width drawn, the link around it.
+FIGURES = """[...document.querySelectorAll('.md-typeset img')].map(img => [
+    img.getAttribute('src'), img.naturalWidth, img.getBoundingClientRect().width,
+    img.closest('a') ? img.closest('a').getAttribute('href') : null])"""
+
+
+@pytest.mark.extended
+@pytest.mark.browser
+def test_at_1280_px_the_code_fits_the_column(served):
+    """The column holds a line of tests/test_docs_width.py's WIDTH characters, and at most
+    MOST_WIDE_BLOCKS code blocks of the whole course scroll sideways (each listed)."""
+    from browser import Browser
+    from test_docs_width import WIDTH
+
+    wide, narrow, blocks = [], [], 0
+    with Browser(width=1280) as browser:
+        for page in [p.with_suffix(".html").name for p in nav_pages()]:
+            browser.open(served + page)
+            seen = browser.evaluate(CODE % WIDTH)
+            if seen["box"] is not None and seen["line"] > seen["box"]:
+                narrow.append(f"{page}: {seen['box']} px, a line {seen['line']:.0f} px")
+            blocks += seen["blocks"]
+            wide += [f"{page}: {first}" for first in seen["wide"]]
+    assert blocks > 300, blocks  # the course's blocks were all found
+    assert len(wide) <= MOST_WIDE_BLOCKS, (
+        f"{len(wide)} code blocks scroll sideways at 1280 px:\n" + "\n".join(wide)
+    )
+    assert not narrow, f"a code block holds less than {WIDTH} characters:\n" + "\n".join(narrow)
+
+
+@pytest.mark.extended
+@pytest.mark.browser
+def test_at_1280_px_every_figure_is_readable_and_links_to_its_full_size(served):
+    """Each figure's smallest text (docs/tools/figures.py's ``smallest_text``: the figure
+    drawn again, its font sizes read as drawn) times the scale the page draws it at is at
+    least SMALLEST_TEXT_PX; each figure is a link to its own PNG."""
+    from browser import Browser
+    from figures import every_figure, smallest_text
+
+    drawn: dict[str, tuple[int, float]] = {}  # name -> (natural width, narrowest drawn width)
+    with Browser(width=1280) as browser:
+        for page in [p.with_suffix(".html").name for p in nav_pages()]:
+            browser.open(served + page)
+            browser.evaluate("Promise.all([...document.images].map(img => img.decode()))")
+            for src, natural, width, href in browser.evaluate(FIGURES):
+                assert href == src, f"{page}: {src} links to {href}, not to itself"
+                name = src.removeprefix("img/")
+                drawn[name] = (natural, min(width, drawn.get(name, (0, width))[1]))
+    drawers = every_figure()
+    assert set(drawn) == set(drawers), "a figure of the pages is not one figures.py draws"
+    small = []
+    for name, (natural, width) in sorted(drawn.items()):
+        px, png_width = smallest_text(drawers[name])
+        assert png_width == natural, f"{name}: drawn again {png_width} px wide, not {natural}"
+        if px * width / natural < SMALLEST_TEXT_PX:
+            small.append(f"{name}: {px:.1f} px text, {natural} px drawn at {width:.0f}")
+    assert not small, "figures whose text is too small to read at 1280 px:\n" + "\n".join(small)

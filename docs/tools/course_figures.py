@@ -22,8 +22,10 @@ does; its sidecar digest then ties the PNG to the file and the drawing code.
 * ``kv_cache``: the queries and keys of every attention call of generation,
   recomputing the prefix at each step and with the KV cache (docs/level0_loops.md);
 * ``flash_tiles``: one query tile on chip while the key/value tiles stream
-  past it, and its running max ``m``, sum ``l`` and accumulator after each tile,
-  read off level 4's forward kernel (docs/level4_triton_kernel.md);
+  past it, FlashAttention-1's order beside it, and the tile of scores of each step;
+  ``draw_flash_state`` draws, from the same file, the running max ``m``, sum ``l``
+  and accumulator after each tile, read off level 4's forward kernel
+  (docs/level4_triton_kernel.md);
 * ``backward_loops``: which (query tile, key tile) pairs each program of the
   two backward kernels visits, and in which order, found by poisoning tiles
   with NaN (docs/level4_part2.md);
@@ -196,10 +198,10 @@ def draw_rope_pair(data: Path, png: Path) -> None:
 
     r = json.loads(data.read_text())
     base = r["base"]
-    fig = _figure(13.5, 5.3)
+    fig = _figure(9.0, 3.9)
     axes = fig.subplots(1, 3)
     for ax, name, title in (
-        (axes[0], "pair0", f"pair 0 at positions 0..7: θ₀ = 1 rad = {math.degrees(1):.1f}° a step"),
+        (axes[0], "pair0", f"pair 0 at positions 0..7:\nθ₀ = 1 rad = {math.degrees(1):.1f}° a step"),
         (axes[1], "pair3", f"pair 3 at positions 0, 100, ..., 700:\nθ₃ = {base:g}^(-6/8) rad = "
                            f"{math.degrees(base ** -0.75):.3f}° a step"),
     ):  # fmt: skip
@@ -211,7 +213,7 @@ def draw_rope_pair(data: Path, png: Path) -> None:
                 a * 1.16, b * 1.16, f"m={m}", color=f"C{c}", fontsize=8, ha="center", va="center"
             )
         ax.add_patch(_circle(1.0))
-        ax.set_title(title, fontsize=10)
+        ax.set_title(title, fontsize=9)
     ax = axes[2]
     for (key, placed), colour in zip(r["placed"].items(), ("C0", "C3"), strict=True):
         m, n = key.split(",")
@@ -225,9 +227,8 @@ def draw_rope_pair(data: Path, png: Path) -> None:
     qa, ka = (np.array(r["placed"]["2,0"][w]) for w in ("q", "k"))
     qb, kb = (np.array(r["placed"]["7,5"][w]) for w in ("q", "k"))
     ax.set_title(
-        f"pair 0 of a query and a key, m - n = 2 both times:\nthe same angle, q·k = {qa @ ka:.4f} "
-        f"and {qb @ kb:.4f}",
-        fontsize=10,
+        f"pair 0 of q and k at m - n = 2, twice:\nq·k = {qa @ ka:.4f} and {qb @ kb:.4f}",
+        fontsize=9,
     )
     for ax in axes:
         ax.set_aspect("equal")
@@ -236,12 +237,12 @@ def draw_rope_pair(data: Path, png: Path) -> None:
         ax.axhline(0, color="0.85", lw=0.8)
         ax.axvline(0, color="0.85", lw=0.8)
         ax.set_xlabel("first feature of the pair (a)", fontsize=8)
-        ax.set_ylabel("second feature (b)", fontsize=8)
-        ax.tick_params(labelsize=7)
+        ax.tick_params(labelsize=7.5)
+    axes[0].set_ylabel("second feature (b)", fontsize=8)
     fig.suptitle(
-        "RoPE turns pair i of q and k by m·θᵢ at position m, in the pair's own plane and at its "
-        "own speed (levels.level0_loops.ops.rope)",
-        fontsize=11,
+        "RoPE turns pair i of q and k by m·θᵢ at position m, in the pair's own plane\n"
+        "and at its own speed (levels.level0_loops.ops.rope)",
+        fontsize=10.5,
     )
     fig.savefig(png, dpi=110)
 
@@ -297,12 +298,12 @@ def draw_kv_cache(data: Path, png: Path) -> None:
     r = json.loads(data.read_text())
     P, new = r["prompt"], r["new"]
     width = P + new - 1  # the last token is generated, never attended
-    fig = _figure(12.0, 3.9)
+    fig = _figure(9.0, 3.7)
     axes = fig.subplots(1, 2)
     colours = ["white", "#f4a261", "#2a9d8f"]  # unused, computed, read from the cache
     for ax, name, title in (
-        (axes[0], "recomputed", "without a cache: every step recomputes the prefix"),
-        (axes[1], "cached", "with the KV cache: a step computes its one new position"),
+        (axes[0], "recomputed", "without a cache: each step recomputes the prefix"),
+        (axes[1], "cached", "with the KV cache: a step computes one new position"),
     ):
         computed = sum(T for T, _ in r[name])
         title = f"{title}\n({computed} positions computed for {new} tokens)"
@@ -319,7 +320,7 @@ def draw_kv_cache(data: Path, png: Path) -> None:
             labels = ["prefill"] + [f"decode step {i}" for i in range(1, len(r[name]))]
         ax.set_yticks(range(len(r[name])), labels, fontsize=8)
         ax.set_xlabel("position of the token", fontsize=8)
-        ax.set_title(title, fontsize=10)
+        ax.set_title(title, fontsize=9)
         ax.set_xticks(np.arange(-0.5, width), minor=True)
         ax.set_yticks(np.arange(-0.5, len(r[name])), minor=True)
         ax.grid(which="minor", color="0.6", lw=0.6)
@@ -332,7 +333,7 @@ def draw_kv_cache(data: Path, png: Path) -> None:
     fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=8, frameon=False)
     fig.suptitle(
         f"layer 0's attention calls while a level-2 model generates {new} tokens after a "
-        f"{P}-token prompt (generate, use_cache False and True)",
+        f"{P}-token prompt\n(generate, use_cache False and True)",
         fontsize=10,
     )
     fig.savefig(png, dpi=110)
@@ -384,82 +385,64 @@ def record_flash_tiles(out: Path) -> None:
     )  # fmt: skip
 
 
+TILE_COLOURS = ("#8ecae6", "#b5e48c", "#ffd6a5", "#cdb4db")  # key tile j, in memory and its scores
+
+
 def draw_flash_tiles(data: Path, png: Path) -> None:
     """Top: the memory picture of this kernel's loop order, FlashAttention-2's (the Q tile
-    and the state on chip, K and V tiles streaming past), FlashAttention-1's beside it (a
-    K, V tile on chip, the Q tiles and their state streaming through memory), and the score
-    tile of each step. Bottom: m, l and the output acc / l of every query row after each
-    key tile."""
+    and the state on chip, K and V tiles streaming past), and FlashAttention-1's beside it
+    (a K, V tile on chip, the Q tiles and their state streaming through memory). Below: the
+    score tile of each step, framed in its key tile's colour."""
     import numpy as np
-    from matplotlib.patches import FancyArrowPatch, Rectangle
 
     r = json.loads(data.read_text())
-    steps, block, S = r["steps"], r["block"], r["S"]
-    n_tiles = len(steps)
+    block, n_tiles = r["block"], len(r["steps"])
     scores = np.array(r["scores"])
-    final = np.array(steps[-1]["out"])
-    fig = _figure(16.0, 8.8)
-    top, bottom = fig.subfigures(2, 1, height_ratios=[1.2, 1.0])
-    axes = top.subplots(1, n_tiles + 2, width_ratios=[1.25, 1.25] + [1] * n_tiles)
-    _flash1_order(axes[1], n_tiles)
-    axes = [axes[0], *axes[2:]]
-
-    ax = axes[0]  # the layout in memory
-    ax.set_title("this kernel: FlashAttention-2's order", fontsize=9)
-    ax.set_xlim(0, 10)
-    ax.set_ylim(0, 10)
-    ax.axis("off")
-    ax.add_patch(Rectangle((0.2, 5.6), 9.6, 4.2, facecolor="#fdf0d5", edgecolor="0.5"))
-    ax.text(5, 9.3, "HBM (slow, large)", ha="center", fontsize=9)
-    tile_colours = [
-        "#8ecae6",
-        "#b5e48c",
-        "#ffd6a5",
-        "#cdb4db",
-    ]  # key tile j, here and above its scores
-    for i in range(n_tiles):
-        for row, name in ((7.7, "K"), (6.1, "V")):
-            ax.add_patch(Rectangle((1.2 + 2.1 * i, row), 1.8, 1.1, facecolor=tile_colours[i % 4],
-                                   edgecolor="0.3"))  # fmt: skip
-            ax.text(2.1 + 2.1 * i, row + 0.55, f"{name}{i}", ha="center", va="center", fontsize=8)
-    ax.add_patch(Rectangle((0.2, 0.2), 9.6, 4.4, facecolor="#e9f5db", edgecolor="0.5"))
-    ax.text(5, 4.05, "on chip (registers, fast, small)", ha="center", fontsize=9)
-    ax.add_patch(Rectangle((0.6, 0.7), 3.2, 2.6, facecolor="#f4a261", edgecolor="0.3"))
-    ax.text(2.2, 2.0, "Q tile\nheld for\nthe whole loop", ha="center", va="center", fontsize=8)
-    ax.text(
-        6.8,
-        2.0,
-        "this step's S tile;\nm, l, acc: the state\nof every row, float32",
-        ha="center",
-        va="center",
-        fontsize=8,
-    )
-    ax.add_patch(FancyArrowPatch((5.0, 6.0), (5.0, 3.4), arrowstyle="-|>", mutation_scale=14))
-    ax.text(5.2, 4.8, "Kj, Vj, one tile\nafter another", fontsize=7.5, va="center")
-
+    fig = _figure(9.0, 7.0)
+    top, bottom = fig.subfigures(2, 1, height_ratios=[1.25, 1.0])
+    orders = top.subplots(1, 2)
+    _flash2_order(orders[0], n_tiles)
+    _flash1_order(orders[1], n_tiles)
     lim = float(np.abs(scores).max())
-    for j, ax in enumerate(axes[1:]):
+    for j, ax in enumerate(bottom.subplots(1, n_tiles)):
         ax.imshow(scores[:, j * block : (j + 1) * block], cmap="coolwarm", vmin=-lim, vmax=lim)
         ax.set_title(f"step {j}: S = Q K{j}ᵀ · scale\nkeys {j * block}..{(j + 1) * block - 1}",
                      fontsize=9)  # fmt: skip
-        ax.set_xticks([0, block - 1], [j * block, (j + 1) * block - 1], fontsize=7)
-        ax.set_yticks([0, r["T"] - 1], [0, r["T"] - 1], fontsize=7)
-        ax.set_xlabel("key", fontsize=8)
+        ax.set_xticks([0, block - 1], [j * block, (j + 1) * block - 1], fontsize=8)
+        ax.set_yticks([0, r["T"] - 1], [0, r["T"] - 1], fontsize=8)
+        ax.set_xlabel("key", fontsize=8.5)
         for spine in ax.spines.values():
-            spine.set(color=tile_colours[j % 4], linewidth=4)
+            spine.set(color=TILE_COLOURS[j % 4], linewidth=4)
         if j == 0:
-            ax.set_ylabel("query row", fontsize=8)
+            ax.set_ylabel("query row", fontsize=8.5)
+    top.suptitle(
+        f"level 4's forward kernel, one query tile of {r['T']} rows against {r['S']} keys in "
+        f"tiles of {block}\n(Triton's interpreter): the loop's two orders, and the scores of "
+        "one tile at a time",
+        fontsize=10,
+    )
+    fig.savefig(png, dpi=110)
 
-    axes = bottom.subplots(1, 3)
+
+def draw_flash_state(data: Path, png: Path) -> None:
+    """m, l and the error of the output acc / l of every query row after each key tile of
+    the same run, three rows in colour."""
+    import numpy as np
+
+    r = json.loads(data.read_text())
+    steps = r["steps"]
+    final = np.array(steps[-1]["out"])
+    fig = _figure(9.0, 3.8)
+    axes = fig.subplots(1, 3)
     x = [s["keys"] for s in steps]
     m = np.array([s["m"] for s in steps])  # (tiles, T)
     l = np.array([s["l"] for s in steps])
     err = np.array([np.abs(np.array(s["out"]) - final).max(1) for s in steps])  # (tiles, T)
     shown = (0, 5, 11)
     for ax, values, title in (
-        (axes[0], m, "m: the largest score so far"),
-        (axes[1], l, "l: sum of exp(s - m) so far"),
-        (axes[2], err, "|acc / l - final output|, largest feature"),
+        (axes[0], m, "m: the largest score so far\n(never falls)"),
+        (axes[1], l, "l: sum of exp(s - m) so far\n(times exp(m_old - m_new) as m rises)"),
+        (axes[2], err, "|acc / l - final output|,\nlargest feature (0 at the end)"),
     ):
         for row in range(values.shape[1]):
             highlight = row in shown
@@ -467,54 +450,76 @@ def draw_flash_tiles(data: Path, png: Path) -> None:
                     color=f"C{shown.index(row)}" if highlight else "0.75",
                     label=f"query row {row}" if highlight else None, zorder=3 if highlight else 1)  # fmt: skip
         ax.set_xticks(x)
-        ax.set_xlabel("keys read (after key tile 0, 1, 2, 3)", fontsize=8)
-        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("keys read (after tile 0, 1, 2, 3)", fontsize=8.5)
+        ax.set_title(title, fontsize=9)
         ax.grid(alpha=0.3)
-        ax.tick_params(labelsize=7)
+        ax.tick_params(labelsize=8)
     axes[0].legend(fontsize=8)
-    axes[1].text(0.02, 0.97, "falls when m rises: l · exp(m_old - m_new)", transform=axes[1].transAxes,
-                 fontsize=7.5, va="top")  # fmt: skip
-    axes[2].text(0.98, 0.97, "0 after the last tile: nothing approximated",
-                 transform=axes[2].transAxes, fontsize=7.5, va="top", ha="right")  # fmt: skip
-    top.suptitle(
-        f"level 4's forward kernel, one query tile of {r['T']} rows against {S} keys in tiles of "
-        f"{block} (Triton's interpreter): the scores of one tile at a time",
-        fontsize=10,
-    )
-    bottom.suptitle(
-        "the state of every query row after each key tile (grey: the other rows), "
+    fig.suptitle(
+        "the state of every query row after each key tile (grey: the other rows),\n"
         "read off the kernel's output and log-sum-exp",
         fontsize=10,
     )
     fig.savefig(png, dpi=110)
 
 
+def _flash2_order(ax, n_tiles: int) -> None:
+    """FlashAttention-2's loop order, this kernel's: the Q tile and the state of its rows
+    held on chip, the K and V tiles read one after another."""
+    from matplotlib.patches import FancyArrowPatch
+
+    _memory(ax, "this kernel: FlashAttention-2's order", "HBM (slow, large)",
+            "on chip (registers, fast, small)", "Q tile\nheld for\nthe whole loop", "#f4a261")  # fmt: skip
+    for i in range(n_tiles):
+        for y, name in ((7.7, "K"), (6.1, "V")):
+            _tile(ax, i, y, f"{name}{i}", TILE_COLOURS[i % 4], fontsize=9)
+    ax.text(6.9, 2.0, "this step's S tile;\nm, l, acc: the state\nof every row, float32",
+            ha="center", va="center", fontsize=8.5)  # fmt: skip
+    ax.add_patch(FancyArrowPatch((6.6, 6.0), (6.6, 3.4), arrowstyle="-|>", mutation_scale=14))
+    ax.text(6.4, 5.1, "Kj, Vj, one tile after another", fontsize=8, ha="right", va="center")
+
+
 def _flash1_order(ax, n_tiles: int) -> None:
     """FlashAttention-1's loop order (Dao et al. 2022, Algorithm 1), in the style of the
     kernel's panel: a K, V tile held on chip, the query tiles with their output and m, l
     read from memory, updated, and written back."""
-    from matplotlib.patches import FancyArrowPatch, Rectangle
+    from matplotlib.patches import FancyArrowPatch
+
+    _memory(ax, "FlashAttention-1's order, for comparison", "HBM (K, V: each tile read once)",
+            "on chip", "Kj, Vj tile\nheld for the\ninner loop", "#8ecae6")  # fmt: skip
+    for i in range(n_tiles):
+        _tile(ax, i, 7.7, f"Q{i}", "#f4a261", fontsize=8)
+        _tile(ax, i, 6.1, f"O,m,l {i}", "#f4a261", fontsize=8, alpha=0.5)
+    ax.text(6.8, 2.0, "each Qi, with its\nOi, mi, li read,\nupdated, written\nback", ha="center",
+            va="center", fontsize=8.5)  # fmt: skip
+    ax.add_patch(FancyArrowPatch((4.6, 6.0), (4.6, 3.4), arrowstyle="-|>", mutation_scale=14))
+    ax.add_patch(FancyArrowPatch((5.6, 3.4), (5.6, 6.0), arrowstyle="-|>", mutation_scale=14))
+    ax.text(5.8, 5.1, "Oi, mi, li back", fontsize=8, va="center")
+
+
+def _memory(ax, title: str, hbm: str, chip: str, held: str, held_colour: str) -> None:
+    """What both loop orders' panels share: HBM above, the chip below, the tile it holds."""
+    from matplotlib.patches import Rectangle
 
     ax.set_xlim(0, 10)
     ax.set_ylim(0, 10)
     ax.axis("off")
-    ax.set_title("FlashAttention-1's order, for comparison", fontsize=9)
+    ax.set_title(title, fontsize=9.5)
     ax.add_patch(Rectangle((0.2, 5.6), 9.6, 4.2, facecolor="#fdf0d5", edgecolor="0.5"))
-    ax.text(5, 9.3, "HBM (K, V: each tile read once)", ha="center", fontsize=9)
-    for i in range(n_tiles):
-        for row, name in ((7.7, "Q"), (6.1, "O,m,l ")):
-            ax.add_patch(Rectangle((1.2 + 2.1 * i, row), 1.8, 1.1, facecolor="#f4a261",
-                                   alpha=0.5 if row < 7 else 1.0, edgecolor="0.3"))  # fmt: skip
-            ax.text(2.1 + 2.1 * i, row + 0.55, f"{name}{i}", ha="center", va="center", fontsize=7)
+    ax.text(5, 9.3, hbm, ha="center", fontsize=9)
     ax.add_patch(Rectangle((0.2, 0.2), 9.6, 4.4, facecolor="#e9f5db", edgecolor="0.5"))
-    ax.text(5, 4.05, "on chip", ha="center", fontsize=9)
-    ax.add_patch(Rectangle((0.6, 0.7), 3.2, 2.6, facecolor="#8ecae6", edgecolor="0.3"))
-    ax.text(2.2, 2.0, "Kj, Vj tile\nheld for the\ninner loop", ha="center", va="center", fontsize=8)
-    ax.text(6.8, 2.0, "each Qi, with its\nOi, mi, li read,\nupdated, written\nback", ha="center",
-            va="center", fontsize=8)  # fmt: skip
-    ax.add_patch(FancyArrowPatch((4.6, 6.0), (4.6, 3.4), arrowstyle="-|>", mutation_scale=14))
-    ax.add_patch(FancyArrowPatch((5.6, 3.4), (5.6, 6.0), arrowstyle="-|>", mutation_scale=14))
-    ax.text(5.8, 4.8, "Oi, mi, li\nback", fontsize=7.5, va="center")
+    ax.text(0.6, 4.05, chip, fontsize=9)
+    ax.add_patch(Rectangle((0.6, 0.7), 3.2, 2.6, facecolor=held_colour, edgecolor="0.3"))
+    ax.text(2.2, 2.0, held, ha="center", va="center", fontsize=8.5)
+
+
+def _tile(ax, i: int, y: float, label: str, colour: str, fontsize: float, alpha=1.0) -> None:
+    """Tile i of a row of tiles in HBM, at height y, labelled."""
+    from matplotlib.patches import Rectangle
+
+    ax.add_patch(Rectangle((1.2 + 2.1 * i, y), 1.8, 1.1, facecolor=colour, alpha=alpha,
+                           edgecolor="0.3"))  # fmt: skip
+    ax.text(2.1 + 2.1 * i, y + 0.55, label, ha="center", va="center", fontsize=fontsize)
 
 
 # ----------------------------------------------------------------------------- backward loops
@@ -582,7 +587,7 @@ def draw_backward_loops(data: Path, png: Path) -> None:
 
     r = json.loads(data.read_text())
     n_q, n_k = r["T"] // r["block"], r["S"] // r["block"]
-    fig = _figure(11.5, 5.4)
+    fig = _figure(9.0, 5.2)
     axes = fig.subplots(1, 2)
     for ax, name, title, program_of in (
         (axes[0], "dkdv", "dK, dV: one program per key tile (a column),\n"
@@ -610,15 +615,15 @@ def draw_backward_loops(data: Path, png: Path) -> None:
         ax.set_xlim(0, n_k)
         ax.set_ylim(n_q, 0)
         ax.set_aspect("equal")
-        ax.set_xticks([j + 0.5 for j in range(n_k)], [f"keys {16 * j}..{16 * j + 15}" for j in range(n_k)],
-                      fontsize=7)  # fmt: skip
-        ax.set_yticks([i + 0.5 for i in range(n_q)], [f"queries {16 * i}..{16 * i + 15}" for i in range(n_q)],
-                      fontsize=7)  # fmt: skip
-        ax.set_title(title, fontsize=10)
+        ax.set_xticks([j + 0.5 for j in range(n_k)], [f"keys\n{16 * j}..{16 * j + 15}" for j in range(n_k)],
+                      fontsize=8)  # fmt: skip
+        ax.set_yticks([i + 0.5 for i in range(n_q)], [f"queries\n{16 * i}..{16 * i + 15}" for i in range(n_q)],
+                      fontsize=8)  # fmt: skip
+        ax.set_title(title, fontsize=9.5)
     fig.suptitle(
         f"level 4's backward kernels, causal, T = S = {r['T']}, tiles of {r['block']}: which tiles "
-        "each program reads (found by poisoning tiles with NaN);\nblank tiles are never loaded; "
-        "hatched: the diagonal tiles, loaded and masked (some of their pairs are not allowed)",
+        "each program reads\n(found by poisoning tiles with NaN); blank tiles are never loaded; "
+        "hatched: the diagonal tiles,\nloaded and masked (some of their pairs are not allowed)",
         fontsize=10,
     )
     fig.savefig(png, dpi=110)

@@ -27,6 +27,8 @@ cannot silently show an older run; this command makes them agree again.
   reads, under the copy bandwidth's ceiling, from the committed run of
   ``ladder bench --scenario real-model --json docs/data/real_model_cpu.json``
   (``benchmarks.plot.roofline``, which ``--roofline`` on that command also draws);
+* ``cpu_bench.png``: the harness's plot of the committed default run
+  (``docs/data/cpu_default.json``), as ``python -m benchmarks.plot`` draws it;
 * the explanatory figures of ``course_figures.py`` (attention's shapes, a RoPE
   pair, the KV cache, the flash kernel's tiles, the backward's loops), each
   drawn from a small file that a ``record_*`` function writes by running the
@@ -34,12 +36,19 @@ cannot silently show an older run; this command makes them agree again.
   them all again, and the docs tests check that recording again gives the
   committed file.
 
+A figure is drawn for the site's content column, about 1000 pixels at 1280 (so at
+most 9 inches at 110 dots an inch, shown at its own size), and its smallest text must
+be at least 9 pixels tall as the page shows it: ``smallest_text`` draws a figure again
+and reads the size of every text it draws, and ``tests/test_site.py`` checks each
+figure at the width Chromium gives it.
+
 Why here: like ``doc_tables.py`` this is tooling for the docs, outside the
 installed packages; it uses the lab and the levels as a user would.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
@@ -308,6 +317,15 @@ def draw_roofline(data: Path, png: Path) -> None:
     roofline(records, png, title=f"{stamp.machine}; {stamp.date}")
 
 
+def draw_bench_plot(data: Path, png: Path) -> None:
+    """The harness's plot of a saved run, as ``python -m benchmarks.plot RUN.json OUT.png``
+    draws it (docs/benchmarks.md)."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import plot
+
+    plot.main([str(data), str(png)])
+
+
 @dataclass(frozen=True)
 class RenderedFigure:
     """A PNG, the committed data it is drawn from, and the function that draws it; for
@@ -354,15 +372,57 @@ FIGURES = (
     RenderedFigure(IMG / "peak_memory.png", DATA / "cpu_default.json", draw_peak_memory),
     RenderedFigure(IMG / "induction_head.png", DATA / "induction_head.json", draw_induction),
     RenderedFigure(IMG / "roofline.png", DATA / "real_model_cpu.json", draw_roofline),
+    RenderedFigure(IMG / "cpu_bench.png", DATA / "cpu_default.json", draw_bench_plot),
     _recorded("attention_shapes"),
     _recorded("rope_pair"),
     _recorded("kv_cache"),
     _recorded("flash_tiles"),
+    # The same run's state, row by row: recorded with flash_tiles, drawn apart to be read.
+    RenderedFigure(
+        IMG / "flash_state.png", DATA / "flash_tiles.json", course_figures.draw_flash_state
+    ),
     _recorded("backward_loops"),
     _recorded("model_diagram"),
     _recorded("split_heads"),
     RenderedFigure(IMG / "text_model.png", DATA / "text_model.json", draw_text_model),
 )
+
+
+def every_figure() -> dict[str, Callable[[Path], None]]:
+    """Each figure of the docs (``docs/img/*.png``) by its file name, and how to draw it again,
+    to any path: the figures above, and the benchmark plot of the docs' tables (drawn by
+    ``doc_tables.py``, with its own sidecar)."""
+    from doc_tables import BENCH_JSON, BENCH_PLOT
+
+    found = {figure.png.name: functools.partial(figure.draw, figure.data) for figure in FIGURES}
+    found[BENCH_PLOT.name] = functools.partial(draw_bench_plot, BENCH_JSON)
+    return found
+
+
+def smallest_text(draw: Callable[[Path], None]) -> tuple[float, int]:
+    """The smallest text a figure draws, in the pixels of its PNG (its font size in points
+    at the PNG's dots an inch), and the PNG's width in pixels: the figure drawn again into a
+    scratch file, every text noted as matplotlib draws it (tick labels, legends, titles)."""
+    import tempfile
+    from unittest import mock
+
+    from matplotlib.text import Text
+    from PIL import Image
+
+    sizes: list[float] = []
+    text_draw = Text.draw
+
+    def noting(text: Text, renderer) -> None:
+        if text.get_visible() and text.get_text().strip():
+            sizes.append(renderer.points_to_pixels(text.get_fontsize()))
+        text_draw(text, renderer)
+
+    with tempfile.TemporaryDirectory() as scratch, mock.patch.object(Text, "draw", noting):
+        png = Path(scratch) / "figure.png"
+        draw(png)
+        with Image.open(png) as image:
+            width = image.width
+    return min(sizes), width
 
 
 def main(argv: list[str]) -> int:
