@@ -82,7 +82,7 @@ def decode_step_flops(config: TransformerConfig, B: int, S: int) -> float:
 def generation_flops(
     config: TransformerConfig, B: int, prompt: int, new_tokens: int, *, use_cache: bool
 ) -> float:
-    """FLOPs of greedy generation as ``levels.common.generation`` performs it.
+    """FLOPs of greedy generation as the engine performs it for ``generate``.
 
     With the cache: one prefill over the prompt gives the first new token, then
     ``new_tokens - 1`` decode steps, step ``j`` attending ``prompt + j`` keys.

@@ -444,15 +444,17 @@ def test_the_induction_head_data_is_what_training_gives(tmp_path):
 def test_a_decode_step_reads_through_the_plain_model():
     """What a reader follows, held where the model is plain (docs/tools/reading.py): one
     decode step of a 2-layer decoder at levels 2 and 3 enters at most 45 functions in at most
-    6 files, at most 6 of them before ``Transformer.forward``; one forward and one decode
-    step at levels 0, 2 and 3 are at least 70% the transformer's own lines."""
+    6 files, at most 6 of them before ``Transformer.forward`` at level 2, and one more at
+    level 3: its ``transformer``, the method that chooses the compiled step where one runs
+    the pass; one forward and one decode step at levels 0, 2 and 3 are at least 70% the
+    transformer's own lines."""
     import reading
 
-    for level in ("level2_torch_manual", "level3_sdpa_flash"):
+    for level, before in (("level2_torch_manual", 6), ("level3_sdpa_flash", 7)):
         entered = reading.hops(level)
         names = [name for _, name, _ in entered]
         assert len(entered) <= 45 and len({f for f, _, _ in entered}) <= 6, entered
-        assert names.index("Transformer.forward") <= 6, names
+        assert names.index("Transformer.forward") <= before, names
     for level in ("level0_loops", "level2_torch_manual", "level3_sdpa_flash"):
         lines = defaultdict(int)
         for (_, _, first, last), kind in reading.trace(level).items():

@@ -9,9 +9,10 @@
 Starting from ``levels/<rung>/__init__.py``, every ``levels`` module reached by an
 import statement (at any depth, lazily imported ones included) is one file a reader
 opens; their lines (``wc -l``) are what they read. Modules outside ``levels`` (numpy,
-torch) are not counted: a reader knows them or looks them up. Two columns: all of
-it, and the transformer alone, which leaves out the generation loop shared by every
-rung (``levels/common/generation.py``, ``sampling.py``: read once, not per rung).
+torch, and the decoding engine, the ``engine`` package every rung's ``generate`` runs)
+are not counted: a reader knows them, looks them up, or reads them once for every rung.
+Two columns: all of it, and the transformer alone, which leaves out the choice of the
+next token shared by every rung (``levels/common/sampling.py``: read once, not per rung).
 
 ``--split`` divides the transformer's count three ways: the rung's own package,
 the earlier rungs it builds on (level 0's classes under level 1, level 2's under
@@ -37,9 +38,8 @@ lists every function with its kind, so the sorting can be checked):
   ``levels/common/params.py``), the config's derived values;
 * **checks**: input validation (``check_*``, the ids and ``valid`` readers);
 * **bookkeeping**: the public methods (``levels/common/public.py``: positions from
-  ``valid``, zeroing the padded outputs; until 2026-12-06 ``levels/common/boundary.py``,
-  its plans and the cache's book), the generation loop, and the level's array
-  functions they convert inputs and outputs with;
+  ``valid``, zeroing the padded outputs) and the level's array functions they convert
+  inputs and outputs with;
 * **transformer**: everything else: embedding, attention and its rules
   (causal, window), RoPE, norms, the feed-forward, the KV cache's keys and
   values, the head.
@@ -55,7 +55,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 LEVELS = ROOT / "levels"
-GENERATION = ("generation.py", "sampling.py")
+GENERATION = ("sampling.py",)
 
 
 def _module_file(name: str) -> Path | None:
