@@ -55,7 +55,11 @@ class UsageError(Exception):
 # The errors of the readers of the files a command line names (a model, a checkpoint): their
 # input is the user's, so each is a usage error. Named, not imported: ``ladder --help`` imports
 # no implementation, and a reader is loaded only by the command that reads.
-INPUT_ERRORS = ("levels.gguf.GGUFError", "lab.checkpoint.CheckpointError", "loading.models.LoadError")
+INPUT_ERRORS = (
+    "levels.gguf.GGUFError",
+    "lab.checkpoint.CheckpointError",
+    "loading.models.LoadError",
+)
 
 
 def is_usage_error(exc: BaseException) -> bool:

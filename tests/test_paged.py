@@ -235,6 +235,7 @@ def test_a_freed_prefix_gives_back_its_tail_first_so_its_head_outlives_it():
     pool.reserve([taker], 8)  # two blocks: the unpublished one, then the oldest idle one
     assert pool.match(tokens).count == 8  # the first two blocks, still filed
 
+
 @pytest.mark.parametrize("window", [None, 1, 5])
 @pytest.mark.parametrize("heads", [(4, 4), (4, 2), (6, 1)], ids=["mha", "gqa", "mqa"])
 def test_the_paged_kernel_reads_through_the_table_as_attention_reads_the_keys_gathered(
