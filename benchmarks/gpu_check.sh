@@ -99,7 +99,7 @@ else
         date -u +"date %Y-%m-%dT%H:%M:%SZ"
         nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
         "$PY" -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)'
-        # The compile check's limits (levels/level4_compile/matrix.py's TARGETS) against the device's own.
+        # The compile check's limits (ladder/check/matrix.py's TARGETS) against the device's own.
         "$PY" -c 'import torch; p = torch.cuda.get_device_properties(0); print(f"compute capability {p.major}.{p.minor}, shared memory per block (opt-in) {p.shared_memory_per_block_optin} bytes, {p.multi_processor_count} SMs")'
     } > "$RESULTS/device.txt" 2>&1
     echo "gpu_check: $(tr '\n' ' ' < "$RESULTS/device.txt"), results in $RESULTS"

@@ -1,10 +1,10 @@
 """The ``ladder`` command: plain argparse, one subparser per command.
 
     ladder bench       benchmark the levels           (ladder/bench.py over benchmarks/)
-    ladder show        one piece of code at each rung (levels/show.py)
+    ladder show        one piece of code at each rung (ladder/show.py)
     ladder train       train a model on a task        (ladder/train.py over lab/)
     ladder preflight   check a model before training  (ladder/train.py)
-    ladder check       compile level 4 for sm_80 and sm_90 (levels/level4_compile/check.py)
+    ladder check       compile level 4 for sm_80 and sm_90 (ladder/check/check.py)
     ladder pull        fetch a known model into the cache  (ladder/pull.py over levels.registry)
     ladder chat        chat with a real model            (ladder/chat.py)
     ladder generate    continue a text or a task's input (ladder/chat.py)
@@ -246,7 +246,7 @@ def _show(commands) -> None:
         "--levels", type=_levels, default=None, help="comma-separated levels (default: all)"
     )
     p.add_argument("--plain", action="store_true", help="no highlighting, even on a terminal")
-    p.set_defaults(run="levels.show:run")
+    p.set_defaults(run="ladder.show:run")
 
 
 def _model_arguments(p: argparse.ArgumentParser) -> None:
@@ -559,7 +559,7 @@ def _check(commands) -> None:
         "--write-table",
         action="store_true",
         help=(
-            "compile the pruned candidates too and rewrite levels/level4_compile/shared_memory.py "
+            "compile the pruned candidates too and rewrite levels/level4_triton_kernel/shared_memory.py "
             "from the measurements"
         ),
     )
@@ -571,7 +571,7 @@ def _check(commands) -> None:
     p.add_argument(
         "--timeout", type=float, default=600.0, help="seconds one compile may take (default 600)"
     )
-    p.set_defaults(run="levels.level4_compile.check:run")
+    p.set_defaults(run="ladder.check.check:run")
 
 
 def _pull(commands) -> None:

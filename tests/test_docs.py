@@ -199,7 +199,7 @@ def test_stale_generated_blocks_are_detected():
 
 
 def _imported(level: str, src):
-    """The live object a ``levels.show.Source`` names, or None when its level cannot load here."""
+    """The live object a ``ladder.show.Source`` names, or None when its level cannot load here."""
     import importlib
 
     import levels
@@ -218,7 +218,7 @@ def test_show_reads_the_same_source_as_inspect():
     """``ladder show`` reads files with ast; what it prints is what Python would import."""
     import inspect
 
-    from levels.show import PIECES, Reuse, source_of
+    from ladder.show import PIECES, Reuse, source_of
 
     for piece, entries in PIECES.items():
         for level, entry in entries.items():
@@ -239,7 +239,7 @@ def test_ladder_show_prints_every_rung_in_order(capsys):
     assert main(["show", "attention", "--plain"]) == 0
     out = capsys.readouterr().out
     headings = [line for line in out.splitlines() if line.startswith("# ")]
-    from levels.show import PIECES
+    from ladder.show import PIECES
 
     # One heading per definition shown, level by level, lowest first.
     assert [h.split(":")[0][2:] for h in headings] == [

@@ -214,8 +214,8 @@ def _times(ratio: float) -> str:
 def render_ladder(records: list[dict], *, scenario: str, T: str) -> str:
     """The README's table: each level, what it is (its package docstring), its time at each
     of the comma-separated sizes ``T``, and its speed-up over level 0 at the first size."""
+    from ladder.show import summary
     from levels import LEVELS
-    from levels.show import summary
 
     sizes = [int(t) for t in T.split(",")]
     rows = [r for r in records if r["scenario"] == scenario and r["shape"].get("T") in sizes]

@@ -30,19 +30,18 @@ the fused kernels themselves, written out so they can be read.
 - ``tutorial.py``: the chapter's five small kernels (vector add, matrix
   product, row softmax, attention v2 and v3), not used by the rung.
 
-Beside the level, not part of it, the package ``levels.level4_compile``
-(``ladder check``): every kernel compiled ahead of time for sm_80 and sm_90 by
-Triton's real compiler, on a machine without a GPU, in every launch the
-autotuner or a launcher can give it (``check.py``, ``matrix.py``,
-``report.py``); its ``shared_memory.py`` holds what each autotuning candidate
-needs, from which ``tiles.CandidatePrune`` drops, on a GPU, the candidates over
-its limit before anything is compiled.
+Outside the level, the command ``ladder check`` (the package ``ladder.check``):
+every kernel compiled ahead of time for sm_80 and sm_90 by Triton's real compiler,
+on a machine without a GPU, in every launch the autotuner or a launcher can give
+it. What it measures is the level's ``shared_memory.py``: what each autotuning
+candidate needs, from which ``tiles.CandidatePrune`` drops, on a GPU, the
+candidates over its limit before anything is compiled.
 
 The kernel modules (``tiles``, ``flash_forward``, ``flash_backward``,
 ``flash_decode``, ``fused_layer_norm``) import only torch, triton, each other
 and that table (plain data), never this ``__init__``'s names: a process that
 compiles for a GPU it does not have loads them on their own
-(levels/level4_compile/__init__.py), since this ``__init__`` refuses such a process.
+(ladder/check/__init__.py), since this ``__init__`` refuses such a process.
 
 Without CUDA the kernels run in Triton's interpreter (numpy on the CPU, one
 program instance at a time): correct for float32 and float16, wrong for

@@ -253,7 +253,7 @@ _dq_tuned = autotuned(_attn_bwd_dq_kernel, TUNING_KEY, DQ_SHAPES)
 def delta_arguments(out: torch.Tensor, d_out: torch.Tensor, delta: torch.Tensor):
     """The delta pre-pass's runtime arguments and constants: ``out``, ``d_out``
     ``(B,H,T,Dv)`` contiguous, ``delta (B*H, T)`` fp32 (shared with the compile check,
-    levels/level4_compile/matrix.py)."""
+    ladder/check/matrix.py)."""
     Dv = out.shape[-1]
     args = (out, d_out, delta, delta.numel(), Dv)
     return args, dict(BLOCK_R=DELTA_BLOCK_ROWS, BLOCK_DV=head_block(Dv))
@@ -265,7 +265,7 @@ def gradient_arguments(
     """The runtime arguments and constants (all but the tiles) of the dK/dV kernel
     (``grads = (dk, dv)``) or the dQ kernel (``grads = (dq,)``); shapes as in
     ``flash_backward``. Shared by the launches below and the compile check
-    (levels/level4_compile/matrix.py)."""
+    (ladder/check/matrix.py)."""
     H, T, Dh = q.shape[1], q.shape[2], q.shape[3]
     Hkv, S, Dv = k.shape[1], k.shape[2], v.shape[3]
     args = (

@@ -155,7 +155,7 @@ def split_arguments(
 ) -> tuple[tuple, dict]:  # fmt: skip
     """The split kernel's runtime arguments and constants for these tensors (shapes as in
     ``flash_decode``; ``out_part (B*H, n, T, Dv)``, ``lse_part (B*H, n, T)``). Shared by
-    the launch below and the compile check (levels/level4_compile/matrix.py)."""
+    the launch below and the compile check (ladder/check/matrix.py)."""
     H, T, Dh = q.shape[1], q.shape[2], q.shape[3]
     Hkv, S, Dv = k.shape[1], k.shape[2], v.shape[3]
     args = (

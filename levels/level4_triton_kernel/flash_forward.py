@@ -319,7 +319,7 @@ def forward_arguments(
     """The forward kernel's runtime arguments, in order, and its compile-time constants
     (all but the tiles) for these tensors.
 
-    The launch below and the ahead-of-time compile check (levels/level4_compile/matrix.py,
+    The launch below and the ahead-of-time compile check (ladder/check/matrix.py,
     which passes ``device="meta"`` tensors) both build them here, so both compile the
     signature a real launch specialises. Shapes as in ``flash_forward``.
     """

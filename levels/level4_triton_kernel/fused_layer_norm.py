@@ -177,7 +177,7 @@ def _row_block(D: int, element_size: int) -> tuple[int, int]:
 def norm_forward_arguments(x2, y, weight, bias, mean, rstd, eps: float, rms: bool):
     """The forward kernel's runtime arguments and constants: ``x2``, ``y (N, D)``
     contiguous, ``weight``, ``bias (D,)`` (bias None: no bias), ``mean``, ``rstd (N,)``
-    fp32. Shared by ``FusedLayerNorm`` and the compile check (levels/level4_compile/matrix.py)."""
+    fp32. Shared by ``FusedLayerNorm`` and the compile check (ladder/check/matrix.py)."""
     N, D = x2.shape
     rows, block = _row_block(D, x2.element_size())
     args = (x2, y, weight, bias if bias is not None else weight, mean, rstd, N, D, eps)

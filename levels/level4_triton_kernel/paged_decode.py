@@ -98,7 +98,7 @@ def _paged_decode_kernel(
 
 def paged_arguments(q, k_pool, v_pool, tables, counts, out, scale: float, window) -> tuple:
     """The kernel's runtime arguments and constants (shapes as in ``paged_decode``). Shared
-    by the launch below and the compile check (levels/level4_compile/matrix.py)."""
+    by the launch below and the compile check (ladder/check/matrix.py)."""
     B, H, Dh = q.shape
     Hkv, BS = k_pool.shape[1], k_pool.shape[2]
     args = (

@@ -14,7 +14,7 @@ S=29) span several key tiles, the last of them partial.
 The candidates come per dtype class (16-bit, float32), and before timing
 anything the autotuner keeps only those of the call's class that fit the GPU's
 shared memory (``CandidatePrune``), as measured by compiling each one for
-sm_80 and sm_90 without a GPU (levels/level4_compile/: check.py, and the
+sm_80 and sm_90 without a GPU (ladder/check/: check.py, and the
 table shared_memory.py, which this module imports: plain data, importing
 neither triton nor level 4, so there is no cycle).
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import triton
 
-from levels.level4_compile.shared_memory import SHARED_MEMORY
+from .shared_memory import SHARED_MEMORY
 
 
 def interpreting() -> bool:
@@ -76,7 +76,7 @@ INTERPRETER_TILES = Tiles(block_m=16, block_n=16)
 DECODE_TILES = Tiles(block_m=16, block_n=64, num_warps=4, num_stages=3)
 # float32 keys and values take twice the bytes per pipeline stage: with 3 stages a
 # 256-wide head needs 276 KiB of shared memory, over every GPU's limit; with 2, 148 KiB
-# (levels/level4_compile/check.py measured both), which fits an A100's 163 KiB and an
+# (ladder/check/check.py measured both), which fits an A100's 163 KiB and an
 # H100's 227 KiB.
 DECODE_TILES_FP32 = Tiles(block_m=16, block_n=64, num_warps=4, num_stages=2)
 DECODE_MAX_T = 16  # at or below this many queries, the forward uses decode_tiles()
@@ -185,7 +185,7 @@ def shared_memory_need(
     kernel: str, target: str, dtype: str, head: int, shape, table: dict = SHARED_MEMORY
 ) -> int | None:
     """Bytes of shared memory ``kernel`` needs with tiles ``shape`` (BLOCK_M, BLOCK_N,
-    num_warps, num_stages), as measured by compiling it (levels/level4_compile/shared_memory.py);
+    num_warps, num_stages), as measured by compiling it (levels/level4_triton_kernel/shared_memory.py);
     None if unmeasured."""
     return table.get((kernel, target, dtype, head, tuple(shape)))
 
@@ -205,7 +205,7 @@ def fitting_shapes(
     An unmeasured shape (or an unmeasured target) is kept: the autotuner then
     times it as it always did, infinite if it does not fit. This is the whole
     decision; the autotuner's prune (``CandidatePrune``) and the offline
-    compile check (levels/level4_compile/check.py) both call it.
+    compile check (ladder/check/check.py) both call it.
     """
     if target is None:
         return list(shapes)

@@ -1,4 +1,4 @@
-"""A compile worker: ``python -m levels.level4_compile`` (check.py starts it with
+"""A compile worker: ``python -m ladder.check`` (check.py starts it with
 ``TRITON_INTERPRET=0``), serving jobs on stdin until it closes.
 
 The kernel modules are loaded on their own before anything else (the package

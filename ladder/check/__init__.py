@@ -1,20 +1,18 @@
 """Level 4 compiled ahead of time: the kernels on their own, and the compile check.
 
-Level 4's folder holds the kernels and the tutorial; this package holds the
-tooling that compiles those kernels for the GPUs they are for, on a machine
-without one (``ladder check``):
+Level 4's folder holds the kernels and the tutorial; this package, the ``ladder check``
+command's, holds the tooling that compiles those kernels for the GPUs they are for, on a
+machine without one:
 
 - ``matrix.py``: what is compiled: every kernel in every launch the autotuner
   or a launcher can give it, per dtype, size, variant and target (``TARGETS``);
 - ``check.py``: the compiles, in worker processes, and the verdict;
   ``run`` is the ``ladder check`` command;
 - ``report.py``: the tables ``ladder check`` prints;
-- ``shared_memory.py``: the table the check measures (``--write-table``) and
-  level 4's ``tiles.py`` reads on a GPU to prune its autotuning candidates. It
-  is plain data: importing it imports neither triton nor level 4, and this
-  ``__init__`` imports only the standard library, so ``tiles`` can import the
-  table from here without a cycle, in any process;
-- ``__main__.py``: a compile worker (``python -m levels.level4_compile``);
+- the table it measures (``--write-table``) is level 4's own
+  ``shared_memory.py``, which ``tiles.py`` reads on a GPU to prune its autotuning
+  candidates: plain data, importing nothing, so the kernels import it in any process;
+- ``__main__.py``: a compile worker (``python -m ladder.check``);
 - this ``__init__``: the kernel modules loaded on their own
   (``kernel_package``), and the kernel package for this process (``kernels``).
 
@@ -31,7 +29,7 @@ refuses a process that neither interprets nor sees a CUDA device, because its
 models could not run there (and ``levels.load`` must say so). But the kernel
 modules (``tiles``, ``flash_forward``, ``flash_backward``, ``flash_decode``,
 ``fused_layer_norm``) import only torch, triton, each other and the table
-``levels.level4_compile.shared_memory``, so they can be loaded *on their own*,
+``shared_memory``, so they can be loaded *on their own*,
 as a package of the same directory under another name, without the level's
 ``__init__``. ``kernel_package()`` does that; nothing is patched, and
 ``levels/__init__.py`` stays the one place that chooses the interpreter (it
@@ -49,7 +47,7 @@ when they are imported:
   (``levels`` chose ``TRITON_INTERPRET=1``), on a GPU it has CUDA; either way
   it can import level 4, and ``kernels()`` gives it ``levels.level4_triton_kernel``,
   the same modules the rest of the process uses (one copy of each);
-- a *compile worker* (``python -m levels.level4_compile``, started by
+- a *compile worker* (``python -m ladder.check``, started by
   ``check.py`` with ``TRITON_INTERPRET=0``): ``__main__`` loads the kernels on
   their own first, on any machine (a worker needs the kernels only, not the
   level's models, and on a GPU machine importing the level would initialise
@@ -60,10 +58,10 @@ when they are imported:
 Use
 ---
 The compile check (check.py) starts its workers as ``python -m
-levels.level4_compile`` with ``TRITON_INTERPRET=0``. By hand, on a laptop::
+ladder.check`` with ``TRITON_INTERPRET=0``. By hand, on a laptop::
 
     TRITON_INTERPRET=0 python -c "
-    from levels.level4_compile.check import compile_one, plan
+    from ladder.check.check import compile_one, plan
     print(compile_one(plan()[0]))"
 """
 
@@ -79,7 +77,7 @@ from types import ModuleType
 
 PACKAGE = "level4_kernels"  # the name the kernel modules take when loaded on their own
 LEVEL = "levels.level4_triton_kernel"  # their name in a process that imports level 4
-DIRECTORY = Path(__file__).parents[1] / "level4_triton_kernel"
+DIRECTORY = Path(__file__).parents[2] / "levels" / "level4_triton_kernel"
 MODULES = (
     "tiles",
     "flash_forward",
