@@ -34,7 +34,6 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks import SCENARIOS
 from levels.common.params import KINDS as MODEL_KINDS
 
 
@@ -166,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _bench(commands) -> None:
+    from benchmarks import SCENARIOS  # the harness's names, for the bench's arguments only
+
     p = commands.add_parser(
         "bench",
         help="benchmark every available level (attention, decoder, generation, bucketing, training)",

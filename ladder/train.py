@@ -18,8 +18,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.report import make_console
-
 from .cli import (
     KINDS,
     RANK_NOTE,
@@ -30,6 +28,7 @@ from .cli import (
     kind_argument,
     say_interrupted,
 )
+from .console import make_console
 from .interrupts import CtrlC
 
 INTERPRETER_WARNING_S = 60.0  # warn before a run predicted to take longer than this

@@ -465,7 +465,8 @@ def run(args: argparse.Namespace) -> int:
     (int or None), ``format`` ("table" or "json"), ``json`` (a Path or None),
     ``plan_only``, ``write_table``, ``cold`` (bools), ``timeout`` (seconds).
     """
-    from .report import make_console, print_check, progress  # (the workers need no rich)
+    from ..console import make_console  # (the workers need no rich)
+    from .report import print_check, progress
 
     jobs = plan(
         targets=args.targets or tuple(TARGETS),

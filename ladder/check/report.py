@@ -28,13 +28,6 @@ MARK = {"compiled": "", "pruned": "x", "over": "!", "error": " error"}
 STYLE = {"compiled": "", "pruned": "red", "over": "bold red", "error": "bold red"}
 
 
-def make_console() -> Console:
-    """At least 150 columns when writing to a file or a pipe (rich's default there, 80,
-    folds every table); the terminal's width otherwise (as benchmarks/report.py does)."""
-    console = Console()
-    return console if console.is_terminal else Console(width=150)
-
-
 @contextlib.contextmanager
 def progress(console: Console, total: int, enabled: bool = True):
     """A progress bar over ``total`` compiles; yields the callback that advances it."""
