@@ -11,29 +11,17 @@ Read it in this order, each module one role:
   (the one place a decoding loop calls a model), over a level's cache, a paged one, or none;
 * ``step.py``: the logits after a pass to the tokens a sequence takes: mask, choose (plain
   decoding is speculative decoding's rule with no guess), advance, stop;
-* ``drafts.py``: what guesses (a lookup in the context, another model);
+* ``drafts.py``: a draft that is a model (the n-gram draft, which needs none, is
+  ``levels.common.speculative``'s);
 * ``engine.py``: ``Engine``, the turn that ties them together.
 
 ``protocols.py`` says what the engine asks of a model, a cache, a constraint, a draft and a
 text. The engine imports no level: a model is whatever offers its plain pass.
 """
 
-from .blocks import BLOCK_SIZE, BlockPool, OutOfBlocks, Table
-from .drafts import ModelDraft, NGramDraft, commands_ngram
-from .engine import PREFILL_TOKENS, Engine
-from .request import Counts, Request, Sequence
+from levels.common.speculative import Counts, NGramDraft, commands_ngram
 
-__all__ = [
-    "BLOCK_SIZE",
-    "PREFILL_TOKENS",
-    "BlockPool",
-    "Counts",
-    "Engine",
-    "ModelDraft",
-    "NGramDraft",
-    "OutOfBlocks",
-    "Request",
-    "Sequence",
-    "Table",
-    "commands_ngram",
-]
+from .blocks import BLOCK_SIZE, BlockPool, OutOfBlocks, Table
+from .drafts import ModelDraft
+from .engine import PREFILL_TOKENS, Engine
+from .request import Request, Sequence

@@ -1,21 +1,17 @@
 """The block manager: a paged KV cache's blocks, handed out, shared, and given back.
 
-A level's paged cache (``kernels.paged_kv_cache``, levels/level2_torch_manual/paged.py)
-keeps keys and values in ``N`` blocks of ``bs`` positions, ``k, v (L,N,Hkv,bs,Dh)``, and
-finds a sequence's through its ``Table``::
+A level's paged cache (levels/level2_torch_manual/paged.py) keeps keys and values in ``N``
+blocks of ``bs`` positions, ``k, v (L,N,Hkv,bs,Dh)``, a sequence's found by its ``Table``::
 
-    Table  table [7, 2, 9], count 37      positions  0-15 in block 7
-                                                    16-31 in block 2
-                                                    32-36 in block 9 (11 slots free)
+    table [7, 2, 9], count 37      positions 0-15 in block 7, 16-31 in 2, 32-36 in 9
 
 ``BlockPool`` decides which block goes where: ``reserve`` takes blocks for a pass (all or
-none), ``free`` and ``trim`` give them back, and a reference count says who holds each.
-A full block is also found by what it holds: ``publish`` files it under the hash of its
-tokens and of every token before them (block ``i``'s digest covers block ``i - 1``'s), and
-``match`` hands a later prompt that begins the same way those blocks by reference. A block
-nobody holds keeps its digest until the pool needs it back, least recently freed first;
-a sequence gives its blocks back tail first, so that the head of a prefix, the part every
-match starts from, is the last to go.
+none), ``free`` and ``trim`` give them back, a reference count says who holds each. A
+full block is also found by what it holds: ``publish`` files it under the hash of its
+tokens and of every token before them, and ``match`` hands a later prompt that begins the
+same way those blocks by reference. A block nobody holds keeps its digest until the pool
+needs it, least recently freed first; a sequence gives its blocks back tail first, so the
+head of a prefix, where every match starts, is the last to go.
 """
 
 from __future__ import annotations

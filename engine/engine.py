@@ -1,10 +1,10 @@
-"""The engine: requests in, tokens out, one turn at a time.
+"""The engine: requests in, tokens out, a turn at a time.
 
 ``add`` a request (it waits in line), then ``step``: the scheduler admits what fits, and
-each of the turn's passes goes: the guesses of every sequence that drafts, the runner's
-pass over what each feeds, and the step for each sequence that has a token to take, then
-the cache keeps what each kept. ``generate`` runs requests to their end; ``stream`` one
-request, a pass at a time. Every decode of the ladder goes through here: the models'
+each pass of the turn goes the same way: the guesses of every sequence that drafts, the
+runner's pass over what each feeds, the step for each that has a token to take, then
+the cache keeps what each kept. ``generate`` runs requests to their end, ``stream`` one
+request a pass at a time. Every decode of the ladder comes through here: the models'
 ``generate`` and ``stream`` at every level, the commands, the server, the bench.
 """
 
@@ -13,7 +13,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 
-from .request import Counts, Request, Sequence
+from levels.common.speculative import Counts
+
+from .request import Request, Sequence
 from .runner import LevelCache, NoCache, PagedCache, Runner
 from .scheduler import Scheduler
 from .step import advance
@@ -22,12 +24,11 @@ PREFILL_TOKENS = 256  # prompt positions computed per turn, at most: a long prom
 
 
 class Engine:
-    """Decodes ``model``'s requests over its cache: ``"level"`` (its own, a fixed batch of up
-    to ``max_batch`` rows), ``"paged"`` (a pool of ``blocks`` blocks of ``block_size``
-    positions: continuous batching, ``prefix_cache``, chunked prefill of ``prefill_tokens``
-    a turn) or ``"none"``. ``isolate``: a pass or a step that fails ends the sequences it
-    was for (``finish`` ``"error"``, ``error``), not the engine. ``counts`` (``Counts``)
-    adds up what every sequence's draft guessed and the model kept."""
+    """Decodes ``model``'s requests over a cache: ``"level"`` (its own, a fixed batch of up
+    to ``max_batch`` rows), ``"paged"`` (``blocks`` blocks of ``block_size`` positions:
+    continuous batching, ``prefix_cache``, chunked prefill of ``prefill_tokens`` a turn) or
+    ``"none"``. ``isolate``: a failing pass or step ends its sequences (``finish``
+    ``"error"``), not the engine. ``counts`` adds up every draft's guesses and the passes."""
 
     def __init__(self, model, *, cache: str = "level", max_batch: int = 1, blocks=None,
                  block_size=None, prefill_tokens: int = PREFILL_TOKENS, prefix_cache: bool = True,
@@ -38,16 +39,18 @@ class Engine:
         else:
             self.kv = {"level": LevelCache, "none": NoCache}[cache](model)
         self.scheduler = Scheduler(self.kv, max_batch=max_batch, prefill_tokens=prefill_tokens)
-        self.counts = counts if counts is not None else Counts()  # the drafts' guesses, passes
-        # What the batching did: decode passes and the rows they decoded, prefill passes
-        # and the positions they computed.
+        self.counts = Counts() if counts is None else counts
+        # Decode passes and the rows they decoded, prefill passes and the positions computed.
         self.steps = self.rows = self.prefills = self.computed = 0
-        self.said: list[str] = []  # what the last turn did, for a trace
+        self.said: list[str] = []  # what the last turn did, a line a thing
         self._ids, self._memory = itertools.count(), None
 
+    pool = property(lambda self: getattr(self.kv, "pool", None))
+    preempted = property(lambda self: self.scheduler.preempted)
+
     @property
-    def pool(self):
-        return getattr(self.kv, "pool", None)
+    def busy(self) -> bool:
+        return bool(self.scheduler.running or self.scheduler.waiting)
 
     def add(self, request: Request) -> Sequence:
         """Queue ``request`` -> its sequence (ended at once if it asks for no token)."""
@@ -62,7 +65,7 @@ class Engine:
         return seq
 
     def abort(self, seq: Sequence, reason: str = "cancelled") -> None:
-        """End ``seq`` before its next token (waiting or running)."""
+        """End ``seq`` before its next token, waiting or running."""
         if seq.finish is None:
             seq.end(reason)
             if seq in self.scheduler.waiting:
@@ -84,19 +87,10 @@ class Engine:
             if seq.new:
                 yield seq.new
 
-    @property
-    def preempted(self) -> int:
-        """Sequences preempted so far (a paged pool too small for every running one)."""
-        return self.scheduler.preempted
-
-    @property
-    def busy(self) -> bool:
-        return bool(self.scheduler.running or self.scheduler.waiting)
-
     def step(self) -> list[Sequence]:
         """One turn: admit, prefill, decode -> the sequences that took tokens or ended."""
         self.said = self.scheduler.said = []
-        touched = {}
+        touched: dict[Sequence, None] = {}
         for seq in [*self.scheduler.running, *self.scheduler.waiting]:  # a preempted one too
             seq.new, seq.piece = [], ""
         for seq in self.scheduler.admit():
@@ -114,16 +108,14 @@ class Engine:
         decoding, its draft's guesses; each that fed its whole todo takes tokens."""
         live = [s.finish is None and n > 0 for s, n in zip(seqs, sizes, strict=True)]
         guesses = [self._guess(s) if decode and a else ([], None) for s, a in zip(seqs, live, strict=True)]  # fmt: skip
-        drafting = [a and s.request.draft is not None for s, a in zip(seqs, live, strict=True)]
-        k = max((s.request.draft_tokens for s, d in zip(seqs, drafting, strict=True) if d and decode), default=0)  # fmt: skip
+        drafting = [decode and a and s.request.draft is not None for s, a in zip(seqs, live, strict=True)]  # fmt: skip
+        k = max((s.request.draft_tokens for s, d in zip(seqs, drafting, strict=True) if d), default=0)  # fmt: skip
         T = max(n + len(g) if a else 0 for n, a, (g, _) in zip(sizes, live, guesses, strict=True))
         width = self.kv.width(T, k)
-        if not self.kv.fixed:
-            staying = self.scheduler.room(seqs, width)  # may preempt the newest
+        if not self.kv.fixed:  # the blocks for it, preempting the newest where the pool lacks
+            staying = self.scheduler.room(seqs, width)
             keep = [i for i, s in enumerate(seqs) if s in staying]
-            seqs, sizes, live, guesses, drafting = (
-                [x[i] for i in keep] for x in (seqs, sizes, live, guesses, drafting)
-            )
+            seqs, sizes, live, guesses, drafting = ([x[i] for i in keep] for x in (seqs, sizes, live, guesses, drafting))  # fmt: skip
             if not seqs:
                 return
         fed = [s.todo[:n] + g if a else [] for s, n, a, (g, _) in zip(seqs, sizes, live, guesses, strict=True)]  # fmt: skip
@@ -148,9 +140,9 @@ class Engine:
             except ValueError as exc:  # its constraint refused every token: its failure
                 if not self.isolate:
                     raise
-                seq.error, taken = exc, len(tokens)
-                seq.end("error")
-            touched[seq] = True
+                seq.end("error", exc)
+                taken = len(tokens)
+            touched[seq] = None
             if tokens:
                 self.counts.add(len(tokens), taken)
             kept.append(None if seq.finish or taken == len(tokens) else n + taken)
@@ -171,7 +163,7 @@ class Engine:
 
     def _count(self, seqs, sizes, live, drafting, decode: bool) -> None:
         """The pass counted and said: decode passes and their rows, prefill passes and their
-        positions, the passes that checked guesses (``counts``)."""
+        positions, the passes that checked guesses."""
         names = " ".join(f"r{s.id}" for s, a in zip(seqs, live, strict=True) if a)
         if decode:
             self.steps, self.rows = self.steps + 1, self.rows + sum(live)
@@ -179,17 +171,15 @@ class Engine:
         else:
             self.prefills, self.computed = self.prefills + 1, self.computed + sum(sizes)
             self.said.append(f"prefill {names} {sum(sizes)}")
-        if decode and any(drafting):
-            self.counts.passes += 1
-            for seq, d in zip(seqs, drafting, strict=True):
-                seq.counts.passes += d
+        self.counts.passes += any(drafting)
+        for seq, d in zip(seqs, drafting, strict=True):
+            seq.counts.passes += d
 
     def _fail(self, seqs: list[Sequence], exc: Exception) -> None:
         if not self.isolate:
             raise exc
         for seq in seqs:
-            seq.error = exc
-            seq.end("error")
+            seq.end("error", exc)
             self._leave(seq)
 
     def _leave(self, seq: Sequence) -> None:

@@ -1,8 +1,5 @@
-"""What the engine asks of the things it is given, as ``typing.Protocol``s.
-
-A model at any level, a cache, a constraint, a draft and a text are duck-typed: the
-engine imports no level. These classes say which methods it calls, and with what.
-"""
+"""What the engine asks of what it is given, as ``typing.Protocol``s: a model, its cache, a
+constraint, a draft, a text. All are duck-typed (the engine imports no level)."""
 
 from __future__ import annotations
 
@@ -12,8 +9,8 @@ import numpy as np
 
 
 class Cache(Protocol):
-    """A level's KV cache (``levels.common.cache``): ``batch`` rows, ``capacity`` slots,
-    ``length`` of them filled; a pass appends its slots, ``rollback`` forgets the last ones."""
+    """A level's KV cache: ``batch`` rows of ``capacity`` slots, ``length`` filled; a pass
+    appends its slots, ``rollback(length)`` forgets those after ``length``."""
 
     batch: int
     capacity: int
@@ -22,24 +19,15 @@ class Cache(Protocol):
     def rollback(self, length: int) -> None: ...
 
 
-class Arrays(Protocol):
-    """A level's array functions: numpy in (``asarray``), numpy out (``to_numpy``), and the
-    context its loops run the model in (``inference``: no autograd)."""
-
-    def asarray(self, array: np.ndarray, *, device=None) -> Any: ...
-    def to_numpy(self, x: Any) -> np.ndarray: ...
-    def inference(self) -> Any: ...
-
-
 class Model(Protocol):
-    """A decoder-only model's plain pass: ``transformer(ids (B,T), positions (B,T), cache,
-    last) -> logits (B,T,V)`` (``last``: each row's last real token only, ``(B,1,V)``),
-    ``-1`` at padding; ``new_cache(batch)``; its ``config``, ``arrays`` and ``device``. A
-    seq2seq model has ``memory(src, positions)`` and takes ``memory, memory_positions``
-    after ``positions`` instead of ``last``."""
+    """A model's plain pass, ``transformer(ids (B,T), positions (B,T), cache, last) -> logits
+    (B,T,V)`` (``-1`` at padding; ``last``: each row's last real token, ``(B,1,V)``), and
+    ``new_cache(batch)``, ``config``, ``device``, ``arrays`` (``asarray``, ``to_numpy``,
+    ``inference``). A seq2seq model has ``memory(src, positions)`` and takes ``memory,
+    memory_positions`` where a decoder-only one takes ``last``."""
 
     config: Any
-    arrays: Arrays
+    arrays: Any
     device: Any
 
     def transformer(self, ids, positions, cache=None, last: bool = False) -> Any: ...
@@ -47,26 +35,25 @@ class Model(Protocol):
 
 
 class Constraint(Protocol):
-    """A request's place in a language (``constrained.Constraint``): ``apply(logits (1, V))``
-    masks what the language refuses (``ValueError`` when it refuses every token);
-    ``advance(token)`` moves on (``ValueError`` for a refused token). ``copy.copy`` of it
-    is an independent state (speculation tests guesses on a copy)."""
+    """A place in a language: ``apply(logits (1,V))`` masks what it refuses (``ValueError``:
+    every token); ``advance(token)`` moves on (``ValueError``: a refused token). A
+    ``copy.copy`` of it is a state of its own."""
 
     def apply(self, logits: np.ndarray) -> np.ndarray: ...
     def advance(self, token: int) -> None: ...
 
 
 class Draft(Protocol):
-    """What guesses: ``propose(context, k, row, sampling) -> (tokens, q_rows)``, at most ``k``
-    tokens continuing ``context`` for sequence ``row``, and the ``(len(tokens), V)``
-    distributions they were drawn from, or None when chosen deterministically."""
+    """``propose(context, k, row, sampling) -> (tokens, q_rows)``: at most ``k`` tokens after
+    ``context`` for sequence ``row``, and the ``(len(tokens), V)`` distributions they were
+    drawn from (None: chosen deterministically). A draft with state per sequence may have
+    ``open(row, seed)`` and ``forget(row)``, which the engine calls."""
 
     def propose(self, context: list[int], k: int, row: int = 0, sampling=None) -> tuple: ...
 
 
 class Text(Protocol):
-    """Output processing (``levels.tokenizer.Text``): ``push(token)`` -> the text that may be
-    shown now; ``stopped`` once a stop string has appeared; ``close()`` -> the rest."""
+    """``push(token)`` -> the text to show; ``stopped`` after a stop string; ``close()``."""
 
     stopped: bool
 

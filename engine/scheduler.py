@@ -1,22 +1,17 @@
 """The scheduler: which sequences run, and what each pass of a turn feeds.
 
-Sequences wait in line, then run. Over a level's own cache (a fixed batch) a batch forms
-when the last one has ended: up to ``max_batch`` waiting sequences, all started together,
-each a row until every row has ended. Over a paged cache, sequences join whenever the batch
-has a place and the pool the blocks for them (continuous batching), each holding the
-published blocks its tokens begin with (prefix caching).
+Over a level's own cache a batch forms when the last has ended: up to ``max_batch``
+waiting sequences, a row each until every row has ended. Over a paged cache, sequences
+join whenever the batch has a place and the pool the blocks (continuous batching), each
+holding the published blocks its tokens begin with (prefix caching). A turn admits, then:
 
-A turn (``Engine.step``) admits, then runs its passes:
+* **prefill**: what is not cached before the last token taken (a prompt, or what a
+  preempted sequence had): a fixed batch's prompts in one padded pass; a paged batch's, at
+  most ``prefill_tokens`` a turn, a sequence a pass, oldest first (chunked prefill);
+* **decode**: every sequence with a token to feed feeds it, and its guesses, in one pass.
 
-* **prefill**: the tokens not cached yet beyond the last one taken (a prompt, or the
-  tokens a preempted sequence had). A fixed batch feeds every row's whole prompt in one
-  padded pass; a paged batch computes at most ``prefill_tokens`` of them a turn, a sequence
-  a pass, oldest first (chunked prefill: the others decode between the pieces);
-* **decode**: every sequence with one token to feed (or a few, after a batch's rollback)
-  feeds it, with its draft's guesses, in one pass.
-
-When the pool has too few blocks for a pass, the newest running sequences are preempted:
-their blocks go back and they wait first in line, to compute again what they had.
+When the pool lacks blocks for a pass, the newest running sequences are preempted: their
+blocks go back and they wait first in line, to compute again what they had.
 """
 
 from __future__ import annotations

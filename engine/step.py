@@ -1,19 +1,16 @@
 """The step: a sequence's logits in, the tokens it takes out.
 
-After a pass, each sequence has ``rows (n + 1, V)``: the logits after its last fed token,
-then after each of its draft's ``n`` guesses (none without a draft). One rule serves both:
+After a pass a sequence has ``rows (n + 1, V)``: the logits after its last fed token, then
+after each of its draft's ``n`` guesses (none without a draft). Then, in float64 at every
+level, so the same logits give the same tokens:
 
-1. **mask**: its constraint's language masks each row, the row after guess ``i`` under
-   the language after guesses ``0 .. i - 1`` (a guess the language refuses has ``p = 0``
-   there, and the rule rejects it);
-2. **choose**: ``p_i``, the processed distribution of row ``i`` (temperature, top-k,
-   top-p: ``levels.common.sampling.distribution``), and speculative decoding's rule
-   (``levels.common.speculative.verify``) keeps a prefix of the guesses and draws one
-   token more. With no guess that is one draw from ``p_0``: plain decoding;
-3. **advance**: the sequence takes those tokens (its constraint moves on by each) until
-   one ends it: a stop id, a stop string in its text, ``max_tokens``.
-
-All in float64 from the logits, at every level, so the same logits give the same tokens.
+1. **mask**: row ``i`` under its constraint's language after guesses ``0 .. i - 1`` (a guess
+   the language refuses has ``p = 0``, and the rule rejects it);
+2. **choose**: speculative decoding's rule (``levels.common.speculative.verify``) over the
+   processed distributions (``levels.common.sampling.distribution``) keeps a prefix of the
+   guesses and draws one token more; with no guess, one draw: plain decoding;
+3. **advance**: the sequence takes those tokens until one ends it (a stop id, a stop string
+   in its text, ``max_tokens``), its constraint moving on by each.
 """
 
 from __future__ import annotations

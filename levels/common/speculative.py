@@ -1,4 +1,4 @@
-"""Speculative decoding, the part that needs no model: the rule and the arithmetic.
+"""Speculative decoding, the part that needs no model: the rule, a draft, the arithmetic.
 
 A decode step reads every weight of the model to make one token (docs/decoding.md).
 A pass over ``k + 1`` tokens reads the weights once too and does ``k + 1`` times the
@@ -31,15 +31,17 @@ Greedy decoding is the case of one-hot ``p`` (``distribution`` at temperature 0:
 argmax, lowest id on a tie): a draft token is kept iff it is the argmax, and a
 rejection yields the argmax, so the tokens are plain greedy decoding's. And plain
 decoding is the case of no guess: one draw from ``p_0``. The engine's step
-(engine/step.py) runs this rule for every token the ladder writes; its drafts are
-engine/drafts.py.
+(engine/step.py) runs this rule for every token the ladder writes; a draft that is a
+model is the engine's (engine/drafts.py), the n-gram draft here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from .sampling import draw
 
@@ -153,6 +155,64 @@ def _check(p_rows: np.ndarray, q_rows, drafted: Sequence[int], *, greedy: bool) 
         raise ValueError("without a generator (greedy) the target rows must be one-hot")
 
 
+# ----------------------------------------------------------------------------- a draft
+
+
+@dataclass(frozen=True)
+class NGramDraft:
+    """Prompt lookup: find the context's last ``n`` tokens earlier in the context and
+    propose what followed them. No model, no randomness (``q`` one-hot).
+
+    ``n`` runs from ``max_n`` down to ``min_n``; the first ``n`` with a match wins, since a
+    longer match is better evidence, and among its matches the latest (text repeats what
+    it said last: a loop, a list going on, a line being copied). The tokens that followed
+    are copied as LZ77 copies: a match close to the end overlaps what it proposes, so the
+    copy reads its own proposals and ``a b a b`` goes on ``a b ..`` for ``k`` tokens. No
+    match: no tokens, and the pass is plain decoding.
+    """
+
+    max_n: int = 3
+    min_n: int = 1
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.min_n, int) and isinstance(self.max_n, int)):
+            raise TypeError(f"min_n and max_n must be integers, got {self.min_n!r}, {self.max_n!r}")
+        if not 1 <= self.min_n <= self.max_n:
+            raise ValueError(f"need 1 <= min_n <= max_n, got min_n={self.min_n}, max_n={self.max_n}")  # fmt: skip
+
+    def propose(self, context: list[int], k: int, row: int = 0, sampling=None):
+        """Up to ``k`` tokens copied from after the latest longest match (``row`` and
+        ``sampling`` play no part: the proposal is a lookup, one-hot)."""
+        if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 0:
+            raise ValueError(f"k must be an integer >= 0, got {k!r}")
+        ids = np.asarray(context, dtype=np.int64)  # (T,)
+        start = self.source(ids)
+        if start is None:
+            return [], None
+        T, tokens = len(ids), []
+        for j in range(k):
+            i = start + j  # past the context's end, a token this proposal already made
+            tokens.append(int(ids[i]) if i < T else tokens[i - T])
+        return tokens, None
+
+    def source(self, ids: np.ndarray) -> int | None:
+        """Where to copy from: after the chosen match of ``ids (T,)``'s last ``n``, or None."""
+        T = len(ids)
+        for n in range(min(self.max_n, T - 1), self.min_n - 1, -1):
+            windows = sliding_window_view(ids[: T - 1], n)  # (T - n, n): each with a token after
+            hits = np.flatnonzero((windows == ids[T - n :]).all(axis=1))
+            if hits.size:
+                return int(hits[-1]) + n
+        return None
+
+
+def commands_ngram() -> NGramDraft:
+    """The n-gram draft ``--speculate ngram`` names (the commands, a server's request, the
+    bench): matches of two to four tokens, since one matching token is weak evidence and a
+    wrong guess costs a pass."""
+    return NGramDraft(max_n=4, min_n=2)
+
+
 # ----------------------------------------------------------------------------- the arithmetic
 
 
@@ -182,3 +242,25 @@ def estimate_acceptance(accepted: Sequence[int], drafted: Sequence[int]) -> floa
     when it kept all; the tokens after a rejection were never tested. NaN: none tested."""
     tested = sum(n + (n < d) for n, d in zip(accepted, drafted, strict=True))
     return sum(accepted) / tested if tested else float("nan")
+
+
+@dataclass
+class Counts:
+    """What speculation did: target passes, tokens guessed and kept, in all and for each
+    pass (``guessed``, ``kept``: what ``estimate_acceptance`` reads)."""
+
+    passes: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    guessed: list[int] = field(default_factory=list)
+    kept: list[int] = field(default_factory=list)
+
+    def add(self, guessed: int, kept: int) -> None:
+        self.drafted, self.accepted = self.drafted + guessed, self.accepted + kept
+        self.guessed.append(guessed)
+        self.kept.append(kept)
+
+    @property
+    def acceptance(self) -> float:
+        """``a``: the share of the tested guesses that were kept (NaN when none was tested)."""
+        return estimate_acceptance(self.kept, self.guessed)
