@@ -238,6 +238,25 @@ def small_config(tiny: bool, **overrides):
     return TransformerConfig(**(base | overrides))
 
 
+DISCRIMINATING_SCALE = 4.0  # the random scheme's matrices times this: see below
+
+
+def discriminating_params(config, seed: int = 1) -> dict[str, np.ndarray]:
+    """Parameters of a toy model that can tell a right answer from a wrong one: ``config``
+    must be untied (``tie_embeddings=False``), and every matrix of the random scheme is
+    scaled by ``DISCRIMINATING_SCALE``. Tied, and at the random scheme's small scale, a
+    toy model's greedy text repeats its prompt's last token, so a guess, a slot or a
+    position that is wrong seldom changes a token; untied and scaled, the greedy tokens
+    depend on every token and every position of the prompt (tests/test_engine.py holds
+    that), and a mistake shows in the text."""
+    from levels import init_params
+
+    if config.tie_embeddings:
+        raise ValueError("a discriminating toy model is untied: tie_embeddings=False")
+    params = init_params(config, "decoder_only", seed=seed, scheme="random")
+    return {k: DISCRIMINATING_SCALE * v if v.ndim == 2 else v for k, v in params.items()}
+
+
 def right_padded(lengths, T: int) -> np.ndarray:
     """``valid (B, T)``: row ``b`` has ``lengths[b]`` real tokens, then padding."""
     return np.arange(T)[None, :] < np.asarray(lengths)[:, None]
