@@ -589,3 +589,110 @@ def test_an_index_keeps_at_most_its_budget_of_masks(monkeypatch):
         index.mask(state)
     assert len(index._masks) == 5 and 0 not in index._masks
     assert (index.mask(0) == first).all()
+
+
+# ----------------------------------------------------------------------------- the budget
+
+# Every byte a token of its own, and a few longer tokens across JSON's structure.
+BYTES_VOCAB = SPECIALS + [bytes([b]) for b in range(256) if b not in (0, 1, 2)] + [
+    b'{"', b'":', b'",', b'"}', b'"},', b"},", b'""', b'":"', b"12", b"true", b"null"]  # fmt: skip
+
+
+def test_the_distance_to_the_end_is_the_shortest_way_in_one_byte_tokens():
+    """``Index.distance`` against this file's own relaxation over the DFA's bytes (with a
+    token for every byte the two are one measure), and a state where no one-byte token
+    can end the text is far (a vocabulary without the bytes of "ï")."""
+    for language in (Language.schema(SCHEMA), Language.json_object()):
+        index = Index(language, Tokens.from_list(BYTES_VOCAB), (EOS,))
+        assert (index.distance == _distances(language.dfa)).all()
+    enum = Language.schema({"enum": ["naïve"]})
+    index = Index(enum, Tokens.from_list(VOCAB), (EOS,))
+    assert index.distance[0] >= 1 << 30 and index.distance[enum.dfa.walk(0, '"naï'.encode())] == 3
+
+
+@pytest.mark.parametrize("extra", [0, 1, 5, 40])
+def test_a_budget_ends_every_text_with_the_end_token_within_it(extra):
+    """Random walks of allowed tokens (the hardest model: it never chooses to close), under
+    each example schema and any object, with a budget from the least that can work (the
+    shortest text's one-byte tokens and the end token: every step forced) up: each ends
+    with EOS within its budget, and its text validates."""
+    from constrained.examples import SCHEMAS
+
+    tokens = Tokens.from_list(BYTES_VOCAB)
+    rng = np.random.default_rng(extra)
+    for schema in [*SCHEMAS.values(), None]:
+        language = Language.json_object() if schema is None else Language.schema(schema)
+        index = Index(language, tokens, (EOS,))
+        budget = int(index.distance[0]) + 1 + extra
+        for _ in range(5):
+            constraint, taken = index.constraint(budget), []
+            while not taken or taken[-1] != EOS:
+                assert len(taken) < budget, (schema, taken)
+                token = int(rng.choice(np.flatnonzero(constraint.allowed())))
+                constraint.advance(token)
+                taken.append(token)
+            value = json.loads(b"".join(BYTES_VOCAB[t] for t in taken[:-1]))
+            if schema is not None:
+                jsonschema.validate(value, schema)
+            assert constraint.ended and constraint.budget >= 0
+
+
+def test_a_budget_with_room_to_spare_changes_no_mask():
+    """Inside a string (where a character keeps the distance to the end), with room for
+    every state's distance the mask is the cached one; with room for one less than the
+    distance here, only the tokens that bring the end nearer are left (the closing quote,
+    not a character)."""
+    tokens = Tokens.from_list(BYTES_VOCAB)
+    index = Index(Language.schema(SCHEMA), tokens, (EOS,))
+    text = b'{"k":"'
+    state = index.dfa.walk(0, text)
+    quote, a = BYTES_VOCAB.index(b'"'), BYTES_VOCAB.index(b"a")
+    for room, same in [(index.farthest, True), (int(index.distance[state]) - 1, False)]:
+        constraint = index.constraint(len(text) + 2 + room)  # 2: this token, and the end
+        for byte in text:
+            constraint.advance(BYTES_VOCAB.index(bytes([byte])))
+        allowed = constraint.allowed()
+        assert (allowed == index.mask(state)).all() == same
+        assert allowed[quote] and allowed[a] == same and not (allowed & ~index.mask(state)).any()
+
+
+def test_a_budget_too_small_takes_the_shortest_way_and_runs_out():
+    """One-byte tokens only, and a budget one short of the shortest text and its end token:
+    every token brings the end one byte nearer, the text is whole at the last token, and
+    there is no room left for the end token (the engine's "length")."""
+    tokens = Tokens.from_list(SPECIALS + [bytes([b]) for b in range(3, 256)])
+    index = Index(Language.schema(SCHEMA), tokens, (EOS,))
+    budget = int(index.distance[0])
+    constraint, rng = index.constraint(budget), np.random.default_rng(0)
+    for _ in range(budget):
+        before = index.distance[constraint.state]
+        token = int(rng.choice(np.flatnonzero(constraint.allowed())))
+        constraint.advance(token)
+        assert token != EOS and index.distance[constraint.state] == before - 1
+    assert constraint.accepting and constraint.budget == 0
+
+
+def test_a_constrained_request_without_max_tokens_gets_the_server_s_budget():
+    """``response_format`` and no ``max_tokens``: the request's max_tokens and its
+    constraint's budget are ``structured.MAX_TOKENS`` (or the room, if less); a max_tokens
+    the client gives is both; an unconstrained request keeps the room."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from serving.api import Server
+    from serving.engine import Request
+    from serving.structured import MAX_TOKENS, Formats
+
+    formats = Formats(tokenizer=None, stop_ids=(EOS,))
+    formats._tokens = Tokens.from_list(VOCAB)
+    server = SimpleNamespace(formats=formats)
+    json_object = {"response_format": {"type": "json_object"}}
+    asked = json_object | {"max_tokens": 900}
+    for body, room, want in [(json_object, 2000, MAX_TOKENS), (json_object, 100, 100),
+                             (asked, 900, 900), ({}, 2000, 2000)]:  # fmt: skip
+        request = Request([1, 2], room)
+        constraint = asyncio.run(Server._format(server, body, request))
+        assert request.max_tokens == want
+        assert (constraint is None) == (body == {}) and (
+            constraint is None or constraint.budget == want
+        )
