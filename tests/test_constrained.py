@@ -43,10 +43,12 @@ from constrained import (
 )
 from constrained.automaton import DEAD, utf8_sequences
 from constrained.definition import Definition, DefinitionConstraint
+from constrained.formats import FORMATS
 from constrained.regex import parse, to_pattern
 from levels import init_params
 
 jsonschema = pytest.importorskip("jsonschema")  # a dev dependency: a test peer only
+from json_oracle import validate  # noqa: E402 (after the skip)
 
 # ----------------------------------------------------------------------------- regexes
 
@@ -183,8 +185,13 @@ def _schemas() -> st.SearchStrategy[dict]:
     number = st.tuples(small, small).map(
         lambda b: {"type": "number", "minimum": min(b), "maximum": max(b)}
     )
+    formatted = st.sampled_from(sorted(FORMATS)).map(lambda f: {"type": "string", "format": f})
+    multiple = st.tuples(st.integers(2, 9), small).map(
+        lambda t: {"type": "integer", "multipleOf": t[0], "minimum": t[1], "maximum": t[1] + 40}
+    )
     scalars = st.one_of(
-        string, integer, number, st.just({"type": "boolean"}), st.just({"type": "null"}),
+        string, integer, number, formatted, multiple, st.just({"type": "boolean"}),
+        st.just({"type": "null"}),
         st.lists(st.one_of(st.text("aé\"\\\n😀", max_size=3), small, st.booleans(), st.none()),
                  min_size=1, max_size=3).map(lambda v: {"enum": v}),
     )  # fmt: skip
@@ -199,7 +206,24 @@ def _schemas() -> st.SearchStrategy[dict]:
             lambda t: {"type": "array", "items": t[0], "minItems": t[1], "maxItems": t[2]}
         )
         either = st.lists(inner, min_size=2, max_size=2).map(lambda o: {"anyOf": o})
-        return st.one_of(obj, arr, either)
+        others = st.tuples(inner, st.integers(0, 2)).map(
+            lambda t: {"type": "object", "additionalProperties": t[0], "maxProperties": t[1]}
+        )
+        patterned = st.tuples(inner, inner).map(
+            lambda t: {"type": "object", "properties": {"p": t[0]},
+                       "patternProperties": {"^q[0-9]?$": t[1]}, "additionalProperties": False}
+        )  # fmt: skip
+        prefixed = st.tuples(inner, inner, st.sampled_from([False, {"type": "null"}])).map(
+            lambda t: {"type": "array", "prefixItems": [t[0], t[1]], "items": t[2]}
+        )
+        unique = st.lists(st.sampled_from([1, "a", True, None, 2.5]), min_size=1, max_size=4).map(
+            lambda v: {"type": "array", "items": {"enum": v}, "uniqueItems": True}
+        )
+        tagged = st.lists(inner, min_size=2, max_size=2).map(
+            lambda o: {"oneOf": [{"type": "object", "properties": {"t": {"const": i}, "v": s},
+                                  "required": ["t"]} for i, s in enumerate(o)]}
+        )  # fmt: skip
+        return st.one_of(obj, arr, either, others, patterned, prefixed, unique, tagged)
 
     return st.recursive(scalars, compound, max_leaves=5)
 
@@ -214,8 +238,7 @@ def test_every_text_of_a_schema_s_language_validates(schema, seed):
     texts = [t for t in (_walk_text(language, rng) for _ in range(12)) if t is not None]
     assert texts
     for text in texts:
-        value = json.loads(text)
-        jsonschema.validate(value, schema)
+        validate(json.loads(text), schema)  # formats checked
 
 
 BOUNDARIES = [
@@ -259,29 +282,45 @@ def test_a_schema_s_bounds_are_exact(schema, accepted, refused):
 
 
 BAD_SCHEMAS = [
-    ({"type": "string", "format": "email"}, UnsupportedSchema, "format"),
-    ({"type": "integer", "multipleOf": 3}, UnsupportedSchema, "multipleOf"),
+    ({"type": "string", "format": "hostname"}, UnsupportedSchema, "format"),
+    ({"type": "number", "multipleOf": 0.1}, UnsupportedSchema, "multipleOf"),
     ({"type": "array", "uniqueItems": True}, UnsupportedSchema, "uniqueItems"),
-    ({"oneOf": [{"type": "null"}]}, UnsupportedSchema, "oneOf"),
+    ({"type": "array", "prefixItems": [{}], "uniqueItems": True}, UnsupportedSchema,
+     "uniqueItems"),
+    ({"oneOf": [{"type": "integer"}, {"type": "number", "maximum": 0}]}, UnsupportedSchema,
+     "oneOf"),
     ({"not": {"type": "null"}}, UnsupportedSchema, "not"),
-    ({"type": "object", "patternProperties": {}}, UnsupportedSchema, "patternProperties"),
+    ({"if": {"type": "null"}}, UnsupportedSchema, "if"),
+    ({"type": "array", "contains": {"type": "null"}}, UnsupportedSchema, "contains"),
+    ({"allOf": [{"type": "string"}, {"maxLength": 3}]}, UnsupportedSchema, "allOf"),
+    ({"type": "object", "properties": {"ab": {}}, "patternProperties": {"^a": {}}},
+     UnsupportedSchema, "patternProperties"),
+    ({"type": "object", "additionalProperties": {}, "minProperties": 2}, UnsupportedSchema,
+     "minProperties"),
     ({"type": "number", "minimum": 0.5}, UnsupportedSchema, "minimum"),
     ({"type": "number", "exclusiveMinimum": 0}, UnsupportedSchema, "exclusiveMinimum"),
-    ({"type": "string", "pattern": "^a$", "maxLength": 3}, UnsupportedSchema, "pattern"),
     ({"maxLength": 3}, UnsupportedSchema, "maxLength"),
     ({"type": "string", "minimum": 3}, UnsupportedSchema, "minimum"),
-    ({"type": "object", "properties": {"a": {}}, "required": ["b"]}, UnsupportedSchema, "required"),
-    ({"$defs": {"n": {"$ref": "#/$defs/n"}}, "$ref": "#/$defs/n"}, UnsupportedSchema, "$ref"),
+    ({"type": "object", "properties": {"a": {}}, "required": ["b"],
+      "additionalProperties": False}, EmptyLanguage, "required 'b'"),
+    ({"type": "object", "properties": {"a": {}}, "maxProperties": 1, "required": ["a", "b"]},
+     EmptyLanguage, "maxProperties 1"),
+    ({"$defs": {"n": {"$ref": "#/$defs/n"}}, "$ref": "#/$defs/n"}, EmptyLanguage, "no value"),
     ({"$ref": "#/$defs/missing"}, SchemaError, "$ref"),
+    ({"$ref": "https://example.com/a.json"}, UnsupportedSchema, "$ref"),
     ({"type": "text"}, SchemaError, "type"),
     ({"type": "string", "maxLength": -1}, SchemaError, "maxLength"),
     ({"type": "string", "pattern": "a(?=b)"}, SchemaError, "pattern"),
     ({"type": "string", "pattern": "^a|b"}, SchemaError, "pattern"),
     ({"type": "string", "maxLength": 10**6}, LanguageTooLarge, "maxLength 1000000"),
     ({"type": "array", "maxItems": 5000}, LanguageTooLarge, "maxItems 5000"),
+    ({"type": "array", "items": {"enum": list(range(20))}, "uniqueItems": True},
+     LanguageTooLarge, "uniqueItems over 20 values"),
     ({"type": "integer", "minimum": 5, "maximum": 1}, EmptyLanguage, "between"),
     ({"type": "string", "enum": [1, 2]}, EmptyLanguage, "enum"),
-]
+    ({"type": "array", "items": {"type": "boolean"}, "uniqueItems": True, "minItems": 3},
+     EmptyLanguage, "minItems 3"),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize("schema, error, says", BAD_SCHEMAS, ids=[s for *_, s in BAD_SCHEMAS])
