@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MAX_REPEAT = 1000  # the largest m or n of {m,n}; larger ones are refused (RE2's limit too)
+PRINTED_STATES = 64  # the largest Graph to_pattern writes out
 MAX_CODE_POINT = 0x10FFFF
 SURROGATES = (0xD800, 0xDFFF)
 
@@ -452,7 +453,13 @@ def eliminate(graph: Graph):
     """The tree of ``graph``'s language, by state elimination (Brzozowski and McCluskey): a
     new start and end around it, then each state taken out in turn, every path through it
     written as ``in loop* out`` on an edge that bypasses it. Exact, and as large as the
-    automaton's paths make it: for reading, not for compiling."""
+    automaton's paths make it (exponential in its states at worst): for reading, not for
+    compiling, and refused past ``PRINTED_STATES`` states."""
+    if graph.states > PRINTED_STATES:
+        raise RegexError(
+            f"an automaton of {graph.states} states in this language has no pattern short "
+            f"enough to print (over {PRINTED_STATES} states): the automaton is the language"
+        )
     start, end = graph.states, graph.states + 1
     edge: dict[tuple[int, int], object] = {(start, 0): EMPTY}
     for a in graph.accepting:
