@@ -1,9 +1,12 @@
-"""Twenty schemas of the kinds clients send, one of each shape the subset covers.
+"""Schemas of the kinds clients send: ``SCHEMAS``, twenty, one of each shape the subset
+covers, and ``KEYWORDS``, one for each keyword a regular language holds beyond them.
 
 The tests draw outputs under each and validate them with the ``jsonschema`` library;
-``ladder bench --scenario serve`` times the compile of each. Every string and array is
-bounded, so that a language is finite: a model that never chooses a closing quote of
-its own (a random one) still ends, pushed there by the mask.
+``ladder bench --scenario serve`` times the compile of each of ``SCHEMAS``. Their strings
+and arrays are bounded, so that a language is finite: a model that never chooses a
+closing quote of its own (a random one) still ends, pushed there by the mask. Those of
+``KEYWORDS`` are as people write them, unbounded where they are: the budget of tokens
+ends those (``constrained.masks.Constraint``).
 """
 
 from __future__ import annotations
@@ -127,5 +130,100 @@ SCHEMAS: dict[str, dict] = {
         },
         "minItems": 1,
         "maxItems": 2,
+    },
+}
+
+
+KEYWORDS: dict[str, dict] = {
+    "format date": {"type": "string", "format": "date"},
+    "format time": {"type": "string", "format": "time"},
+    "format date-time": {"type": "string", "format": "date-time"},
+    "format email": {"type": "string", "format": "email", "maxLength": 24},
+    "format uuid": {"type": "string", "format": "uuid"},
+    "format ipv4": {"type": "string", "format": "ipv4"},
+    "format uri": {"type": "string", "format": "uri"},
+    "pattern and length": {"type": "string", "pattern": "^[a-z]+$", "minLength": 2, "maxLength": 5},
+    "oneOf": {
+        "oneOf": [
+            {
+                "type": "object",
+                "properties": {
+                    "kind": {"const": "circle"},
+                    "radius": {"type": "integer", "minimum": 1},
+                },
+                "required": ["kind", "radius"],
+            },
+            {
+                "type": "object",
+                "properties": {
+                    "kind": {"const": "square"},
+                    "side": {"type": "integer", "minimum": 1},
+                },
+                "required": ["kind", "side"],
+            },
+            {"type": "null"},
+        ]
+    },
+    "additionalProperties": {"type": "object", "additionalProperties": {"type": "integer"}},
+    "properties and more": {
+        "type": "object",
+        "properties": {"id": {"type": "integer", "minimum": 0}},
+        "required": ["id"],
+        "additionalProperties": {"type": "boolean"},
+        "maxProperties": 3,
+    },
+    "patternProperties": {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 8}},
+        "patternProperties": {
+            "^x-[a-z]+$": {"type": "string", "maxLength": 4},
+            "^n[0-9]$": {"type": "integer"},
+        },
+        "additionalProperties": False,
+    },
+    "prefixItems": {
+        "type": "array",
+        "prefixItems": [
+            {"type": "number", "minimum": -90, "maximum": 90},
+            {"type": "string", "maxLength": 3},
+        ],
+        "items": False,
+    },
+    "prefixItems and items": {
+        "type": "array",
+        "prefixItems": [{"type": "boolean"}],
+        "items": {"type": "integer", "minimum": 0, "maximum": 9},
+        "minItems": 2,
+        "maxItems": 4,
+    },
+    "minProperties and maxProperties": {
+        "type": "object",
+        "properties": {
+            "a": {"type": "boolean"},
+            "b": {"type": "null"},
+            "c": {"type": "integer", "maximum": 9, "minimum": 0},
+        },
+        "minProperties": 1,
+        "maxProperties": 2,
+    },
+    "multipleOf": {"type": "integer", "multipleOf": 7, "minimum": -50, "maximum": 500},
+    "recursive $ref": {
+        "$defs": {
+            "node": {
+                "type": "object",
+                "properties": {
+                    "value": {"type": "integer", "minimum": 0, "maximum": 9},
+                    "children": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 2},
+                },
+                "required": ["value"],
+            }
+        },
+        "$ref": "#/$defs/node",
+    },
+    "uniqueItems": {
+        "type": "array",
+        "items": {"enum": ["red", "green", "blue", 1, 1.0]},
+        "uniqueItems": True,
+        "minItems": 1,
     },
 }

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -28,6 +29,8 @@ from .language import Language
 from .vocabulary import Trie, token_bytes
 
 MASK_BYTES = 64 << 20  # the masks one index keeps, at most (then the oldest are dropped)
+FAR = 1 << 30  # a distance: no way to an accepting state by one-byte tokens
+REFUSED = np.iinfo(np.int32).max  # a token's reach where the mask refuses it
 
 
 class NoTokenAllowed(ValueError):
@@ -63,6 +66,7 @@ class Index:
         self.dfa = language.dfa
         self._next = self.dfa.byte_table()  # (N, 256)
         self._masks: dict[int, np.ndarray] = {}  # state -> packed bits, (ceil(V / 8),)
+        self._reaches: dict[int, np.ndarray] = {}  # state -> (V,) int32, see ``reach``
         self._lock = threading.Lock()
 
     def mask(self, state: int) -> np.ndarray:
@@ -71,19 +75,53 @@ class Index:
         the oldest dropped first, so that no client's schema can hold the memory."""
         packed = self._masks.get(state)
         if packed is None:
-            packed = np.packbits(self._walk(state))
-            with self._lock:
-                self._masks[state] = packed
-                while len(self._masks) * packed.nbytes > MASK_BYTES:
-                    del self._masks[next(iter(self._masks))]
+            packed = np.packbits(self._walk(state) >= 0)
+            self._keep(self._masks, state, packed)
         return np.unpackbits(packed, count=len(self.tokens)).view(bool)
 
+    def _keep(self, cache: dict, state: int, value: np.ndarray) -> None:
+        with self._lock:
+            cache[state] = value
+            while len(cache) * value.nbytes > MASK_BYTES:
+                del cache[next(iter(cache))]
+
     def _walk(self, state: int) -> np.ndarray:
+        """``(V,)`` int32: the state each token leads to from ``state`` (-1: not allowed; an
+        end-of-turn id leads to ``state`` itself where it accepts)."""
         trie = self.tokens.trie
-        reached = np.append(trie.reached(self._next, state), False)  # index -1: no node
-        allowed = reached[trie.token_node]  # (V,)
-        allowed[self.stop_ids] = bool(self.dfa.accepting[state])
-        return allowed
+        ends = np.append(trie.ends(self._next, state), -1)  # index -1: no node
+        after = ends[trie.token_node]  # (V,)
+        after[self.stop_ids] = state if self.dfa.accepting[state] else -1
+        return after
+
+    @cached_property
+    def distance(self) -> np.ndarray:
+        """``(N,)`` int64: the fewest tokens from each state to an accepting one, counted
+        as tokens of one byte each (``FAR`` where bytes of one-byte tokens cannot get
+        there). A byte-level vocabulary has a token for every byte (SmolLM2's, Llama's),
+        a SentencePiece one a byte-fallback token (Gemma's ``<0xNN>``), so this is the
+        length of the shortest way to the end, and an upper bound on its tokens."""
+        single = np.zeros(256, dtype=bool)
+        single[[data[0] for data in self.tokens.bytes if data and len(data) == 1]] = True
+        table = self._next[:, single]  # (N, k): the steps one-byte tokens take
+        return _distances(table, self.dfa.accepting)
+
+    @cached_property
+    def farthest(self) -> int:
+        """The largest finite ``distance``: a budget with this much room never binds."""
+        finite = self.distance[self.distance < FAR]
+        return int(finite.max(initial=0))
+
+    def reach(self, state: int) -> np.ndarray:
+        """``(V,)`` int32: for each token allowed in ``state``, the ``distance`` of the state
+        it leads to (``REFUSED`` for the tokens not allowed; 0 for an end-of-turn id where
+        the state accepts). Computed when a budget is short, kept as the masks are."""
+        kept = self._reaches.get(state)
+        if kept is None:
+            after = self._walk(state)
+            kept = np.where(after >= 0, self.distance[after], REFUSED).astype(np.int32)
+            self._keep(self._reaches, state, kept)
+        return kept
 
     def build(self) -> float:
         """Every state's mask now (the whole index, as engines that build it up front do);
@@ -95,9 +133,34 @@ class Index:
             self.mask(state)
         return time.perf_counter() - start
 
-    def constraint(self) -> Constraint:
-        """A new request's place: the start of the language."""
-        return Constraint(self)
+    def constraint(self, budget: int | None = None) -> Constraint:
+        """A new request's place: the start of the language. ``budget``: the most tokens
+        it may take (its ``max_tokens``, the end-of-turn token among them); the masks then
+        keep room to end the text within it (``Constraint``)."""
+        return Constraint(self, budget)
+
+
+def _distances(table: np.ndarray, accepting: np.ndarray) -> np.ndarray:
+    """``table (N, k)`` (next states, -1 dead) -> ``(N,)`` the fewest steps from each state to
+    an accepting one (``FAR``: none): a breadth-first search backwards from the accepting
+    states, over the edges sorted by target."""
+    n = len(table)
+    source = np.repeat(np.arange(n), table.shape[1])
+    target = table.reshape(-1)
+    source, target = source[target >= 0], target[target >= 0]
+    order = np.argsort(target, kind="stable")
+    into = np.searchsorted(
+        target[order], np.arange(n + 1)
+    )  # edges into t: order[into[t]:into[t+1]]
+    distance = np.where(accepting, 0, FAR).astype(np.int64)
+    frontier, steps = np.flatnonzero(accepting), 0
+    while frontier.size:
+        steps += 1
+        edges = np.concatenate([order[into[t] : into[t + 1]] for t in frontier])
+        sources = np.unique(source[edges])
+        frontier = sources[distance[sources] == FAR]
+        distance[frontier] = steps
+    return distance
 
 
 class Masking:
@@ -120,13 +183,32 @@ class Masking:
 
 
 class Constraint(Masking):
-    """One request's state in an ``Index``'s language."""
+    """One request's place in an ``Index``'s language, and what it may still take.
 
-    def __init__(self, index: Index):
+    With a ``budget`` (its ``max_tokens``: the tokens it may take, the end-of-turn token
+    among them) the mask also keeps room to end: after ``k`` tokens a token is allowed
+    only if the state it leads to is at most ``budget - k - 2`` one-byte tokens from an
+    accepting one (room for those and the end-of-turn token). One token of the shortest
+    way always passes, so a text that starts within its budget ends within it, with the
+    end-of-turn token: never cut at ``max_tokens``. While the room is larger than
+    ``Index.farthest`` (every state's distance) the budget changes nothing and the
+    cached mask is used as it is. A budget too small for the shortest text of the
+    language cannot be kept: the mask then allows the tokens nearest the end."""
+
+    def __init__(self, index: Index, budget: int | None = None):
         self.index, self.state, self.ended = index, index.dfa.start, False
+        self.budget = budget  # tokens it may still take (None: no limit)
 
     def allowed(self) -> np.ndarray:
-        return self.index.mask(self.state)
+        index, room = self.index, None if self.budget is None else self.budget - 2
+        if room is None or room >= index.farthest:
+            return index.mask(self.state)
+        reach = index.reach(self.state)  # (V,)
+        allowed = reach <= room
+        allowed[index.stop_ids] = self.accepting
+        if not allowed.any():  # over its budget already: the tokens nearest the end
+            allowed = reach == min(reach.min(), REFUSED - 1)
+        return allowed
 
     @property
     def accepting(self) -> bool:
@@ -136,6 +218,8 @@ class Constraint(Masking):
         """Take ``token``: an end-of-turn id ends the text (in an accepting state), any other
         moves on by its bytes. ``ValueError`` for a token the mask did not allow."""
         index = self.index
+        if self.budget is not None:
+            self.budget -= 1
         if token in index.stop_ids and self.accepting:
             self.ended = True
             return

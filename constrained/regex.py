@@ -15,7 +15,11 @@ trailing ``$``, flags, word boundaries; and a bounded repetition over ``MAX_REPE
 (as RE2 refuses one over 1000), whose automaton would hold that many copies.
 
 A tree is ``Chars`` (a set of code points, as sorted disjoint ranges), ``Concat``,
-``Alt`` and ``Repeat``. Code points are 0 to 0x10FFFF without the surrogates
+``Alt`` and ``Repeat``, and ``Graph``, an automaton whose edges are trees: what a
+schema needs and an expression cannot write small (a remainder of a division, the set
+of items already used, the members of an object counted), printed back by eliminating
+its states. ``concat``, ``alt`` and ``repeat`` build trees and fold ``NOTHING`` (the
+empty set of strings) away. Code points are 0 to 0x10FFFF without the surrogates
 D800-DFFF, which UTF-8 cannot carry.
 """
 
@@ -24,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MAX_REPEAT = 1000  # the largest m or n of {m,n}; larger ones are refused (RE2's limit too)
+PRINTED_STATES = 64  # the largest Graph to_pattern writes out
 MAX_CODE_POINT = 0x10FFFF
 SURROGATES = (0xD800, 0xDFFF)
 
@@ -96,7 +101,18 @@ class Repeat:
     high: int | None  # None: no upper bound
 
 
-EMPTY = Concat(())
+@dataclass(frozen=True)
+class Graph:
+    """An automaton whose edges read trees: ``edges``, ``(from, to, tree)`` over the states
+    ``0 .. states - 1``; a match starts at 0 and may end in any state of ``accepting``."""
+
+    states: int
+    edges: tuple
+    accepting: frozenset
+
+
+EMPTY = Concat(())  # the empty string
+NOTHING = Chars(())  # no string at all
 ANY = Chars(normalize([(0, MAX_CODE_POINT)]))
 DIGIT = normalize([(0x30, 0x39)])
 WORD = normalize([(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)])
@@ -107,7 +123,34 @@ DOT = complement(LINE_TERMINATORS)
 
 def literal(text: str):
     """The tree matching exactly ``text``."""
-    return Concat(tuple(Chars(((ord(c), ord(c)),)) for c in text))
+    return concat(*(Chars(((ord(c), ord(c)),)) for c in text))
+
+
+def concat(*parts):
+    """``parts`` one after the other (nested sequences flattened; ``NOTHING`` if any is)."""
+    flat = []
+    for part in parts:
+        if part == NOTHING:
+            return NOTHING
+        flat.extend(part.parts if isinstance(part, Concat) else [part])
+    return flat[0] if len(flat) == 1 else Concat(tuple(flat))
+
+
+def alt(options):
+    """Any one of ``options`` (repeats and ``NOTHING`` dropped; ``NOTHING`` if none is left)."""
+    kept = list(dict.fromkeys(o for o in options if o != NOTHING))
+    if not kept:
+        return NOTHING
+    return kept[0] if len(kept) == 1 else Alt(tuple(kept))
+
+
+def repeat(node, low: int, high: int | None):
+    """``node`` from ``low`` to ``high`` times (None: unbounded)."""
+    if node == NOTHING or node == EMPTY:
+        return node if low else EMPTY
+    if (low, high) == (1, 1):
+        return node
+    return EMPTY if high == 0 else Repeat(node, low, high)
 
 
 # ----------------------------------------------------------------------------- parsing
@@ -387,11 +430,11 @@ def to_pattern(node) -> str:
         )
         return f"[{inner}]"
     if isinstance(node, Concat):
-        return "".join(_grouped(p, Alt) for p in node.parts)
+        return "".join(_grouped(p, (Alt, Graph)) for p in node.parts)
     if isinstance(node, Alt):
         return "|".join(to_pattern(o) for o in node.options)
     if isinstance(node, Repeat):
-        inner = _grouped(node.node, (Alt, Concat, Repeat))
+        inner = _grouped(node.node, (Alt, Concat, Repeat, Graph))
         if (node.low, node.high) == (0, None):
             return inner + "*"
         if (node.low, node.high) == (1, None):
@@ -401,7 +444,40 @@ def to_pattern(node) -> str:
         high = "" if node.high is None else node.high
         bounds = str(node.low) if node.high == node.low else f"{node.low},{high}"
         return inner + "{" + bounds + "}"
+    if isinstance(node, Graph):
+        return to_pattern(eliminate(node))
     raise TypeError(f"not a regex tree: {node!r}")
+
+
+def eliminate(graph: Graph):
+    """The tree of ``graph``'s language, by state elimination (Brzozowski and McCluskey): a
+    new start and end around it, then each state taken out in turn, every path through it
+    written as ``in loop* out`` on an edge that bypasses it. Exact, and as large as the
+    automaton's paths make it (exponential in its states at worst): for reading, not for
+    compiling, and refused past ``PRINTED_STATES`` states."""
+    if graph.states > PRINTED_STATES:
+        raise RegexError(
+            f"an automaton of {graph.states} states in this language has no pattern short "
+            f"enough to print (over {PRINTED_STATES} states): the automaton is the language"
+        )
+    start, end = graph.states, graph.states + 1
+    edge: dict[tuple[int, int], object] = {(start, 0): EMPTY}
+    for a in graph.accepting:
+        edge[(a, end)] = EMPTY
+    for a, b, tree in graph.edges:
+        edge[(a, b)] = alt([edge.get((a, b), NOTHING), tree])
+    for k in range(graph.states):
+        loop = repeat(edge.pop((k, k), NOTHING), 0, None)
+        into = [(a, t) for (a, b), t in edge.items() if b == k]
+        out = [(b, t) for (a, b), t in edge.items() if a == k]
+        for a, _ in into:
+            del edge[(a, k)]
+        for b, _ in out:
+            del edge[(k, b)]
+        for a, t_in in into:
+            for b, t_out in out:
+                edge[(a, b)] = alt([edge.get((a, b), NOTHING), concat(t_in, loop, t_out)])
+    return edge.get((start, end), NOTHING)
 
 
 def _grouped(node, kinds) -> str:

@@ -132,18 +132,19 @@ class Trie:
         token_node = np.array([new[prefix_id[t]] if t else -1 for t in tokens], dtype=np.int64)
         return cls(byte_new, first, count, token_node)
 
-    def reached(self, next_state: np.ndarray, state: int) -> np.ndarray:
-        """``(N,)`` bool: the nodes whose bytes, read from ``state`` of a DFA whose
-        ``next_state (S, 256)`` says where each byte goes (-1: dead), keep it alive.
+    def ends(self, next_state: np.ndarray, state: int) -> np.ndarray:
+        """``(N,)`` int32: the state each node's bytes lead to, read from ``state`` of a DFA
+        whose ``next_state (S, 256)`` says where each byte goes; -1 where the walk died on
+        the way (the node's text is no prefix of the language from there).
 
         Level by level over the live frontier only: a dead node's subtree is never read."""
-        reached = np.zeros(self.nodes, dtype=bool)
+        ends = np.full(self.nodes, -1, dtype=np.int32)
         nodes = np.arange(self.first_child[0], self.first_child[0] + self.child_count[0])
         states = next_state[state, self.byte[nodes]]
         while nodes.size:
             live = states >= 0
             nodes, states = nodes[live], states[live]
-            reached[nodes] = True
+            ends[nodes] = states
             counts = self.child_count[nodes]
             parents = counts > 0
             nodes, states, counts = nodes[parents], states[parents], counts[parents]
@@ -154,4 +155,4 @@ class Trie:
             children = starts + np.arange(int(counts.sum()))
             states = next_state[np.repeat(states, counts), self.byte[children]]
             nodes = children
-        return reached
+        return ends

@@ -227,7 +227,8 @@ def answer(
     loaded: Loaded, ids: list[int], args, out=None, *, index=None, conversation: bool = False
 ) -> tuple[str, Speed]:
     """Stream the model's continuation of ``ids`` to ``out`` (stdout); -> ``(text, speed)``.
-    ``index`` (``constrained.Index``): the answer held to its language.
+    ``index`` (``constrained.Index``): the answer held to its language, and ended within
+    its tokens (the mask keeps room to close it).
 
     Ctrl-C cuts the answer. In a ``conversation`` it ends that answer alone, marked
     `` [interrupted]``, and the conversation goes on; otherwise (one prompt, the command's
@@ -252,7 +253,7 @@ def answer(
         seed=args.seed,
         stop_ids=loaded.stop_ids,
         **speculation,
-        constraint=None if index is None else index.constraint(),
+        constraint=None if index is None else index.constraint(budget=new),
     )
     start = time.perf_counter()
     first = None

@@ -20,7 +20,9 @@ the keyword.
 Sampling as OpenAI's defaults: ``temperature`` 1 (0 is greedy, the tokens of
 ``ladder chat``), ``top_p`` 1; ``top_k`` as an extra field; ``seed`` makes a
 sampled answer repeat; ``stop``, a string or up to four; ``max_tokens`` (or
-``max_completion_tokens``) defaults to what the context leaves after the prompt.
+``max_completion_tokens``) defaults to what the context leaves after the prompt
+(under a ``response_format``, to at most ``structured.MAX_TOKENS``: the mask then
+keeps room to end the text within it, ``constrained.masks.Constraint``).
 ``n`` other than 1, ``logprobs`` and tools are refused by name rather than
 ignored. The usage counts ``prompt_tokens_details.cached_tokens`` (the prompt's
 tokens found in the engine's prefix cache) and each response carries ``timings`` (the wait in the queue,
@@ -68,7 +70,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Route
 
 from .metrics import Metrics, StatusCounter
-from .structured import FormatError, Formats
+from .structured import MAX_TOKENS, FormatError, Formats
 from .worker import Completion, Finished, QueueFull, Worker
 
 MAX_BODY = 1 << 20  # bytes: a request body larger than this is refused (413)
@@ -353,7 +355,7 @@ class Server:
             usage_chunk = bool(options.get("include_usage")) and stream
             request = self._request(ids, settings)
             request.draft, request.draft_tokens = self._draft(body)
-            request.constraint = await self._format(body)
+            request.constraint = await self._format(body, request)
             events = self._submit(request, _exchange(http))
         except APIError as exc:
             return self._refused(http, exc)
@@ -437,14 +439,19 @@ class Server:
         raise APIError(400, f"'speculate' must be 'ngram' or 'none'{served}, got {name!r}",
                        param="speculate")  # fmt: skip
 
-    async def _format(self, body: dict):
+    async def _format(self, body: dict, request: Completion):
         """The request's ``response_format`` as its own ``Constraint`` (None: none), compiled
-        off the event loop (a first compile takes milliseconds to a second)."""
+        off the event loop (a first compile takes milliseconds to a second), with its
+        ``max_tokens`` as its budget (``structured.MAX_TOKENS`` at most where none was asked)."""
         try:
             index = await asyncio.to_thread(self.formats.index, body.get("response_format"))
         except FormatError as exc:
             raise APIError(400, str(exc), param="response_format") from None
-        return None if index is None else index.constraint()
+        if index is None:
+            return None
+        if body.get("max_completion_tokens", body.get("max_tokens")) is None:
+            request.max_tokens = min(request.max_tokens, MAX_TOKENS)
+        return index.constraint(budget=request.max_tokens)
 
     def _submit(self, request: Completion, exchange: Exchange | None) -> asyncio.Queue:
         loop, events = asyncio.get_running_loop(), asyncio.Queue()

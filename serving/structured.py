@@ -14,7 +14,11 @@ and kept, the last ``KEPT`` of them, with the masks its requests have computed, 
 client that sends the same schema with every request pays the compile once. Each
 request gets its own ``Constraint`` (its place in the language), which the engine
 applies to its logits before its sampler; batched requests under different formats,
-or none, decode in one step as before.
+or none, decode in one step as before. A constrained request that names no
+``max_tokens`` gets ``MAX_TOKENS`` at most, and its constraint that budget: the mask
+keeps room to close the text and end it within it (``constrained.masks.Constraint``), so
+an answer that would loop (a string, an array that never closes) ends valid, with
+``finish_reason`` ``"stop"``.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import threading
 
 from constrained import Index, Language, Tokens
 
+MAX_TOKENS = 512  # a constrained answer's max_tokens when its request names none: room for
+# any answer the examples' schemas and json_object give, and the most a loop can cost
 KEPT = 16  # compiled formats kept, least recently used dropped first (each with its masks,
 # up to constrained.masks.MASK_BYTES: 1 GiB at most in all)
 

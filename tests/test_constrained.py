@@ -43,10 +43,12 @@ from constrained import (
 )
 from constrained.automaton import DEAD, utf8_sequences
 from constrained.definition import Definition, DefinitionConstraint
+from constrained.formats import FORMATS
 from constrained.regex import parse, to_pattern
 from levels import init_params
 
 jsonschema = pytest.importorskip("jsonschema")  # a dev dependency: a test peer only
+from json_oracle import validate  # noqa: E402 (after the skip)
 
 # ----------------------------------------------------------------------------- regexes
 
@@ -183,8 +185,13 @@ def _schemas() -> st.SearchStrategy[dict]:
     number = st.tuples(small, small).map(
         lambda b: {"type": "number", "minimum": min(b), "maximum": max(b)}
     )
+    formatted = st.sampled_from(sorted(FORMATS)).map(lambda f: {"type": "string", "format": f})
+    multiple = st.tuples(st.integers(2, 9), small).map(
+        lambda t: {"type": "integer", "multipleOf": t[0], "minimum": t[1], "maximum": t[1] + 40}
+    )
     scalars = st.one_of(
-        string, integer, number, st.just({"type": "boolean"}), st.just({"type": "null"}),
+        string, integer, number, formatted, multiple, st.just({"type": "boolean"}),
+        st.just({"type": "null"}),
         st.lists(st.one_of(st.text("aé\"\\\n😀", max_size=3), small, st.booleans(), st.none()),
                  min_size=1, max_size=3).map(lambda v: {"enum": v}),
     )  # fmt: skip
@@ -199,7 +206,24 @@ def _schemas() -> st.SearchStrategy[dict]:
             lambda t: {"type": "array", "items": t[0], "minItems": t[1], "maxItems": t[2]}
         )
         either = st.lists(inner, min_size=2, max_size=2).map(lambda o: {"anyOf": o})
-        return st.one_of(obj, arr, either)
+        others = st.tuples(inner, st.integers(0, 2)).map(
+            lambda t: {"type": "object", "additionalProperties": t[0], "maxProperties": t[1]}
+        )
+        patterned = st.tuples(inner, inner).map(
+            lambda t: {"type": "object", "properties": {"p": t[0]},
+                       "patternProperties": {"^q[0-9]?$": t[1]}, "additionalProperties": False}
+        )  # fmt: skip
+        prefixed = st.tuples(inner, inner, st.sampled_from([False, {"type": "null"}])).map(
+            lambda t: {"type": "array", "prefixItems": [t[0], t[1]], "items": t[2]}
+        )
+        unique = st.lists(st.sampled_from([1, "a", True, None, 2.5]), min_size=1, max_size=4).map(
+            lambda v: {"type": "array", "items": {"enum": v}, "uniqueItems": True}
+        )
+        tagged = st.lists(inner, min_size=2, max_size=2).map(
+            lambda o: {"oneOf": [{"type": "object", "properties": {"t": {"const": i}, "v": s},
+                                  "required": ["t"]} for i, s in enumerate(o)]}
+        )  # fmt: skip
+        return st.one_of(obj, arr, either, others, patterned, prefixed, unique, tagged)
 
     return st.recursive(scalars, compound, max_leaves=5)
 
@@ -214,8 +238,7 @@ def test_every_text_of_a_schema_s_language_validates(schema, seed):
     texts = [t for t in (_walk_text(language, rng) for _ in range(12)) if t is not None]
     assert texts
     for text in texts:
-        value = json.loads(text)
-        jsonschema.validate(value, schema)
+        validate(json.loads(text), schema)  # formats checked
 
 
 BOUNDARIES = [
@@ -259,29 +282,45 @@ def test_a_schema_s_bounds_are_exact(schema, accepted, refused):
 
 
 BAD_SCHEMAS = [
-    ({"type": "string", "format": "email"}, UnsupportedSchema, "format"),
-    ({"type": "integer", "multipleOf": 3}, UnsupportedSchema, "multipleOf"),
+    ({"type": "string", "format": "hostname"}, UnsupportedSchema, "format"),
+    ({"type": "number", "multipleOf": 0.1}, UnsupportedSchema, "multipleOf"),
     ({"type": "array", "uniqueItems": True}, UnsupportedSchema, "uniqueItems"),
-    ({"oneOf": [{"type": "null"}]}, UnsupportedSchema, "oneOf"),
+    ({"type": "array", "prefixItems": [{}], "uniqueItems": True}, UnsupportedSchema,
+     "uniqueItems"),
+    ({"oneOf": [{"type": "integer"}, {"type": "number", "maximum": 0}]}, UnsupportedSchema,
+     "oneOf"),
     ({"not": {"type": "null"}}, UnsupportedSchema, "not"),
-    ({"type": "object", "patternProperties": {}}, UnsupportedSchema, "patternProperties"),
+    ({"if": {"type": "null"}}, UnsupportedSchema, "if"),
+    ({"type": "array", "contains": {"type": "null"}}, UnsupportedSchema, "contains"),
+    ({"allOf": [{"type": "string"}, {"maxLength": 3}]}, UnsupportedSchema, "allOf"),
+    ({"type": "object", "properties": {"ab": {}}, "patternProperties": {"^a": {}}},
+     UnsupportedSchema, "patternProperties"),
+    ({"type": "object", "additionalProperties": {}, "minProperties": 2}, UnsupportedSchema,
+     "minProperties"),
     ({"type": "number", "minimum": 0.5}, UnsupportedSchema, "minimum"),
     ({"type": "number", "exclusiveMinimum": 0}, UnsupportedSchema, "exclusiveMinimum"),
-    ({"type": "string", "pattern": "^a$", "maxLength": 3}, UnsupportedSchema, "pattern"),
     ({"maxLength": 3}, UnsupportedSchema, "maxLength"),
     ({"type": "string", "minimum": 3}, UnsupportedSchema, "minimum"),
-    ({"type": "object", "properties": {"a": {}}, "required": ["b"]}, UnsupportedSchema, "required"),
-    ({"$defs": {"n": {"$ref": "#/$defs/n"}}, "$ref": "#/$defs/n"}, UnsupportedSchema, "$ref"),
+    ({"type": "object", "properties": {"a": {}}, "required": ["b"],
+      "additionalProperties": False}, EmptyLanguage, "required 'b'"),
+    ({"type": "object", "properties": {"a": {}}, "maxProperties": 1, "required": ["a", "b"]},
+     EmptyLanguage, "maxProperties 1"),
+    ({"$defs": {"n": {"$ref": "#/$defs/n"}}, "$ref": "#/$defs/n"}, EmptyLanguage, "no value"),
     ({"$ref": "#/$defs/missing"}, SchemaError, "$ref"),
+    ({"$ref": "https://example.com/a.json"}, UnsupportedSchema, "$ref"),
     ({"type": "text"}, SchemaError, "type"),
     ({"type": "string", "maxLength": -1}, SchemaError, "maxLength"),
     ({"type": "string", "pattern": "a(?=b)"}, SchemaError, "pattern"),
     ({"type": "string", "pattern": "^a|b"}, SchemaError, "pattern"),
     ({"type": "string", "maxLength": 10**6}, LanguageTooLarge, "maxLength 1000000"),
     ({"type": "array", "maxItems": 5000}, LanguageTooLarge, "maxItems 5000"),
+    ({"type": "array", "items": {"enum": list(range(20))}, "uniqueItems": True},
+     LanguageTooLarge, "uniqueItems over 20 values"),
     ({"type": "integer", "minimum": 5, "maximum": 1}, EmptyLanguage, "between"),
     ({"type": "string", "enum": [1, 2]}, EmptyLanguage, "enum"),
-]
+    ({"type": "array", "items": {"type": "boolean"}, "uniqueItems": True, "minItems": 3},
+     EmptyLanguage, "minItems 3"),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize("schema, error, says", BAD_SCHEMAS, ids=[s for *_, s in BAD_SCHEMAS])
@@ -589,3 +628,110 @@ def test_an_index_keeps_at_most_its_budget_of_masks(monkeypatch):
         index.mask(state)
     assert len(index._masks) == 5 and 0 not in index._masks
     assert (index.mask(0) == first).all()
+
+
+# ----------------------------------------------------------------------------- the budget
+
+# Every byte a token of its own, and a few longer tokens across JSON's structure.
+BYTES_VOCAB = SPECIALS + [bytes([b]) for b in range(256) if b not in (0, 1, 2)] + [
+    b'{"', b'":', b'",', b'"}', b'"},', b"},", b'""', b'":"', b"12", b"true", b"null"]  # fmt: skip
+
+
+def test_the_distance_to_the_end_is_the_shortest_way_in_one_byte_tokens():
+    """``Index.distance`` against this file's own relaxation over the DFA's bytes (with a
+    token for every byte the two are one measure), and a state where no one-byte token
+    can end the text is far (a vocabulary without the bytes of "ï")."""
+    for language in (Language.schema(SCHEMA), Language.json_object()):
+        index = Index(language, Tokens.from_list(BYTES_VOCAB), (EOS,))
+        assert (index.distance == _distances(language.dfa)).all()
+    enum = Language.schema({"enum": ["naïve"]})
+    index = Index(enum, Tokens.from_list(VOCAB), (EOS,))
+    assert index.distance[0] >= 1 << 30 and index.distance[enum.dfa.walk(0, '"naï'.encode())] == 3
+
+
+@pytest.mark.parametrize("extra", [0, 1, 5, 40])
+def test_a_budget_ends_every_text_with_the_end_token_within_it(extra):
+    """Random walks of allowed tokens (the hardest model: it never chooses to close), under
+    each example schema and any object, with a budget from the least that can work (the
+    shortest text's one-byte tokens and the end token: every step forced) up: each ends
+    with EOS within its budget, and its text validates."""
+    from constrained.examples import SCHEMAS
+
+    tokens = Tokens.from_list(BYTES_VOCAB)
+    rng = np.random.default_rng(extra)
+    for schema in [*SCHEMAS.values(), None]:
+        language = Language.json_object() if schema is None else Language.schema(schema)
+        index = Index(language, tokens, (EOS,))
+        budget = int(index.distance[0]) + 1 + extra
+        for _ in range(5):
+            constraint, taken = index.constraint(budget), []
+            while not taken or taken[-1] != EOS:
+                assert len(taken) < budget, (schema, taken)
+                token = int(rng.choice(np.flatnonzero(constraint.allowed())))
+                constraint.advance(token)
+                taken.append(token)
+            value = json.loads(b"".join(BYTES_VOCAB[t] for t in taken[:-1]))
+            if schema is not None:
+                jsonschema.validate(value, schema)
+            assert constraint.ended and constraint.budget >= 0
+
+
+def test_a_budget_with_room_to_spare_changes_no_mask():
+    """Inside a string (where a character keeps the distance to the end), with room for
+    every state's distance the mask is the cached one; with room for one less than the
+    distance here, only the tokens that bring the end nearer are left (the closing quote,
+    not a character)."""
+    tokens = Tokens.from_list(BYTES_VOCAB)
+    index = Index(Language.schema(SCHEMA), tokens, (EOS,))
+    text = b'{"k":"'
+    state = index.dfa.walk(0, text)
+    quote, a = BYTES_VOCAB.index(b'"'), BYTES_VOCAB.index(b"a")
+    for room, same in [(index.farthest, True), (int(index.distance[state]) - 1, False)]:
+        constraint = index.constraint(len(text) + 2 + room)  # 2: this token, and the end
+        for byte in text:
+            constraint.advance(BYTES_VOCAB.index(bytes([byte])))
+        allowed = constraint.allowed()
+        assert (allowed == index.mask(state)).all() == same
+        assert allowed[quote] and allowed[a] == same and not (allowed & ~index.mask(state)).any()
+
+
+def test_a_budget_too_small_takes_the_shortest_way_and_runs_out():
+    """One-byte tokens only, and a budget one short of the shortest text and its end token:
+    every token brings the end one byte nearer, the text is whole at the last token, and
+    there is no room left for the end token (the engine's "length")."""
+    tokens = Tokens.from_list(SPECIALS + [bytes([b]) for b in range(3, 256)])
+    index = Index(Language.schema(SCHEMA), tokens, (EOS,))
+    budget = int(index.distance[0])
+    constraint, rng = index.constraint(budget), np.random.default_rng(0)
+    for _ in range(budget):
+        before = index.distance[constraint.state]
+        token = int(rng.choice(np.flatnonzero(constraint.allowed())))
+        constraint.advance(token)
+        assert token != EOS and index.distance[constraint.state] == before - 1
+    assert constraint.accepting and constraint.budget == 0
+
+
+def test_a_constrained_request_without_max_tokens_gets_the_server_s_budget():
+    """``response_format`` and no ``max_tokens``: the request's max_tokens and its
+    constraint's budget are ``structured.MAX_TOKENS`` (or the room, if less); a max_tokens
+    the client gives is both; an unconstrained request keeps the room."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from serving.api import Server
+    from serving.structured import MAX_TOKENS, Formats
+    from serving.worker import Completion
+
+    formats = Formats(tokenizer=None, stop_ids=(EOS,))
+    formats._tokens = Tokens.from_list(VOCAB)
+    server = SimpleNamespace(formats=formats)
+    json_object = {"response_format": {"type": "json_object"}}
+    asked = json_object | {"max_tokens": 900}
+    for body, room, want in [(json_object, 2000, MAX_TOKENS), (json_object, 100, 100),
+                             (asked, 900, 900), ({}, 2000, 2000)]:  # fmt: skip
+        request = Completion([1, 2], room)
+        constraint = asyncio.run(Server._format(server, body, request))
+        assert request.max_tokens == want
+        assert (constraint is None) == (body == {}) and (
+            constraint is None or constraint.budget == want
+        )

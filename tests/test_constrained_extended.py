@@ -6,11 +6,12 @@
   (the walk takes random allowed tokens, so it crosses structural boundaries inside
   tokens and splits characters the way the vocabulary does), and after hypothesis-drawn
   strings spelled byte by byte. Run with ``-s`` for the counts.
-* Outputs: 200 seeded generations, 10 under each of the 20 schemas of
-  ``constrained.examples``, at temperature 1 from a random model over SmolLM2's
-  vocabulary (it writes whatever the mask leaves: the hardest test of the mask): every
-  output ends at EOS, parses, and the ``jsonschema`` library validates it; and SmolLM2
-  itself, greedy, under each schema.
+* Outputs: 380 seeded generations, 10 under each of the 20 schemas of
+  ``constrained.examples.SCHEMAS`` and the 18 of its ``KEYWORDS``, at temperature 1 from
+  a random model over SmolLM2's vocabulary (it writes whatever the mask leaves: the
+  hardest test of the mask, and of the budget, which alone ends the unbounded ones):
+  every output ends at EOS within its 300 tokens, parses, and the ``jsonschema`` library
+  validates it (formats checked); and SmolLM2 itself, greedy, under each schema.
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ from test_constrained import _patterns, _schemas
 
 from constrained import Index, Language, Tokens
 from constrained.definition import Definition
-from constrained.examples import SCHEMAS
+from constrained.examples import KEYWORDS, SCHEMAS
 
 jsonschema = pytest.importorskip("jsonschema")  # a dev dependency: a test peer only
+from json_oracle import validate  # noqa: E402 (after the skip)
 
 pytestmark = pytest.mark.extended
 
@@ -173,9 +175,10 @@ def test_gemma3_masks_at_the_states_that_matter(gemma3_vocabulary):
 VALIDITY: dict[str, collections.Counter] = {}
 
 
-def test_200_sampled_outputs_under_20_schemas_all_validate(smollm2_vocabulary):
+def test_380_sampled_outputs_under_38_schemas_all_validate(smollm2_vocabulary):
     """Ten seeded generations under each schema at temperature 1, from a random model over
-    SmolLM2's vocabulary at level 2: each ends at EOS, parses, validates. Prints the table."""
+    SmolLM2's vocabulary at level 2, with a budget of 300 tokens: each ends at EOS within
+    it, parses, validates. Prints the table."""
     import torch
 
     import levels
@@ -189,19 +192,19 @@ def test_200_sampled_outputs_under_20_schemas_all_validate(smollm2_vocabulary):
     )
     stops = STOP["smollm2"]
     table = []
-    for name, schema in SCHEMAS.items():
+    for name, schema in (SCHEMAS | KEYWORDS).items():
         index = Index(Language.schema(schema), smollm2_vocabulary, stops)
         counts = collections.Counter()
         for seed in range(10):
             tokens = list(model.stream([1, 9, 42], 300, temperature=1.0, seed=seed,
-                                       constraint=index.constraint(), stop_ids=stops))  # fmt: skip
+                                       constraint=index.constraint(300), stop_ids=stops))  # fmt: skip
             counts["generated"] += 1
             counts["tokens"] += len(tokens)
             assert tokens[-1] in stops, (name, seed)
             text = b"".join(smollm2_vocabulary.bytes[t] for t in tokens[:-1]).decode()
             value = json.loads(text)
             counts["parsed"] += 1
-            jsonschema.validate(value, schema)
+            validate(value, schema)
             counts["valid"] += 1
             VALIDITY.setdefault(name, collections.Counter())[text] += 1
         table.append((name, counts, len(VALIDITY[name])))
@@ -210,7 +213,7 @@ def test_200_sampled_outputs_under_20_schemas_all_validate(smollm2_vocabulary):
     for name, c, distinct in table:
         print(f"| {name} | {c['generated']} | {c['parsed']} | {c['valid']} | {distinct} | "
               f"{c['tokens'] / c['generated']:.1f} |")  # fmt: skip
-    assert sum(c["valid"] for _, c, _ in table) == 200
+    assert sum(c["valid"] for _, c, _ in table) == 380
 
 
 @pytest.mark.real_model
