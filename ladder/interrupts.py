@@ -28,8 +28,8 @@ included), the tens of milliseconds before any code of this package runs.
 
 And a fourth moment loses the interrupt altogether: **a finalizer or a weakref callback**
 (torch runs them between any two steps), where Python prints the exception as "ignored"
-and goes on, so the command ran to its end (measured: 1 of 40 interrupted ``ladder
-train --quick`` runs exited 0 after six lines of it). ``CtrlC`` takes such an interrupt
+and goes on, so the command ran to its end (a training interrupted there exited 0
+after printing it). ``CtrlC`` takes such an interrupt
 from ``sys.unraisablehook`` and sends it again, to land outside. It also remembers the
 signal, for a loop that must stop whatever swallowed it (training asks ``check()``
 between steps). Where SIGINT is ignored (``nohup``, a background job) nothing is

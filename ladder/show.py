@@ -20,9 +20,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import LEVELS
+from levels import LEVELS
 
-ROOT = Path(__file__).resolve().parent  # the levels/ package
+ROOT = Path(__file__).resolve().parents[1] / "levels"  # the levels/ package
 
 
 @dataclass(frozen=True)

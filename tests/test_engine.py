@@ -119,15 +119,19 @@ def test_a_model_drafting_for_itself_keeps_every_guess(cache):
 
 
 def test_a_preempted_sequence_resumes_at_its_own_positions():
-    """A pool of ten blocks of four for three sequences that need more: the newest are
-    preempted while decoding, come back, compute again what they had (their own blocks
-    found by prefix) and go on. Each text is its greedy text alone, and every block and
+    """A pool of twelve blocks of four for three sequences that need more: the newest is
+    preempted while decoding, comes back, finds its own blocks by prefix, computes the rest
+    of what it had and goes on. Each text is its greedy text alone, and every block and
     reference is back at the end."""
     model = _model()
-    engine = Engine(model, cache="paged", max_batch=3, blocks=10, block_size=4)
+    engine = Engine(model, cache="paged", max_batch=3, blocks=12, block_size=4)
     prompts = [PROMPT, PROMPT[::-1], PROMPT[2:9]]
-    seqs = engine.generate([Request(p, 10) for p in prompts])
-    assert engine.preempted > 0
+    seqs = [engine.add(Request(p, 10)) for p in prompts]
+    trace = []
+    while any(s.finish is None for s in seqs):
+        engine.step()
+        trace += engine.said
+    assert "r2 preempted" in trace and "r2 joins (14 tokens, 8 found cached)" in trace
     assert [s.generated for s in seqs] == [_plain_greedy(model, p, 10) for p in prompts]
     assert engine.pool.available == engine.pool.blocks and not any(engine.pool.refs)
 

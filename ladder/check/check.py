@@ -66,12 +66,9 @@ Cost
 ----
 Compiled kernels go to Triton's own cache (``~/.triton/cache``, or
 ``TRITON_CACHE_DIR``), keyed by source, options and target, so a second run
-recompiles only what changed. Measured on 2 shared CPU cores (triton 3.9): the
-398 jobs of the matrix before the paged decode kernel, 367 compiled and 31 pruned,
-take 6 min 20 s cold (``--cold``: 750 s of compiling, the float32 tiles at head 256 the slowest, up
-to 40 s each) and 9 s warm. ``--write-table`` also compiles the 31 pruned
-candidates, as far as the LLVM-IR stage: about a minute more. The paged decode
-kernel's 24 jobs, added since, take 5 s cold (6 s of compiling; 2026-12-06).
+recompiles only what changed: minutes cold, seconds warm (the appendix's
+measurements). ``--write-table`` also compiles the pruned candidates, as far as the
+LLVM-IR stage.
 
 Run it as ``ladder check``
 (``--help`` for the filters).

@@ -49,9 +49,8 @@ def copied(value: torch.Tensor, *, device=None, dtype=None) -> torch.Tensor:
     """A contiguous copy of ``value`` on ``device`` in ``dtype``; on the CPU in memory from
     numpy, which asks the kernel for huge pages (``madvise``) for blocks of 4 MiB or more,
     where torch's allocator takes 4 KiB pages. A decode step streams every weight once,
-    and with 4 KiB pages its address translations are a real share of the step: SmolLM2's
-    compiled step at level 3 took 36 ms with its weights copied into torch's memory and
-    31.5 ms copied into numpy's (one thread, 2026-12-06)."""
+    and with 4 KiB pages its address translations are a real share of the step (the
+    appendix's measurements)."""
     dtype = dtype or value.dtype
     if torch.device(device or "cpu").type != "cpu":
         return value.to(

@@ -3,12 +3,10 @@
 A server decodes its running requests together, one token each, so every product of
 the step is ``M`` rows (up to ``--max-batch``) times a weight matrix that is read once
 for all of them. On a CPU, ``F.linear`` hands that to a BLAS GEMM, tuned for large
-products, and for a handful of rows it is slow: SmolLM2's matrices (the tied head
-included), in level 3's layout, took 32.7 ms for one row and 79.0 ms for eight on one
-core of this project's AMD EPYC. oneDNN's inner product, with each matrix reordered
-once into its blocked layout for eight rows, took 36.8 ms for one row and 39.3 ms for
-eight (2026-12-06, one thread: ``python docs/tools/decode_profile.py --layouts --rows
-8``, and ``--rows 1``).
+products, and for a handful of rows it is slow: eight rows cost it more than twice one
+row. oneDNN's inner product, with each matrix reordered once into its blocked layout for
+eight rows, costs about a row's time for eight (docs/decoding.md measures both:
+``python docs/tools/decode_profile.py --layouts --rows 8``).
 
 ``block(model)`` is an explicit transform, as ``quant.quantize`` is (``forms.convert``
 walks the model for both): each ``nn.Linear`` becomes a ``BlockedLinear``, each other
