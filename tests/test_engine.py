@@ -118,6 +118,21 @@ def test_a_model_drafting_for_itself_keeps_every_guess(cache):
     assert engine.counts.accepted == engine.counts.drafted > 0
 
 
+def test_paged_sequences_that_keep_different_guesses_decode_as_alone():
+    """Over a paged cache (blocks of 4: guesses that cross blocks), three sequences drafted
+    for by a near copy of the model: each keeps its own number of guesses a pass, its count
+    set back past the ones it did not keep and their blocks given back. Each text is its
+    greedy text alone."""
+    model = _model()
+    prompts = [PROMPT, PROMPT[3:7], PROMPT[:2]]
+    engine = Engine(model, cache="paged", max_batch=3, blocks=30, block_size=4)
+    draft = ModelDraft(_model(noise=0.05))
+    seqs = engine.generate([Request(p, NEW, draft=draft, draft_tokens=3) for p in prompts])
+    assert [s.generated for s in seqs] == [_plain_greedy(model, p) for p in prompts]
+    assert 0 < engine.counts.accepted < engine.counts.drafted
+    assert engine.pool.available == engine.pool.blocks and not any(engine.pool.refs)
+
+
 def test_a_preempted_sequence_resumes_at_its_own_positions():
     """A pool of twelve blocks of four for three sequences that need more: the newest is
     preempted while decoding, comes back, finds its own blocks by prefix, computes the rest
