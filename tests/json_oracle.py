@@ -14,7 +14,6 @@ import datetime
 import functools
 import re
 import string
-import urllib.parse
 
 _TIME_SHAPE = re.compile(r"\d\d:\d\d:\d\d(\.\d+)?([Zz]|[+-]\d\d:\d\d)")  # RFC 3339 full-time
 _URI_CHARS = set(string.ascii_letters + string.digits + "-._~:/?#[]@!$&'()*+,;=%")
@@ -42,10 +41,11 @@ def date_time(text: str) -> bool:
 
 
 def uri(text: str) -> bool:
-    """RFC 3986's ``URI``, loosely: a scheme, its characters, whole percent-escapes."""
-    scheme = urllib.parse.urlsplit(text).scheme
+    """RFC 3986's ``URI``, loosely: a scheme (letters of either case), its characters, whole
+    percent-escapes."""
+    scheme, colon, _ = text.partition(":")
     escapes = all(re.fullmatch(r"[0-9A-Fa-f]{2}", p[:2]) for p in text.split("%")[1:])
-    named = re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", scheme) and text.startswith(scheme + ":")
+    named = colon and re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", scheme)
     return bool(named) and set(text) <= _URI_CHARS and escapes
 
 
@@ -57,8 +57,10 @@ def checker():
     checks = jsonschema.FormatChecker(formats=())
     checks.checkers.update(jsonschema.Draft202012Validator.FORMAT_CHECKER.checkers)
     for name, check in (("time", full_time), ("date-time", date_time), ("uri", uri)):
-        if name not in checks.checkers:
-            checks.checks(name, raises=ValueError)(check)
+        if name not in checks.checkers:  # a format constrains strings only, as jsonschema's own
+            checks.checks(name, raises=ValueError)(
+                lambda value, check=check: not isinstance(value, str) or check(value)
+            )
     return checks
 
 
