@@ -244,12 +244,21 @@ def attention_weights(q, k, *, causal=False, mask=None, scale=None, window=None)
     # because every row keeps an allowed key (check_attention, or the model's
     # edge): its max is finite and no row becomes exp(-inf - -inf) = NaN.
     scores = np.where(allowed, scores, -np.inf)  # (B,H,T,S)
+    return softmax(scores, return_lse=True)
+
+
+def softmax(scores: np.ndarray, *, return_lse: bool = False):
+    """The softmax over the last axis of ``scores (..., S)``, ``-inf`` at the keys a row may
+    not see (their weight is exactly 0); with ``return_lse`` also each row's log-sum-exp
+    ``(...,)``. A row must hold a finite score (the callers check it first)."""
     # Subtracting the row max keeps every exp argument <= 0 (no overflow) and
     # makes the largest term exactly 1 (no 0/0 from underflow).
-    top = scores.max(axis=-1, keepdims=True)  # (B,H,T,1)
+    top = scores.max(axis=-1, keepdims=True)  # (..., 1)
     weights = np.exp(scores - top)
-    total = weights.sum(axis=-1, keepdims=True)  # (B,H,T,1), at least 1
-    weights /= total  # (B,H,T,S), rows sum to 1
+    total = weights.sum(axis=-1, keepdims=True)  # (..., 1), at least 1
+    weights /= total  # (..., S), rows sum to 1
+    if not return_lse:
+        return weights
     return weights, (top + np.log(total))[..., 0]  # lse = max + log sum exp(s - max)
 
 
