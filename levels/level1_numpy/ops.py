@@ -239,10 +239,10 @@ def attention_weights(q, k, *, causal=False, mask=None, scale=None, window=None)
     if scale is None:
         scale = 1.0 / math.sqrt(Dh)
 
-    scores = (q @ k.swapaxes(-1, -2)) * scale  # (B,H,T,Dh) @ (B,H,Dh,S) -> (B,H,T,S)
     # -inf gives a forbidden key weight exactly 0 after exp. It is safe only
     # because every row keeps an allowed key (check_attention, or the model's
     # edge): its max is finite and no row becomes exp(-inf - -inf) = NaN.
+    scores = (q @ k.swapaxes(-1, -2)) * scale  # (B,H,T,Dh) @ (B,H,Dh,S) -> (B,H,T,S)
     scores = np.where(allowed, scores, -np.inf)  # (B,H,T,S)
     return softmax(scores, return_lse=True)
 
@@ -257,9 +257,8 @@ def softmax(scores: np.ndarray, *, return_lse: bool = False):
     weights = np.exp(scores - top)
     total = weights.sum(axis=-1, keepdims=True)  # (..., 1), at least 1
     weights /= total  # (..., S), rows sum to 1
-    if not return_lse:
-        return weights
-    return weights, (top + np.log(total))[..., 0]  # lse = max + log sum exp(s - max)
+    lse = (top + np.log(total))[..., 0]  # lse = max + log sum exp(s - max)
+    return (weights, lse) if return_lse else weights
 
 
 def check_attention(q, k, v, *, causal, mask, scale, window) -> None:
