@@ -75,11 +75,17 @@ def load(folder) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[str(folder)])  # fmt: skip
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
+    # No bytecode is written beside the learner's files: none can then be read back stale
+    # (its timestamp is in whole seconds), and their folder stays theirs.
+    writing, sys.dont_write_bytecode = sys.dont_write_bytecode, True
     try:
         spec.loader.exec_module(module)
     except Exception as exc:  # the learner's code: any error is theirs to read, in one line
-        del sys.modules[name]
+        for partial in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+            del sys.modules[partial]
         raise RungError(f"your rung at {folder} does not import: {failure(exc, folder)}") from None
+    finally:
+        sys.dont_write_bytecode = writing
     missing = [n for n in NAMES if not hasattr(module, n)]
     if missing:
         raise RungError(f"your rung at {folder} lacks {', '.join(missing)} (its __init__.py names them: compare with `ladder rung new`'s)")  # fmt: skip
