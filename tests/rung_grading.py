@@ -186,6 +186,9 @@ class RungGrading:
         return r.skipped or "not run"
 
     def pytest_sessionfinish(self, session, exitstatus):
+        ran = any(r.passed or r.failed or r.not_written or r.waits_for or r.skipped for r in self.results.values())  # fmt: skip
+        if exitstatus == pytest.ExitCode.INTERRUPTED and not ran:
+            return  # stopped before any verdict: nothing to summarise
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         write = print if reporter is None else reporter.write_line
         for line in ([] if reporter is None else [""]) + self.lines():
