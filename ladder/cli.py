@@ -720,6 +720,11 @@ def _docs(commands) -> None:
     p.set_defaults(run="ladder.docs:run")
 
 
+def _stages_option(p: argparse.ArgumentParser, flag: str, help: str) -> None:
+    """A rung's stages, comma-separated (``learner.stage_names``): none by default."""
+    p.add_argument(flag, type=_stages, default=(), metavar="STAGES", help=help)
+
+
 def _rung(commands) -> None:
     p = commands.add_parser(
         "rung",
@@ -738,12 +743,10 @@ def _rung(commands) -> None:
         "says what to write and which chapter teaches it.",
     )
     new.add_argument("folder", metavar="DIR", type=Path, help="where (a new or empty folder)")
-    new.add_argument(
+    _stages_option(
+        new,
         "--take",
-        type=_stages,
-        default=(),
-        metavar="STAGES",
-        help="stages to take from level 1 instead of writing them, comma-separated (attention, "
+        "stages to take from level 1 instead of writing them, comma-separated (attention, "
         "softmax, rope, norms, block, cache, decoder) or all",
     )
     new.set_defaults(run="ladder.rung:new")
@@ -756,12 +759,8 @@ def _rung(commands) -> None:
         "python -m pytest --rung DIR.",
     )
     test.add_argument("folder", metavar="DIR", type=Path, help="the rung's folder")
-    test.add_argument(
-        "--stage",
-        type=_stages,
-        default=(),
-        metavar="STAGES",
-        help="these stages' tests only, comma-separated (the one you are writing)",
+    _stages_option(
+        test, "--stage", "these stages' tests only, comma-separated (the one you are writing)"
     )
     test.set_defaults(run="ladder.rung:test")
 
