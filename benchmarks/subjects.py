@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -147,6 +148,21 @@ def level_subject(name: str, module: ModuleType, device: str, dtype: str = "floa
         module=module,
         attention=module.attention,
     )
+
+
+RUNG_SCENARIOS = ("attention fwd", "decoder fwd")  # where a learner's rung stands beside the five
+
+
+def rung_subject(folder, device: str, dtype: str = "float32") -> Subject:
+    """A learner's rung (``learner.load``) as a subject, from the facts it declares, in the
+    attention and decoder tables beside the levels: checked against the reference like
+    them, and reported, not timed, where it is wrong or a stage is not written yet."""
+    import learner
+
+    module = learner.load(folder)
+    subject = level_subject(f"rung:{Path(folder).resolve().name}", module, device, dtype)
+    subject.only = RUNG_SCENARIOS
+    return subject
 
 
 def load_subjects(

@@ -9,6 +9,7 @@
     ladder chat        chat with a real model            (ladder/chat.py)
     ladder generate    continue a text or a task's input (ladder/chat.py)
     ladder serve       a real model behind OpenAI's HTTP API (ladder/serve.py over serving/)
+    ladder rung        write your own rung, and grade it with the suite (ladder/rung.py)
 
 Every argument is declared here, so ``--help`` and parse errors need none of
 the implementations; a command's implementation is imported only when it runs.
@@ -58,6 +59,7 @@ INPUT_ERRORS = (
     "levels.gguf.GGUFError",
     "lab.checkpoint.CheckpointError",
     "loading.models.LoadError",
+    "learner.rung.RungError",
 )
 
 
@@ -135,6 +137,15 @@ def _lengths(text: str) -> list[int]:
     return sorted(values)
 
 
+def _stages(text: str) -> tuple[str, ...]:
+    import learner
+
+    try:
+        return learner.stage_names(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _device(text: str) -> str:
     """``cpu``, ``cuda`` or ``cuda:N``; whether this machine has it is checked when the command runs."""
     kind, _, index = text.partition(":")
@@ -161,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     _generate(commands)
     _serve(commands)
     _docs(commands)
+    _rung(commands)
     return parser
 
 
@@ -224,6 +236,15 @@ def _bench(commands) -> None:
         default=None,
         help="the real model's decode at level 3 also compiled (level3:compiled; the default "
         "where a C++ compiler is on PATH, compiled once per weight format, then cached)",
+    )
+    p.add_argument(
+        "--rung",
+        metavar="DIR",
+        type=Path,
+        action="append",
+        default=None,
+        help="also your rung in DIR (`ladder rung new`; repeatable), in the attention and "
+        "decoder tables: checked like the levels before it is timed",
     )
     p.set_defaults(run="ladder.bench:run")
 
@@ -705,6 +726,51 @@ def _docs(commands) -> None:
     p.set_defaults(run="ladder.docs:run")
 
 
+def _stages_option(p: argparse.ArgumentParser, flag: str, help: str) -> None:
+    """A rung's stages, comma-separated (``learner.stage_names``): none by default."""
+    p.add_argument(flag, type=_stages, default=(), metavar="STAGES", help=help)
+
+
+def _rung(commands) -> None:
+    p = commands.add_parser(
+        "rung",
+        help="write your own rung, and grade it with the ladder's own tests",
+        description=(
+            "A rung of your own: `new` writes a package whose stages (attention, the softmax, "
+            "RoPE, the norms, the block, the KV cache, the decoder) you fill in, `test` runs the "
+            "ladder's own suite on it, stage by stage. docs/your_rung.md walks through it."
+        ),
+    )
+    actions = p.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser, required=True)
+    new = actions.add_parser(
+        "new",
+        help="write a rung to fill in, every stage a stub",
+        description="Write a rung into DIR (new, or empty): one file a stage, each a stub that "
+        "says what to write and which chapter teaches it.",
+    )
+    new.add_argument("folder", metavar="DIR", type=Path, help="where (a new or empty folder)")
+    _stages_option(
+        new,
+        "--take",
+        "stages to take from level 1 instead of writing them, comma-separated (attention, "
+        "softmax, rope, norms, block, cache, decoder) or all",
+    )
+    new.set_defaults(run="ladder.rung:new")
+    test = actions.add_parser(
+        "test",
+        help="run the ladder's suite on a rung, stage by stage",
+        description="Run the ladder's own tests on the rung in DIR, stage by stage in the "
+        "course's order, then SmolLM2 on it once the decoder passes; one line a stage. "
+        "Exit status 1 while a stage fails or is not written. For every failure in full: "
+        "python -m pytest --rung DIR.",
+    )
+    test.add_argument("folder", metavar="DIR", type=Path, help="the rung's folder")
+    _stages_option(
+        test, "--stage", "these stages' tests only, comma-separated (the one you are writing)"
+    )
+    test.set_defaults(run="ladder.rung:test")
+
+
 # ----------------------------------------------------------------------------- running
 
 
@@ -783,7 +849,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help (0) or a usage error (2), already printed by argparse
         return int(exc.code or 0)
     debug = getattr(args, "debug", False) or os.environ.get("LADDER_DEBUG") == "1"
-    prog = f"ladder {args.command}"
+    prog = " ".join(
+        ["ladder", args.command, *([args.action] if getattr(args, "action", None) else [])]
+    )
     try:
         return int(_handler(args.run)(args) or 0)
     except (Interrupted, KeyboardInterrupt) as exc:

@@ -48,6 +48,7 @@ PIECES: dict[str, dict[str, tuple[Source, ...] | Reuse]] = {
         "level1_numpy": (
             Source("level1_numpy/ops.py", "attend"),
             Source("level1_numpy/ops.py", "attention_weights"),
+            Source("level1_numpy/ops.py", "softmax"),
         ),
         "level2_torch_manual": (Source("level2_torch_manual/attention.py", "attend"),),
         "level3_sdpa_flash": (

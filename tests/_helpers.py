@@ -80,8 +80,9 @@ def _describe_failure(actual, expected, bound, what) -> str:
     excess = err - bound
     idx = np.unravel_index(int(np.argmax(excess)), err.shape) if err.ndim else ()
     return (
-        f"{what}: {int((excess > 0).sum())} of {err.size} elements out of tolerance; "
-        f"worst at {tuple(int(i) for i in idx)}: got {actual[idx]!r}, expected {expected[idx]!r} "
+        f"{what} {err.shape}: {int((excess > 0).sum())} of {err.size} elements out of tolerance; "
+        f"worst at {tuple(int(i) for i in idx)}: got {float(actual[idx])!r}, expected "
+        f"{float(expected[idx])!r} "
         f"(|diff| {err[idx]:.3e} > bound {np.broadcast_to(bound, err.shape)[idx]:.3e}); "
         f"max |diff| {err.max():.3e}"
     )
@@ -96,7 +97,13 @@ def assert_allclose_tol(actual, expected, tol: Tolerance, *, what="output", base
     actual = np.asarray(actual, dtype=np.float64)
     expected = np.asarray(expected, dtype=np.float64)
     assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
-    assert np.isfinite(actual).all(), f"{what}: non-finite values {actual[~np.isfinite(actual)]}"
+    finite = np.isfinite(actual)
+    if not finite.all():
+        first = tuple(int(i) for i in np.argwhere(~finite)[0])
+        raise AssertionError(
+            f"{what} {actual.shape}: {int((~finite).sum())} of {actual.size} values not finite, "
+            f"the first at {first}: {float(actual[first])!r} (expected {float(expected[first])!r})"
+        )
     if tol.baseline_factor is not None:
         if baseline is None:
             raise AssertionError(f"{what}: a low-precision check needs PyTorch's own result")
@@ -203,7 +210,13 @@ class Case:
         return cls(config, params, **kw)
 
     def assert_close(self, actual, expected, *, what="output", baseline=None):
-        """``actual`` (native or numpy) against the float64 ``expected``, with the case's tolerance."""
+        """``actual`` (native or numpy) against the float64 ``expected``, with the case's tolerance.
+
+        At a numpy level (level 1, a learner's rung) ``actual`` must be a numpy array: a
+        list would pass the comparison here and break the next piece (``+`` joins lists).
+        """
+        if self.policy.framework == "numpy" and not isinstance(actual, np.ndarray):
+            raise AssertionError(f"{self} {what}: a {type(actual).__name__}, not a numpy array")
         if not isinstance(actual, np.ndarray):
             actual = self.np(actual)
         assert_allclose_tol(

@@ -10,6 +10,9 @@ assigns to the level, and carries the tolerance of that dtype.
 Run the torch levels on a GPU with ``pytest --device cuda``; that adds the
 float16 / bfloat16 runs, held to the flash-attention rule (at most twice
 PyTorch's own error in the same dtype, both against the float64 reference).
+
+``pytest --rung DIR`` runs the tests of the stages (``@pytest.mark.stage``) on a
+learner's rung instead, as on a sixth level and on it alone (``rung_grading.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import os
 import pytest
 import torch
 from _helpers import Case, Policy, Tolerance
+from rung_grading import RUNG
 
 import levels
 
@@ -88,6 +92,14 @@ def pytest_addoption(parser):
     )
 
 
+def rung_policy(module) -> Policy:
+    """How a rung is tested: as its facts say, in the dtypes the tolerances cover."""
+    facts = module.FACTS
+    return Policy(
+        framework=facts.array, cpu_dtypes=tuple(d for d in facts.dtypes if d in TOLERANCE)
+    )
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "best_dtype: run only the level's most precise dtype")
     config.addinivalue_line("markers", "torch_only: only the torch levels (autograd, nn.Module)")
@@ -97,6 +109,12 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "no_lowp: no float16/bfloat16 run (no PyTorch baseline to hold it to)"
     )
+    config.addinivalue_line(
+        "markers",
+        "stage(name, **only): a test of a learner's rung's stage (learner.STAGES); the keywords "
+        "name the parameter values a rung runs (--rung: rung_grading.py)",
+    )
+    config.addinivalue_line("markers", "rung_only: runs on a learner's rung only (--rung)")
     config.addinivalue_line(
         "markers",
         "interpreter_extended(*ids): level 4's cases (those with one of these parameter ids; "
@@ -114,6 +132,36 @@ def pytest_configure(config):
     torch.set_num_threads(1)
     if config.getoption("--device") == "cuda" and not torch.cuda.is_available():
         raise pytest.UsageError("--device cuda was asked for, but torch sees no CUDA device")
+    if config.getoption("--rung"):
+        _grade_the_rung(config)
+
+
+def _grade_the_rung(config) -> None:
+    """``--rung DIR``: import the learner's package (one line if it does not import) and let
+    ``rung_grading`` select, order and summarise the stages' tests; short tracebacks, and
+    no line per skipped case."""
+    from pathlib import Path
+
+    from rung_grading import RungGrading
+
+    import learner
+
+    folder = Path(config.getoption("--rung")).resolve()
+    stages = config.getoption("--rung-stage")
+    try:
+        module = learner.load(folder)
+        for name in stages or ():
+            learner.stage(name)
+    except (learner.RungError, ValueError) as exc:
+        raise pytest.UsageError(str(exc)) from None
+    config.pluginmanager.register(RungGrading(folder, module, stages), "rung")
+    if getattr(config.option, "tbstyle", None) == "auto":
+        config.option.tbstyle = "short"
+    # The summary gives a stage not written one line; pytest's list of skips would give
+    # each of its cases another. (Without pytest's terminal, as `ladder rung test` runs it,
+    # there is no such list.)
+    if getattr(config.option, "reportchars", None):
+        config.option.reportchars = config.option.reportchars.replace("a", "fE").replace("s", "")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -123,6 +171,17 @@ def pytest_collection_modifyitems(config, items):
     suite. A case is level 4's when the level it is parametrised by (``case``'s, or a
     parameter's value) is. (This hook runs before pytest's own, which then deselects them
     by ``-m``.)"""
+    import learner
+
+    for item in items:
+        stage = item.get_closest_marker("stage")
+        if stage is not None:
+            learner.stage(stage.args[0])  # a misspelt stage is an error, not a silent skip
+    if not config.getoption("--rung"):  # the rung's own tests need one
+        rung_only = [item for item in items if item.get_closest_marker("rung_only")]
+        if rung_only:
+            config.hook.pytest_deselected(items=rung_only)
+            items[:] = [item for item in items if not item.get_closest_marker("rung_only")]
     if config.getoption("--device") != "cpu":
         return
     for item in items:
@@ -137,8 +196,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.extended)
 
 
-def _dtypes_for(name: str, device: str, *, best_only: bool, lowp: bool) -> tuple[str, ...]:
-    dtypes = POLICY[name].dtypes(device)
+def _dtypes(policy: Policy, device: str, *, best_only: bool, lowp: bool) -> tuple[str, ...]:
+    dtypes = policy.dtypes(device)
     if not lowp:
         dtypes = tuple(d for d in dtypes if d not in ("float16", "bfloat16"))
     return dtypes[:1] if best_only else dtypes
@@ -159,9 +218,13 @@ def pytest_generate_tests(metafunc):
     excluded = metafunc.definition.get_closest_marker("exclude_levels")
     if excluded:
         names = [n for n in names if n not in excluded.args]
+    grading = metafunc.config.pluginmanager.get_plugin("rung")
+    if grading is not None:  # --rung: the learner's rung alone
+        names = [RUNG]
     pairs, ids = [], []
     for name in names:
-        for dtype in _dtypes_for(name, device, best_only=best_only, lowp=lowp):
+        policy = rung_policy(grading.module) if name == RUNG else POLICY[name]
+        for dtype in _dtypes(policy, device, best_only=best_only, lowp=lowp):
             pairs.append((name, dtype))
             ids.append(f"{name}-{dtype}" if "case" in wanted else name)
     metafunc.parametrize("_level_dtype", pairs, ids=ids, indirect=True)
@@ -186,11 +249,15 @@ def device(request) -> str:
 
 
 @pytest.fixture
-def case(_level_dtype, device) -> Case:
+def case(_level_dtype, device, request) -> Case:
     """The level under test, in one dtype, with that dtype's tolerance."""
     name, dtype = _level_dtype
-    module = load_or_skip(name)
-    policy = POLICY[name]
+    if name == RUNG:
+        module = request.config.pluginmanager.get_plugin("rung").module
+        policy = rung_policy(module)
+    else:
+        module = load_or_skip(name)
+        policy = POLICY[name]
     return Case(
         name=name,
         module=module,
@@ -199,6 +266,12 @@ def case(_level_dtype, device) -> Case:
         policy=policy,
         tolerance=TOLERANCE[dtype],
     )
+
+
+@pytest.fixture
+def rung(request):
+    """``--rung``'s grading (``rung_grading.RungGrading``): the rung, and its stages so far."""
+    return request.config.pluginmanager.get_plugin("rung")
 
 
 @pytest.fixture

@@ -83,6 +83,14 @@ def attention(
     return out
 
 
+def softmax(scores) -> np.ndarray:
+    """The softmax over the last axis of ``scores (..., S)`` in float64, ``-inf`` at the keys a
+    row may not see (weight exactly 0); every row holds a finite score."""
+    scores = np.asarray(scores, dtype=np.float64)
+    e = np.exp(scores - scores.max(axis=-1, keepdims=True))  # exp(-inf) = 0
+    return e / e.sum(axis=-1, keepdims=True)
+
+
 def merge(parts) -> tuple[np.ndarray, np.ndarray]:
     """Attention over the union of disjoint key sets from each set's ``(out, lse)``:
     weights ``exp(lse_i - lse)`` with ``lse = log sum_i exp(lse_i)``."""

@@ -304,6 +304,7 @@ def test_seq2seq_vs_nn_transformer(case, bias):
     case.assert_close(out, expected, what="seq2seq vs nn.Transformer", baseline=baseline)
 
 
+@pytest.mark.stage("decoder")
 @BIAS
 def test_decoder_only_vs_torch_encoder_stack(case, bias):
     config = torch_config(case.tiny, bias=bias)

@@ -2,7 +2,11 @@
 
 The full grid of awkward shapes runs here, on attention only (it is cheap):
 lengths T, S in {1, 7, 13, 33} with T != S, head widths Dh in {4, 8, 12, 16},
-causal on and off, no mask or a random boolean mask with no empty row.
+causal on and off, no mask or a random boolean mask with no empty row; key
+heads shared in groups; scores far past where ``exp`` overflows.
+
+These are also the first two stages of a learner's rung (``stage``: attention, and
+the softmax's numerics).
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ GRID = [
 
 
 @pytest.mark.no_lowp
+@pytest.mark.stage("attention")
 @pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
 @pytest.mark.parametrize(
     "T,S,Dh,causal",
@@ -75,6 +80,7 @@ def test_attention_matches_reference(case, T, S, Dh, causal, masked):
 
 
 @pytest.mark.no_lowp
+@pytest.mark.stage("attention")
 def test_value_width_differs_from_head_width(case):
     """``v`` may have its own width Dv != Dh."""
     B, H = _batch(case)
@@ -85,6 +91,7 @@ def test_value_width_differs_from_head_width(case):
 
 
 @pytest.mark.no_lowp
+@pytest.mark.stage("attention")
 def test_explicit_scale(case):
     B, H = _batch(case)
     rng = np.random.default_rng(8)
@@ -103,6 +110,7 @@ MASK_SHAPES = {
 
 
 @pytest.mark.no_lowp
+@pytest.mark.stage("attention")
 @pytest.mark.parametrize("form", list(MASK_SHAPES))
 def test_broadcast_masks(case, form):
     """Masks broadcast to (B,H,T,S) like numpy arrays, from the right."""
@@ -140,6 +148,7 @@ def test_masks_that_broadcast_along_the_keys(case, form):
 
 
 @pytest.mark.best_dtype
+@pytest.mark.stage("attention")
 def test_causal_is_bottom_right(case):
     """With T < S the last query sees every key and the first sees S - T + 1 of them.
 
@@ -161,3 +170,68 @@ def test_causal_is_bottom_right(case):
     # One query against a cache: causal masks nothing.
     full = case.np(case.module.attention(case.arr(q[:, :, -1:]), case.arr(k), case.arr(v)))
     case.assert_close(causal[:, :, -1:], full, what="last query sees every key")
+
+
+# (T, S, Hkv, causal, masked) with H = 4 query heads: multi-query (Hkv = 1), groups of two
+# (Hkv = 2: query heads 0 and 1 read key head 0, heads 2 and 3 key head 1), one key head a
+# query head (Hkv = H); T < S (a cache) and T > S (without causal).
+GROUPED = [(3, 7, 1, True, False), (5, 5, 2, True, True), (6, 4, 2, False, True), (2, 9, 4, False, False)]  # fmt: skip
+
+
+@pytest.mark.no_lowp
+@pytest.mark.stage("attention")
+@pytest.mark.parametrize(
+    "T,S,Hkv,causal,masked",
+    GROUPED,
+    ids=[f"T{T}-S{S}-Hkv{h}-{'causal' if c else 'full'}{'-mask' if m else ''}" for T, S, h, c, m in GROUPED],
+)  # fmt: skip
+def test_key_heads_shared_in_groups(case, T, S, Hkv, causal, masked):
+    """Query head ``h`` reads key/value head ``h // (H // Hkv)``: consecutive query heads share
+    one (Llama's ``repeat_kv``), which an interleaved mapping (``h % Hkv``) gets wrong."""
+    B, H, Dh = 2, 4, 6
+    rng = np.random.default_rng(100 * T + 10 * S + Hkv)
+    q = rng.normal(size=(B, H, T, Dh))
+    k, v = rng.normal(size=(B, Hkv, S, Dh)), rng.normal(size=(B, Hkv, S, Dh + 1))  # Dv != Dh
+    mask = None
+    if masked:
+        mask = random_mask(rng, (B, 1, T, S))
+        mask[..., np.arange(T), np.minimum(np.arange(T) + (S - T), S - 1)] = True  # a key a row
+    expected = ref.attention(q, k, v, causal=causal, mask=mask)
+    out = case.module.attention(
+        case.arr(q), case.arr(k), case.arr(v), causal=causal,
+        mask=None if mask is None else case.arr(mask),
+    )  # fmt: skip
+    case.assert_close(out, expected, what=f"attention, {H} query heads over {Hkv} key heads")
+
+
+def _large_scores(base: int, T: int, S: int, B=2, H=2):
+    """q, k with integer entries whose scores ``q . k`` (at scale 1) are ``base`` plus
+    ``-27 .. 27``: exact in every float dtype, far past ``exp``'s overflow (709.8 in
+    float64, 88.7 in float32) when ``base`` is, and spread out, so that several keys of a
+    row weigh."""
+    rng = np.random.default_rng(base)
+    root = int(round(base**0.5))
+    q = np.concatenate([np.full((B, H, T, 1), root), rng.integers(-3, 4, (B, H, T, 3))], axis=-1)
+    k = np.concatenate([np.full((B, H, S, 1), root), rng.integers(-3, 4, (B, H, S, 3))], axis=-1)
+    return q.astype(np.float64), k.astype(np.float64)
+
+
+@pytest.mark.no_lowp
+@pytest.mark.stage("softmax")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_scores_far_past_overflow(case, causal):
+    """Scores of about 900 in float64 (``exp`` overflows above 709.8) and 100 in float32
+    (above 88.7): right only with each row's maximum subtracted first. Two keys are masked
+    and their values huge, so that any weight they keep shows."""
+    base = 900 if case.dtype == "float64" else 100
+    B, H, T, S = 2, 2, 5, 9
+    q, k = _large_scores(base, T, S, B, H)
+    v = np.random.default_rng(1).normal(size=(B, H, S, 3))
+    v[:, :, :2] = 1e6
+    mask = np.ones((T, S), dtype=bool)
+    mask[:, :2] = False  # (T, S): keys 0 and 1 hidden from every query
+    expected = ref.attention(q, k, v, causal=causal, mask=mask, scale=1.0)
+    out = case.module.attention(
+        case.arr(q), case.arr(k), case.arr(v), causal=causal, mask=case.arr(mask), scale=1.0
+    )
+    case.assert_close(out, expected, what=f"attention with scores near {base}")

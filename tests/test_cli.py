@@ -152,13 +152,20 @@ def test_only_the_readers_input_errors_are_usage_errors():
     level, say) is a failure while running."""
     from lab.checkpoint import CheckpointError
     from ladder.cli import INPUT_ERRORS, UsageError, is_usage_error
+    from learner import RungError
     from levels.gguf import GGUFError
     from loading import LoadError
 
-    readers = (GGUFError, CheckpointError, LoadError)
+    readers = (
+        GGUFError,
+        CheckpointError,
+        LoadError,
+        RungError,
+    )  # a model, a checkpoint, a source, a rung
     assert {f"{c.__module__}.{c.__qualname__}" for c in readers} == set(INPUT_ERRORS)
     assert is_usage_error(UsageError("x")) and is_usage_error(GGUFError("x"))
     assert is_usage_error(CheckpointError("x")) and is_usage_error(LoadError("x"))
+    assert is_usage_error(RungError("x"))
     assert not is_usage_error(ValueError("x")) and not is_usage_error(RuntimeError("x"))
 
 

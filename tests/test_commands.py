@@ -217,6 +217,7 @@ COMMANDS: dict[str, list[tuple[str, Check]]] = {
         ('ladder chat -p "A person, as JSON" --json-schema person.json', CHAT_SCHEMA),
         # Compiles the decode step and the check of two guesses on a fresh machine: 2 minutes.
         ('ladder chat -p "Repeat: the quick brown fox jumps over the lazy dog." --speculate ngram', run(TRAIN, extended=True, expect="fox", expect_err="speculated:", **SMOL)),
+        ("ladder rung new myrung", Same("docs/your_rung.md")),
     ],
     "docs/speculative.md": [
         ('ladder chat -p "Repeat: the quick brown fox jumps over the lazy dog." --speculate ngram', Same("README.md")),
@@ -272,6 +273,12 @@ COMMANDS: dict[str, list[tuple[str, Check]]] = {
         ("python -m pytest tests/test_docs_course.py", Collect("the course", _in_file("tests/test_docs_course.py"))),
         ("python -m pytest --device cuda", Collect("float16 and bfloat16 on a GPU", _has("float16", "bfloat16"), cuda=True)),
         ('python -m pytest -m "not slow"', Collect("without the longer checks", _lacks("tests/test_parallel.py::"))),
+    ],
+    "docs/your_rung.md": [
+        ("ladder rung new myrung", run(expect="a rung in myrung")),
+        ("ladder rung test myrung", Elsewhere("tests/test_rung.py::test_an_untouched_scaffold_has_every_stage_not_written_and_fails", "the untouched package, which exits 1 (a stage not written)")),
+        ("python -m pytest --rung myrung", Elsewhere("tests/test_rung.py::test_bad_answers_are_one_line_each_naming_the_stage_and_the_case", "as a learner runs it, in a process of its own")),
+        ("ladder bench --rung myrung --quick", Elsewhere("tests/test_rung.py::test_the_bench_times_a_rung_beside_the_levels_once_it_is_right", "the same harness at one size, level 1 beside it")),
     ],
     "docs/text_model.md": [
         ("python docs/tools/figures.py --train-text", Elsewhere("tests/test_docs_course.py::test_the_text_model_data_is_what_training_gives", "the same training, compared with the committed run, in CI's extended run")),

@@ -70,6 +70,18 @@ def test_the_path_stops_after_the_first_kernel():
     assert not found
 
 
+def test_a_workshop_beside_the_path_keeps_its_row_and_leaves_the_path(tmp_path):
+    pages = []
+    for name, text in (("a.md", "Four words of prose."), ("your_rung.md", "Two words."),
+                       ("b.md", "Three more words.")):  # fmt: skip
+        pages.append(tmp_path / name)
+        pages[-1].write_text(text)
+    assert "your_rung.md" in course_length.BESIDE_THE_PATH
+    a, workshop, b = course_length.rows(pages)
+    assert workshop.length == Length(2, 0) and workshop.to_kernel is None
+    assert a.to_kernel == Length(4, 0) and b.to_kernel == Length(3, 0)  # the path goes on
+
+
 def test_the_navigation_holds_every_page_once():
     pages = nav_pages()
     assert len(pages) == len(set(pages))

@@ -81,6 +81,7 @@ def test_mask_not_broadcastable(level, shape):
         level.module.attention(q, k, v, mask=level.arr(np.ones(shape, dtype=bool)))
 
 
+@pytest.mark.stage("softmax")  # a learner's rung: the row that sees nothing
 def test_empty_row_from_mask(level):
     q, k, v = _qkv(level)
     mask = np.ones((1, 2, 3, 5), dtype=bool)
@@ -89,12 +90,14 @@ def test_empty_row_from_mask(level):
         level.module.attention(q, k, v, mask=level.arr(mask))
 
 
+@pytest.mark.stage("softmax")  # a learner's rung: the row that sees nothing
 def test_empty_row_from_causal_with_more_queries_than_keys(level):
     q, k, v = _qkv(level, T=5, S=3)  # bottom-right: queries 0 and 1 see no key
     with raises_before_launch(ValueError):
         level.module.attention(q, k, v, causal=True)
 
 
+@pytest.mark.stage("softmax")  # a learner's rung: the row that sees nothing
 def test_empty_row_from_causal_and_mask_together(level):
     """Each alone leaves every row non-empty; together query 0 sees nothing."""
     q, k, v = _qkv(level, T=3, S=3)

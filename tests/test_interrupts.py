@@ -307,6 +307,21 @@ def test_ctrl_c_at_many_moments_of_a_chat(moments, started_s, smollm2_gguf):
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+def test_ctrl_c_while_a_rung_is_graded_is_one_line_and_130(started_s, tmp_path):
+    """``ladder rung test``: while the rung imports, while the suite collects, while it runs
+    (the suite runs in the command's own process, and says nothing of a run cut short)."""
+    import shutil
+
+    import learner
+
+    learner.new(tmp_path / "rung")
+    for path in (ROOT / "docs" / "your_rung").glob("*.py"):  # the course's rung: seconds of tests
+        shutil.copy(path, tmp_path / "rung")
+    lines = _interrupted(["rung", "test", str(tmp_path / "rung")], _moments(started_s, 5.0, 3))
+    assert all(line.startswith(("ladder: interrupted", "ladder rung test: interrupted")) for line in lines), lines  # fmt: skip
+
+
 def test_an_interrupted_bench_keeps_the_records_of_its_steps_and_says_where(tmp_path):
     """The records are written as each step ends: Ctrl-C after a few keeps them, in a file
     the one line names, and the lines printed so far said what each step measured."""

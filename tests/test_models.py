@@ -81,6 +81,7 @@ def run_seq2seq(case, config, params, src, tgt, src_valid=None, tgt_valid=None):
     return case.np(model.forward(case.arr(src), case.arr(tgt), **kwargs))
 
 
+@pytest.mark.stage("decoder", variant=("rope-bias", "none-nobias", "llama", "window"))
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_decoder_only_matches_reference(case, variant):
     config = model_config(case, variant)

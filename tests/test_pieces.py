@@ -57,6 +57,7 @@ def test_array_converters_and_describe(case):
 BIAS = pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
 
 
+@pytest.mark.stage("norms")
 @BIAS
 def test_layer_norm(case, bias):
     config = piece_config(case, bias=bias)
@@ -110,6 +111,8 @@ MHA_CASES = {
 }
 
 
+# A learner's rung writes self-attention (its block's); the cross-attention is level 1's.
+@pytest.mark.stage("block", kind=("self", "self-causal-rope", "self-rope-offset", "self-mask"))
 @BIAS
 @pytest.mark.parametrize("kind", list(MHA_CASES))
 def test_multi_head_attention(case, kind, bias):
@@ -139,6 +142,7 @@ def test_multi_head_attention(case, kind, bias):
     case.assert_close(out, expected, what=f"MultiHeadAttention {kind}")
 
 
+@pytest.mark.stage("block")
 @BIAS
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
 def test_encoder_layer(case, causal, bias):
@@ -177,6 +181,7 @@ def test_decoder_layer(case, bias):
     case.assert_close(out[valid], expected[valid], what="DecoderLayer (real positions)")
 
 
+@pytest.mark.stage("block")
 def test_encoder_layer_without_positions(case):
     """positional="none": the layer must not rotate anything."""
     config = piece_config(case, positional="none")
@@ -189,6 +194,7 @@ def test_encoder_layer_without_positions(case):
     case.assert_close(layer(case.arr(x)), expected, what="EncoderLayer positional=none")
 
 
+@pytest.mark.stage("norms")
 def test_rms_norm(case):
     config = piece_config(case, norm="rmsnorm")
     params = init_params(config, "seq2seq", seed=7, scheme="random")
@@ -214,6 +220,7 @@ def test_swiglu_feed_forward(case, bias):
     case.assert_close(ff(case.arr(x)), expected, what="FeedForward (SwiGLU)")
 
 
+@pytest.mark.stage("block", kind=("self-causal-rope",))
 @pytest.mark.parametrize("kind", ["self-causal-rope", "cross-mask"])
 def test_grouped_query_attention(case, kind):
     """One key/value head for all query heads (multi-query), q/k/v bias without an

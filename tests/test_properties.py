@@ -121,6 +121,7 @@ CACHE_VARIANTS = {
 CACHE = pytest.mark.parametrize("variant", list(CACHE_VARIANTS))
 
 
+@pytest.mark.stage("cache", variant=("default", "gqa-window"))  # a rung: no Gemma
 @CACHE
 def test_kv_cache_decoder_only(case, variant):
     config = small_config(case.tiny, **CACHE_VARIANTS[variant])
@@ -138,6 +139,7 @@ def test_kv_cache_decoder_only(case, variant):
         assert cache.length == i + 1
 
 
+@pytest.mark.stage("cache", variant=("default", "gqa-window"))
 @CACHE
 def test_extend_takes_a_prompt_in_pieces_as_prefill_takes_it_whole(case, variant):
     """``extend``: a right-padded prefill, then two more pieces, each row's new tokens after
@@ -180,6 +182,7 @@ def test_extend_takes_a_prompt_in_pieces_as_prefill_takes_it_whole(case, variant
             model.extend(case.arr(np.ones((2, config.max_seq_len), np.int64)), cache)
 
 
+@pytest.mark.stage("cache", variant=("default", "gqa-window"))
 @CACHE
 def test_a_prefill_for_the_last_token_only_gives_its_logits_and_the_same_cache(case, variant):
     """``prefill(..., last_only=True)``, what generation calls: ``(B,V)``, each row's logits at
@@ -223,6 +226,7 @@ def test_kv_cache_seq2seq(case, variant):
         assert cache.length == i + 1
 
 
+@pytest.mark.stage("cache", variant=("default", "gqa-window"))
 @CACHE
 def test_generate_decoder_only(case, variant):
     config = small_config(case.tiny, **CACHE_VARIANTS[variant])

@@ -9,7 +9,8 @@ The floors, lowest first (docs/conventions.md, "Where things are"):
    its plain pass);
 2. ``levels``: the rungs, their public methods (which run the engine), the readers of
    real models;
-3. ``constrained`` and ``lab``: output held to a language; training;
+3. ``constrained``, ``lab`` and ``learner``: output held to a language; training; a
+   learner's rung;
 4. ``loading``: a source to a model ready to run;
 5. ``serving`` and ``benchmarks``: the server, the harness;
 6. ``ladder``: the command line, over all of it.
@@ -24,7 +25,17 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("levels", "engine", "constrained", "lab", "loading", "serving", "benchmarks", "ladder")
+PACKAGES = (
+    "levels",
+    "engine",
+    "constrained",
+    "lab",
+    "learner",
+    "loading",
+    "serving",
+    "benchmarks",
+    "ladder",
+)
 # (module prefix, floor), the longest prefix first.
 FLOORS = (
     ("levels.common.public", 2),  # the public methods, which run the engine
@@ -33,6 +44,7 @@ FLOORS = (
     ("levels", 2),
     ("constrained", 3),
     ("lab", 3),
+    ("learner", 3),
     ("loading", 4),
     ("serving", 5),
     ("benchmarks", 5),

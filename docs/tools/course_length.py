@@ -15,7 +15,9 @@ The order is ``mkdocs.yml``'s ``nav``, the course as the site shows it. *The pat
 first Triton kernel* is everything a reader meets in that order up to and including the
 first block that quotes the body of a ``@triton.jit`` kernel (an excerpt of a file of
 level 4 that uses ``tl.``): the part of the course a reader must get through before
-level 4 begins to pay off.
+level 4 begins to pay off. A workshop in that order (``BESIDE_THE_PATH``: a page where
+the reader writes the code, at any point after the chapter it follows) is read at the
+reader's pace and left out of the path; its row still gives its reading time.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ WORDS_PER_MINUTE = 180
 SECONDS_PER_LINE = 9
 
 FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})(.*)$")
+# Workshops: the reader writes the rung they walk through, stage by stage, in hours of
+# their own, whenever they choose after level 0.
+BESIDE_THE_PATH = {"your_rung.md"}
 KERNEL_EXCERPT = re.compile(r'excerpt="levels/level4_triton_kernel/[^"]+"')
 
 
@@ -131,10 +136,10 @@ def rows(pages: list[Path]) -> list[Row]:
         text = page.read_text()
         length, _ = measure(text)
         part = None
-        if on_path:
+        if on_path and page.name not in BESIDE_THE_PATH:
             part, found = measure(text, stop_at_first_kernel=True)
             on_path = not found
-        out.append(Row(str(page.relative_to(DOCS)), length, part))
+        out.append(Row(page.name, length, part))
     return out
 
 

@@ -5,7 +5,10 @@ Every class computes through ``self.ops``, the level's array functions
 (``ops.py``); level 1 subclasses these classes with ``ops`` set to numpy, and
 level 1's training builds them with ``ops=`` a recording tape. A module hands
 its own ``ops`` to every module it builds, the way level 2 hands down its
-``kernels``, so one model computes with one set of ops throughout.
+``kernels``, so one model computes with one set of ops throughout. The class a
+block builds its attention from is a class attribute too (``EncoderLayer.Attention``),
+as are the model's block and cache (``models.py``): a learner's rung subclasses
+the piece it writes and names it there (docs/your_rung.md).
 
 Parameters come from the canonical dict (``levels.common.params``) and are
 converted once, at construction, with ``ops.asarray``. Dropout is not applied:
@@ -226,6 +229,8 @@ class EncoderLayer(Module):
     passes each layer's, ``config.rope_base_of``).
     """
 
+    Attention = MultiHeadAttention  # the attention it builds (a learner's rung names its own)
+
     def __init__(
         self,
         config,
@@ -244,7 +249,7 @@ class EncoderLayer(Module):
         kw = self._children()
         Norm = norm_class(config)
         self.norm1 = Norm(config, params, prefix=f"{prefix}norm1.", **kw)
-        self.self_attn = MultiHeadAttention(
+        self.self_attn = self.Attention(
             config, params, prefix=f"{prefix}self_attn.", rope=rope, rope_base=rope_base, **kw
         )
         self.norm2 = Norm(config, params, prefix=f"{prefix}norm2.", **kw)
@@ -283,7 +288,7 @@ class DecoderLayer(EncoderLayer):
         kw = self._children()
         Norm = norm_class(config)
         # Cross-attention never rotates: memory and target positions belong to different sequences.
-        self.multihead_attn = MultiHeadAttention(
+        self.multihead_attn = self.Attention(
             config, params, prefix=f"{prefix}multihead_attn.", **kw
         )
         self.norm3 = Norm(config, params, prefix=f"{prefix}norm3.", **kw)

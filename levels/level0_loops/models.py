@@ -73,9 +73,13 @@ class KVCache(Cache):
 
 
 class _Plain(Module):
-    """What both transformers share: the parameter check, and a stack of layers."""
+    """What both transformers share: the parameter check, a stack of layers, the cache.
+
+    ``Cache`` is the class ``new_cache`` builds (a class attribute, as ``ops`` is, so a
+    learner's rung names its own)."""
 
     kind: str
+    Cache = KVCache
 
     def __init__(self, config, params, *, ops=None, device=None, dtype=None):
         check_params(params, param_shapes(config, self.kind))  # every problem, named, up front
@@ -108,7 +112,7 @@ class _Plain(Module):
 
     def new_cache(self, batch: int) -> KVCache:
         """An empty KV cache of capacity ``max_seq_len`` for ``batch`` rows."""
-        return KVCache(self.config, batch, ops=self.ops)
+        return self.Cache(self.config, batch, ops=self.ops)
 
 
 class Transformer(_Plain):
@@ -116,6 +120,7 @@ class Transformer(_Plain):
     (tied to the embedding by default). Dropout is not applied (inference only)."""
 
     kind = "decoder_only"
+    Block = EncoderLayer  # the block it stacks (a class attribute: a learner's rung names its own)
 
     def __init__(self, config, params, *, ops=None, device=None, dtype=None):
         super().__init__(config, params, ops=ops, device=device, dtype=dtype)
@@ -123,7 +128,7 @@ class Transformer(_Plain):
         self.token_embedding = self._native(params["token_embedding.weight"])  # (V, D)
         # option scale_embeddings: times sqrt(D), so the stream starts at unit variance; or 1
         self.embedding_scale = config.embedding_scale
-        self.layers = self._layers(config, params, "layers.", EncoderLayer)
+        self.layers = self._layers(config, params, "layers.", self.Block)
         self.norm = norm_class(config)(config, params, prefix="norm.", **kw)
         # option tie_embeddings: the head is the embedding itself, or a matrix of its own
         # Tied: logits = h @ E^T with the input embedding E itself (one copy: as Python

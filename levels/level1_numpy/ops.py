@@ -239,18 +239,26 @@ def attention_weights(q, k, *, causal=False, mask=None, scale=None, window=None)
     if scale is None:
         scale = 1.0 / math.sqrt(Dh)
 
-    scores = (q @ k.swapaxes(-1, -2)) * scale  # (B,H,T,Dh) @ (B,H,Dh,S) -> (B,H,T,S)
     # -inf gives a forbidden key weight exactly 0 after exp. It is safe only
     # because every row keeps an allowed key (check_attention, or the model's
     # edge): its max is finite and no row becomes exp(-inf - -inf) = NaN.
+    scores = (q @ k.swapaxes(-1, -2)) * scale  # (B,H,T,Dh) @ (B,H,Dh,S) -> (B,H,T,S)
     scores = np.where(allowed, scores, -np.inf)  # (B,H,T,S)
+    return softmax(scores, return_lse=True)
+
+
+def softmax(scores: np.ndarray, *, return_lse: bool = False):
+    """The softmax over the last axis of ``scores (..., S)``, ``-inf`` at the keys a row may
+    not see (their weight is exactly 0); with ``return_lse`` also each row's log-sum-exp
+    ``(...,)``. A row must hold a finite score (the callers check it first)."""
     # Subtracting the row max keeps every exp argument <= 0 (no overflow) and
     # makes the largest term exactly 1 (no 0/0 from underflow).
-    top = scores.max(axis=-1, keepdims=True)  # (B,H,T,1)
+    top = scores.max(axis=-1, keepdims=True)  # (..., 1)
     weights = np.exp(scores - top)
-    total = weights.sum(axis=-1, keepdims=True)  # (B,H,T,1), at least 1
-    weights /= total  # (B,H,T,S), rows sum to 1
-    return weights, (top + np.log(total))[..., 0]  # lse = max + log sum exp(s - max)
+    total = weights.sum(axis=-1, keepdims=True)  # (..., 1), at least 1
+    weights /= total  # (..., S), rows sum to 1
+    lse = (top + np.log(total))[..., 0]  # lse = max + log sum exp(s - max)
+    return (weights, lse) if return_lse else weights
 
 
 def check_attention(q, k, v, *, causal, mask, scale, window) -> None:
