@@ -11,9 +11,10 @@ request a pass at a time. Every decode of the ladder comes through here: the mod
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Iterator
 
-from levels.common.speculative import Counts
+from levels.common.speculative import Counts, estimate_acceptance, paced_guesses
 
 from .request import Request, Sequence
 from .runner import LevelCache, NoCache, PagedCache, Runner
@@ -21,6 +22,8 @@ from .scheduler import Scheduler
 from .step import advance
 
 PREFILL_TOKENS = 256  # prompt positions computed per turn, at most: a long prompt's piece
+PACED = 4  # the most guesses a paced pass makes (a request's draft_tokens None)
+PROBE = 16  # paced passes without guesses before one guesses again, to see what a draft keeps
 
 
 class Engine:
@@ -44,6 +47,9 @@ class Engine:
         self.steps = self.rows = self.prefills = self.computed = 0
         self.said: list[str] = []  # what the last turn did, a line a thing
         self._ids, self._memory = itertools.count(), None
+        # Pacing the guesses: seconds of a pass by (rows, width) and of a guess, averaged.
+        self.pace: dict[tuple[int, int], float] = {}
+        self.guess_s, self._plain = None, 0
 
     pool = property(lambda self: getattr(self.kv, "pool", None))
     preempted = property(lambda self: self.scheduler.preempted)
@@ -107,9 +113,10 @@ class Engine:
         """One pass: each of ``seqs`` feeds ``sizes`` of its todo (an ended one, nothing) and,
         decoding, its draft's guesses; each that fed its whole todo takes tokens."""
         live = [s.finish is None and n > 0 for s, n in zip(seqs, sizes, strict=True)]
-        guesses = [self._guess(s) if decode and a else ([], None) for s, a in zip(seqs, live, strict=True)]  # fmt: skip
+        paced = self._paced(seqs, live) if decode else 0
+        guesses = [self._guess(s, paced) if decode and a else ([], None) for s, a in zip(seqs, live, strict=True)]  # fmt: skip
         drafting = [decode and a and s.request.draft is not None for s, a in zip(seqs, live, strict=True)]  # fmt: skip
-        k = max((s.request.draft_tokens for s, d in zip(seqs, drafting, strict=True) if d), default=0)  # fmt: skip
+        k = max((s.request.draft_tokens or paced for s, d in zip(seqs, drafting, strict=True) if d), default=0)  # fmt: skip
         T = max(n + len(g) if a else 0 for n, a, (g, _) in zip(sizes, live, guesses, strict=True))
         width = self.kv.width(T, k)
         if not self.kv.fixed:  # the blocks for it, preempting the newest where the pool lacks
@@ -124,10 +131,14 @@ class Engine:
         last = not any(g for g, _ in guesses)
         try:
             cache = self.kv.cache(seqs, width)
+            start = time.perf_counter()
             logits = self.runner.logits(fed, [s.cached for s in seqs], cache, width=width,
                                         last=last, memory=self._memory)  # fmt: skip
         except Exception as exc:
             return self._fail(seqs, exc)
+        if decode:
+            key = (len(seqs), width)
+            self.pace[key] = _averaged(self.pace.get(key), time.perf_counter() - start)
         self._count(seqs, sizes, live, drafting, decode)
         kept, ended = [], []
         for b, (seq, n, (tokens, q)) in enumerate(zip(seqs, sizes, guesses, strict=True)):
@@ -152,14 +163,35 @@ class Engine:
         for seq in ended:
             self._leave(seq)
 
-    def _guess(self, seq: Sequence):
-        """Its draft's guesses after its last token: as many as ``draft_tokens`` allows past
-        what it feeds already, and it may still take (none without a draft)."""
+    def _guess(self, seq: Sequence, paced: int):
+        """Its draft's guesses after its last token: as many as ``draft_tokens`` (or the pace,
+        where it has none) allows past what it feeds already, and it may still take."""
         request = seq.request
-        room = min(request.draft_tokens + 1 - len(seq.todo), seq.room - 1)
+        room = min((request.draft_tokens or paced) + 1 - len(seq.todo), seq.room - 1)
         if request.draft is None or room < 1:
             return [], None
-        return request.draft.propose(seq.tokens, room, row=seq.id, sampling=request.sampling)
+        start = time.perf_counter()
+        tokens, q = request.draft.propose(seq.tokens, room, row=seq.id, sampling=request.sampling)
+        if tokens:
+            self.guess_s = _averaged(self.guess_s, (time.perf_counter() - start) / len(tokens))
+        return tokens, q
+
+    def _paced(self, seqs, live) -> int:
+        """The guesses of this pass for the sequences whose draft is paced (``draft_tokens``
+        None): as many as make the most tokens a second by the passes and guesses timed so
+        far and each sequence's acceptance (``paced_guesses``), none where guessing does not
+        pay; unknown widths are taken as cheap as a step, so they are tried; after
+        ``PROBE`` passes without, one guesses again. Greedy tokens never change with it."""
+        paced = [s for s, a in zip(seqs, live, strict=True) if a and s.request.draft and s.request.draft_tokens is None]  # fmt: skip
+        plain = self.pace.get((len(seqs), 1))
+        if not paced or plain is None:
+            return 0 if plain is None else PACED
+        width = lambda k: self.kv.width(1 + k, k) if k else 1  # noqa: E731
+        seconds = lambda k: self.pace.get((len(seqs), width(k)), plain)  # noqa: E731
+        rates = [(estimate_acceptance(s.counts.kept[-8:] + [1], s.counts.guessed[-8:] + [2])) for s in paced]  # fmt: skip
+        k = paced_guesses(rates, sum(live) - len(paced), PACED, seconds, self.guess_s or 0.0)
+        self._plain = self._plain + 1 if k == 0 else 0
+        return PACED if self._plain > PROBE else k
 
     def _count(self, seqs, sizes, live, drafting, decode: bool) -> None:
         """The pass counted and said: decode passes and their rows, prefill passes and their
@@ -190,3 +222,8 @@ class Engine:
         forget = getattr(seq.request.draft, "forget", None)
         if forget is not None:
             forget(seq.id)
+
+
+def _averaged(old: float | None, new: float) -> float:
+    """An average that follows the machine: each new time counts a tenth."""
+    return new if old is None else 0.9 * old + 0.1 * new

@@ -37,7 +37,7 @@ model is the engine's (engine/drafts.py), the n-gram draft here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -234,6 +234,21 @@ def speedup(a: float, k: int, c: float, verify_cost: float = 1.0) -> float:
     ``verify_cost`` target steps (1 while a ``k + 1``-token pass is bound by the bytes
     it reads, as a one-token step is), and emits ``expected_tokens(a, k)``."""
     return expected_tokens(a, k) / (k * c + verify_cost)
+
+
+def paced_guesses(acceptances: Sequence[float], others: int, k_max: int,
+                  seconds: Callable[[int], float], guess_seconds: float) -> int:  # fmt: skip
+    """How many guesses a pass should make: the ``k`` in ``0 .. k_max`` whose expected tokens a
+    second are the most (the fewest guesses on a tie). The drafting rows keep guesses with
+    probabilities ``acceptances``, ``others`` rows take one token whatever ``k``; a pass of
+    ``1 + k`` tokens a row takes ``seconds(k)``, each guess ``guess_seconds`` of drafting.
+    ``k = 0`` is plain decoding: speculation that does not pay is not made."""
+
+    def rate(k: int) -> float:
+        tokens = others + sum(expected_tokens(a, k) for a in acceptances)
+        return tokens / (seconds(k) + k * len(acceptances) * guess_seconds)
+
+    return max(range(k_max + 1), key=rate)
 
 
 def estimate_acceptance(accepted: Sequence[int], drafted: Sequence[int]) -> float:
