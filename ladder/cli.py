@@ -688,13 +688,14 @@ def _docs(commands) -> None:
         help="build the course as a site, strictly, and serve it on 127.0.0.1",
         description=(
             "Build docs/ as a site (mkdocs --strict: a broken link, a missing page or image, "
-            "any warning fails it) and serve it on 127.0.0.1 until Ctrl-C. Needs the docs "
+            "any warning fails it) and serve it on 127.0.0.1:8001 until Ctrl-C. Needs the docs "
             "extra: pip install -e '.[docs]'."
         ),
     )
     p.add_argument(
-        "--port", type=_count(0), default=8000, help="the port (default 8000; 0: a free one)"
-    )
+        "--port", type=_count(0), default=8001,
+        help="the port (default 8001, beside ladder serve's 8000; 0: a free one)",
+    )  # fmt: skip
     p.add_argument("--site-dir", type=Path, default=None, help="where to build (default: site/)")
     p.add_argument("--no-serve", action="store_true", help="build only")
     p.set_defaults(run="ladder.docs:run")

@@ -437,6 +437,7 @@ def test_an_address_that_cannot_be_listened_on_is_one_line_before_the_model_load
         assert ladder(["serve", "--port", str(port)]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and f"--port {port}: cannot listen there" in err
+    assert err.endswith("; --port N for another port")  # as ladder docs says it
     assert time.monotonic() - start < 5  # refused before any model loads
 
 
