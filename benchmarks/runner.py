@@ -10,8 +10,12 @@ For each case the runner, in this order (llm.c's: check, then time):
    (``reference.error_bound``) is reported as wrong and is not timed;
 4. warms up (``policy.warmup`` untimed calls in all, the last one under the
    memory probe) and times it (``measure.measure``): CUDA events on a GPU, the
-   wall clock around a synchronised call elsewhere;
-5. derives GFLOP/s, the fraction of the matmul peak and tokens/s.
+   wall clock around a synchronised call elsewhere. A case that reads a known number
+   of bytes (decoding) has the read stream timed beside it, just before and just after
+   its samples, at its threads: its ceiling, taken at the same moment, since the
+   machine's bandwidth moves by a factor of two within minutes while other work runs;
+5. derives GFLOP/s, the fraction of the matmul peak, tokens/s, and GB/s with its
+   fraction of the stream timed beside it ("% bw").
 
 ``run_case`` is those five steps; the pytest-benchmark suite
 (``benchmarks/test_ladder.py``) takes steps 1 to 3 from here and hands the
@@ -52,7 +56,6 @@ from .records import SKIPPED_BUDGET, WRONG, Record
 from .reference import Case, Reference
 from .subjects import Subject
 
-Progress = Callable[[str], None]  # called before each step of a run with its label
 Done = Callable[[list[Record]], None]  # called after each step with the records it made
 PROBE_SLACK = 2.0  # a call measured over this many times the time cap is not sampled
 
@@ -137,8 +140,9 @@ def peak_record(peak: Peak, threads: int | None = None) -> Record:
 
 
 def bandwidth_record(bandwidth: Bandwidth, threads: int | None = None) -> Record:
-    """A memory rate as a record: the read-only stream (the 100% of "% bw" at its thread
-    count) or the copy beside it (bytes read + written)."""
+    """A memory rate as a record: the read-only stream or the copy beside it (bytes read +
+    written), at the end of the run (a record's "% bw" divides by the stream timed beside
+    that record)."""
     MiB = bandwidth.nbytes // 2**20
     read = bandwidth.moved == 1
     return Record(
@@ -149,7 +153,6 @@ def bandwidth_record(bandwidth: Bandwidth, threads: int | None = None) -> Record
         shape={"MiB": MiB} | ({} if threads is None else {"threads": threads}),
         bytes_read=bandwidth.moved * float(bandwidth.nbytes),
         gbs=bandwidth.gbs,
-        bandwidth_fraction=1.0 if read else None,
         description=(
             f"{bandwidth.how} reading {MiB} MiB once, the fastest of the read-only streams"
             if read
@@ -248,16 +251,31 @@ def check(
 
 def _measure(record: Record, subject: Subject, case: Case, policy: TimingPolicy) -> None:
     """Step 4: the warm-up (the check was the first call; the last warm-up call is the
-    memory probe, after first-call effects such as autotuning are over), then the samples."""
+    memory probe, after first-call effects such as autotuning are over), then the samples,
+    between two read streams where the case reads a known number of bytes."""
     for _ in range(policy.warmup - 2):
         case.fn()
     record.peak_memory_bytes = peak_memory(case.fn, subject.memory_method)
+    record.bytes_read = case.extras.get("bytes_read")
+    streams = [_stream_beside(record, subject.device, policy)] if record.bytes_read else []
     stats = measure(case.fn, _timer(subject), policy, warmed=policy.warmup)
+    if record.bytes_read:
+        streams.append(_stream_beside(record, subject.device, policy))
+        record.stream_gbs = max(b.gbs for b in streams)
     for key, value in _times(stats).items():
         setattr(record, key, value)
     record.padding_waste = case.extras.get("padding_waste")
-    record.bytes_read = case.extras.get("bytes_read")
     record.note = case.extras.get("note") or record.note
+
+
+def _stream_beside(record: Record, device: str, policy: TimingPolicy) -> Bandwidth:
+    """The read stream at the case's threads (its ``threads``, else the run's), now."""
+    import torch
+
+    threads = record.shape.get("threads", torch.get_num_threads())
+    cuda = device.startswith("cuda")
+    with contextlib.nullcontext() if cuda else cpu_threads(threads):
+        return measure_read_bandwidth(device, policy)
 
 
 def run_case(
@@ -294,6 +312,7 @@ def run_case(
         record.tokens_per_s = tokens / record.median_s
     if record.bytes_read:
         record.gbs = record.bytes_read / record.median_s / 1e9
+        record.bandwidth_fraction = record.gbs / record.stream_gbs
     return record
 
 
@@ -301,10 +320,34 @@ def case_count(subjects: list[Subject], plan: Plan) -> int:
     return sum(1 for _ in pairs(subjects, plan))
 
 
-def step_count(subjects: list[Subject], plan: Plan) -> int:
-    """The steps ``run`` reports: the peak, each case, each computed figure, the ceilings."""
-    figures = sum(len(group) for group in plan.figures.values())
-    return 1 + case_count(subjects, plan) + figures + 1
+@dataclass(frozen=True)
+class Step:
+    """One step of a run, as its progress shows it: what it does, the seconds it should take
+    on two cores (``Plan.step_seconds``; nothing where the case cannot run), and the
+    compiled passes it needs (``real_model.Compile``), which it compiles where the user's
+    cache lacks them."""
+
+    label: str
+    seconds: float
+    compiles: tuple = ()
+
+
+def steps(subjects: list[Subject], plan: Plan) -> list[Step]:
+    """The steps ``run`` takes, in its order: the peak, each case, each computed figure, the
+    ceilings again."""
+    found = [Step(f"matmul peak ({plan.peak_n}^3)", plan.step_seconds("peak"))]
+    for group, subject, workload in _cases(subjects, plan):
+        T = workload.shape().get("T")
+        label = f"{subject.name}  {workload.scenario}" + ("" if T is None else f"  T={T}")
+        runs = workload.unsupported(subject) is None
+        compiles = workload.compiles(subject) if hasattr(workload, "compiles") else ()
+        found.append(Step(label, plan.step_seconds(group) if runs else 0.0, compiles))
+    for group, figures in plan.figures.items():
+        for figure in figures:
+            label = f"{group}  (computed figures)"
+            found.append(Step(label, plan.step_seconds(group), figure.compiles))
+    found.append(Step("the machine's ceilings again, at the end", plan.step_seconds("ceilings")))
+    return found
 
 
 def pairs(subjects: list[Subject], plan: Plan) -> Iterator[tuple[Subject, Workload]]:
@@ -313,14 +356,20 @@ def pairs(subjects: list[Subject], plan: Plan) -> Iterator[tuple[Subject, Worklo
     Subjects without models (the SDPA peers) take part in attention only, and
     a peer with ``only`` scenarios (transformers) in those.
     """
-    for workloads in plan.workloads.values():
+    for _, subject, workload in _cases(subjects, plan):
+        yield subject, workload
+
+
+def _cases(subjects: list[Subject], plan: Plan) -> Iterator[tuple[str, Subject, Workload]]:
+    """``pairs``, each with its scenario group."""
+    for group, workloads in plan.workloads.items():
         for workload in workloads:
             for subject in subjects:
                 if workload.unsupported(subject) == "attention only":
                     continue
                 if subject.only and workload.scenario not in subject.only:
                     continue  # a peer outside the comparison it is here for
-                yield subject, workload
+                yield group, subject, workload
 
 
 def run(
@@ -330,7 +379,7 @@ def run(
     device: str,
     dtype: str,
     unavailable: dict[str, str] | None = None,
-    progress: Progress | None = None,
+    progress: Callable[[Step], None] | None = None,
     reference: Reference | None = None,
     done: Done | None = None,
 ) -> list[Record]:
@@ -338,21 +387,23 @@ def run(
     per unavailable level, the cases, the computed figures.
 
     Every record is stamped with the machine and the start time of the run. The run goes
-    in steps (``step_count``): the peak, each case, each group of computed figures, the
-    ceilings again at the end. ``progress(label)`` is called before each step and
-    ``done(records)`` after it, with the records it made (none for the first peak, whose
-    record comes with the ceilings), so that a caller can keep what a run has measured
-    as it goes, and an interrupted run loses only the step it was in.
+    in ``steps``: the peak, each case, each group of computed figures, the ceilings again
+    at the end. ``progress(step)`` is called before each step and ``done(records)`` after
+    it, with the records it made (none for the first peak, whose record comes with the
+    ceilings), so that a caller can keep what a run has measured as it goes, and an
+    interrupted run loses only the step it was in.
     """
     reference = reference if reference is not None else Reference(device)
     stamp = {
         "machine": describe_machine(device),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
+    planned = iter(steps(subjects, plan))
 
-    def step(label: str) -> None:
+    def step() -> None:
+        now = next(planned)
         if progress is not None:
-            progress(label)
+            progress(now)
 
     def made(records: list[Record]) -> list[Record]:
         for record in records:
@@ -361,7 +412,7 @@ def run(
             done(records)
         return records
 
-    step(f"matmul peak ({plan.peak_n}^3)")
+    step()  # the peak
     pdtype = peak_dtype(device, dtype)
     peak = measure_matmul_peak(device, pdtype, plan.peak_n, plan.timing)
     records = [
@@ -372,27 +423,27 @@ def run(
     pace = Pace()
     measured = []
     for subject, workload in pairs(subjects, plan):
-        T = workload.shape().get("T")
-        step(f"{subject.name}  {workload.scenario}" + ("" if T is None else f"  T={T}"))
+        step()
         record = run_case(
             subject, workload, dtype=dtype, plan=plan, reference=reference, peak=None, pace=pace
         )
         measured.extend(made([record]))
     figures = []
-    for group, makers in plan.figures.items():
-        for make in makers:
-            step(f"{group}  (computed figures)")
-            figures.extend(made(make()))
-    step("the machine's ceilings again, at the end")
+    for group in plan.figures.values():
+        for figure in group:
+            step()
+            figures.extend(made(figure.make()))
+    step()  # the ceilings again
     ceilings = made(_ceilings(measured, peak, device=device, dtype=pdtype, plan=plan))
     return [*ceilings, *records, *measured, *figures]
 
 
 def _ceilings(measured: list[Record], first: Peak, *, device: str, dtype: str, plan: Plan):
-    """The ceilings the records are fractions of, measured at each thread count the records
-    ran at (a record's ``threads``, else the run's): the matmul peak ("% peak"; the best of
-    the run's start, ``first``, and its end) and, where a record reads a known number of
-    bytes, the read-only stream ("% bw") with the copy beside it. On a GPU, one of each."""
+    """The ceilings, measured at each thread count the records ran at (a record's
+    ``threads``, else the run's): the matmul peak, which the records' "% peak" divides by
+    (the best of the run's start, ``first``, and its end) and, where a record reads a known
+    number of bytes, the read-only stream and the copy, for the first table (each record's
+    "% bw" divides by the stream timed beside it). On a GPU, one of each."""
     import torch
 
     cuda = device.startswith("cuda")
@@ -403,7 +454,7 @@ def _ceilings(measured: list[Record], first: Peak, *, device: str, dtype: str, p
 
     counts = sorted({threads_of(r) for r in measured if r.ok} | {run_threads}, key=str)
     reading = any(r.gbs for r in measured)
-    peaks, reads, ceilings = {}, {}, []
+    peaks, ceilings = {}, []
     for n in counts:
         with contextlib.nullcontext() if n is None else cpu_threads(n):
             # The peak again at the end: a machine busy at the start must not set a low one.
@@ -413,13 +464,10 @@ def _ceilings(measured: list[Record], first: Peak, *, device: str, dtype: str, p
             peaks[n] = peak
             ceilings.append(peak_record(peak, n))
             if reading:  # only generation reads enough to ask
-                reads[n] = measure_read_bandwidth(device, plan.timing)
-                ceilings.append(bandwidth_record(reads[n], n))
+                ceilings.append(bandwidth_record(measure_read_bandwidth(device, plan.timing), n))
                 ceilings.append(bandwidth_record(measure_copy_bandwidth(device, plan.timing), n))
     for record in measured:
         n = threads_of(record)
         if record.gflops is not None and n in peaks:
             record.peak_fraction = record.gflops / peaks[n].gflops
-        if record.gbs is not None and n in reads:
-            record.bandwidth_fraction = record.gbs / reads[n].gbs
     return ceilings

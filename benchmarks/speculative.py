@@ -27,6 +27,7 @@ import time
 import numpy as np
 
 from .measure import cpu_threads
+from .real_model import Compile
 from .records import OK, WRONG, Record
 
 GROUNDED = '''Rewrite the following Python function, renaming the variable total to running_sum. Reply with the code only.
@@ -61,6 +62,15 @@ NEW, NEW_QUICK = 192, 64  # tokens a run
 KS, KS_QUICK = (2, 4, 8), (2,)  # the quick run: the commands' default
 LAYERS = 10  # of SmolLM2's 30: the layer-skip draft
 CONTEXT = 768
+
+
+def speculative_compiles(quick: bool) -> tuple[Compile, ...]:
+    """Every pass the scenario compiles where the cache lacks it: the decode step, the check
+    of each ``k``'s guesses, and (the full run) the int8 and int4 copies' decode steps."""
+    ks = KS_QUICK if quick else KS
+    steps = [Compile(CONTEXT, threads=1), *(Compile(CONTEXT, 1, tokens=k + 1) for k in ks)]
+    steps += [] if quick else [Compile(CONTEXT, 1, weights=fmt) for fmt in ("int8", "int4")]
+    return tuple(steps)
 
 
 def _loaded():

@@ -113,6 +113,16 @@ def _describe(context: int, dtype: str, weights: str, threads: int) -> str:
     return f"context {context}, {fmt}, {threads} thread{'' if threads == 1 else 's'}"
 
 
+def expected_seconds(model_name: str, model, threads: int, tokens: int = 1) -> float:
+    """How long a compile of ``model``'s pass of ``tokens`` tokens a row should take here: as
+    long as this model's last one (its note), else ``FIRST_COMPILE_S``."""
+    return _expected(_notes(package(model, threads, tokens).parent, model_name, tokens))
+
+
+def _expected(notes: list[dict]) -> float:
+    return float(notes[0]["seconds"]) if notes else FIRST_COMPILE_S
+
+
 def announcement(model_name: str, model, dtype: str, threads: int, tokens: int = 1) -> str:
     """The line before a compile: what it is for, how long it should take, what is cached
     for the model instead (a ``--context``, ``--dtype``, ``--weights`` or ``--threads``
@@ -121,7 +131,7 @@ def announcement(model_name: str, model, dtype: str, threads: int, tokens: int =
     what = _describe(int(model.config.max_seq_len), dtype, weights, threads)
     notes = _notes(package(model, threads, tokens).parent, model_name, tokens)
     if notes:
-        when = f"about {notes[0]['seconds']:.0f} s, as its last compile here"
+        when = f"about {_expected(notes):.0f} s, as its last compile here"
     else:
         when = f"about {FIRST_COMPILE_S / 60:.0f} minute"
     step = "decode step" if tokens == 1 else f"check of {tokens - 1} guesses (--speculate)"
