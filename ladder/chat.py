@@ -37,17 +37,11 @@ from typing import Any
 
 import numpy as np
 
+from . import slow
 from .cli import Interrupted, UsageError, check_device
 
 DEFAULT_CONTEXT = 2048  # tokens: the KV cache a chat allocates unless --context says otherwise
 DEFAULT_NEW_TOKENS = 256
-LEVEL0_WARNING = (
-    "level 0 computes in pure Python: this model takes about {seconds:.0f} s per token here "
-    "(and {memory:.0f} GB for its weights as Python floats); it works, slowly"
-)
-# Bytes per parameter held as a Python float in a list (SmolLM2-135M at level 0); the seconds
-# per multiply-add of a decode step are the benchmark's (benchmarks.real_model), one figure.
-LEVEL0_BYTES_PER_PARAM = 32
 
 
 @dataclass
@@ -65,6 +59,7 @@ class Loaded:
     model_context: int | None = None  # the longest context the model allows (its file's)
     draft: Any = None  # with --speculate: what guesses (levels.common.speculative)
     prepared: set = field(default_factory=set)  # (model's id, tokens) of passes compiled or loaded
+    cost: slow.Cost | None = None  # at a rung that takes seconds a token (ladder/slow.py)
 
 
 # ----------------------------------------------------------------------------- loading
@@ -244,18 +239,6 @@ def _prepare(loaded: Loaded, args, threads: Threads) -> None:
             _prepare_decode(loaded, threads, model=loaded.draft.model)
 
 
-def _warn_level0(config) -> None:
-    from benchmarks.real_model import LEVEL0_SECONDS_PER_MAC
-    from levels.common.params import param_shapes
-
-    n = sum(int(np.prod(s)) for s in param_shapes(config, "decoder_only").values())
-    seconds = n * LEVEL0_SECONDS_PER_MAC
-    print(
-        LEVEL0_WARNING.format(seconds=seconds, memory=n * LEVEL0_BYTES_PER_PARAM / 1e9),
-        file=sys.stderr,
-    )
-
-
 def load(args: argparse.Namespace, *, chat: bool) -> Loaded:
     """The model ``args`` names, built at ``args.level``; every check before the weights load."""
     import levels
@@ -294,8 +277,10 @@ def load(args: argparse.Namespace, *, chat: bool) -> Loaded:
     longest = config.max_seq_len
     # The KV cache and RoPE tables are built for this context, not the file's whole one.
     config = dataclasses.replace(config, max_seq_len=context)
-    if level.__name__.endswith("level0_loops"):
-        _warn_level0(config)
+    warning = slow.warning(level, config, args.device)  # level 0, level 4 interpreted
+    if warning is not None:
+        print(warning, file=sys.stderr, flush=True)
+    cost = slow.cost(level, config, args.device)
     stops.add(config.eos_id)
     speculate = getattr(args, "speculate", None)
     _check_draft(level, config, speculate)
@@ -306,7 +291,7 @@ def load(args: argparse.Namespace, *, chat: bool) -> Loaded:
     draft = _draft(speculate, model, level, config, params, dtype, args, compile)
     return Loaded(
         model, level, name, tokenizer, template, tuple(sorted(stops)), dtype,
-        model_context=longest, draft=draft,
+        model_context=longest, draft=draft, cost=cost,
     )  # fmt: skip
 
 
@@ -447,11 +432,15 @@ def answer(
 
     new = new_tokens(loaded, len(ids), args)
     decoder, holdback = StreamDecoder(loaded.tokenizer), Holdback(args.stop)
-    speculation = {}
+    speculation, pieces = {}, {}
     if loaded.draft is not None:
         from levels.common.speculative import Counts
 
         speculation = {"draft": loaded.draft, "draft_tokens": args.draft_tokens, "counts": Counts()}
+    if loaded.cost is not None and not speculation:  # seconds a token: the prompt's progress
+        progress = slow.PromptProgress(loaded.cost, len(ids))
+        progress.start()
+        pieces = {"prefill_piece": loaded.cost.piece(), "on_prefill": progress.done}
     tokens = loaded.model.stream(
         ids,
         new,
@@ -461,6 +450,7 @@ def answer(
         seed=args.seed,
         stop_ids=loaded.stop_ids,
         **speculation,
+        **pieces,
         constraint=None if index is None else index.constraint(),
     )
     start = time.perf_counter()

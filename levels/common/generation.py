@@ -25,7 +25,7 @@ each row equal the row generated alone.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -172,6 +172,8 @@ def stream_decoder_only(
     draft_tokens: int = 2,
     counts: speculative.Counts | None = None,
     constraint: Any = None,
+    prefill_piece: int | None = None,
+    on_prefill: Callable[[int], None] | None = None,
 ) -> Iterator[int]:
     """Continue one prompt ``(P,)`` token by token: yield each new id as soon as it is chosen.
 
@@ -187,7 +189,11 @@ def stream_decoder_only(
     several tokens at once.
     ``constraint`` (``constrained.Constraint``: ``apply(logits)``, ``advance(token)``)
     masks the logits before each pick and takes each token picked (with a draft, the
-    guesses are verified under the mask).
+    guesses are verified under the mask). ``prefill_piece``: the prompt goes through the
+    model that many positions at a time, each piece against the cache of those before (the
+    same logits as one pass up to rounding, exactly at level 0), ``on_prefill(positions
+    done)`` called after each; for a rung that takes seconds a token, whose user wants to
+    see the prompt advance (``ladder chat --level 0``). Without a draft only.
     """
     config = model.config
     sampling = Sampling(temperature, top_k, top_p, seed)
@@ -202,6 +208,13 @@ def stream_decoder_only(
             f"max_seq_len={config.max_seq_len}"
         )
     _check_draft(draft, draft_tokens, True)
+    if prefill_piece is not None:
+        if isinstance(prefill_piece, bool) or not isinstance(prefill_piece, int | np.integer):
+            raise TypeError(f"prefill_piece must be an integer, got {prefill_piece!r}")
+        if prefill_piece < 1:
+            raise ValueError(f"prefill_piece must be at least 1, got {prefill_piece}")
+        if draft is not None:
+            raise ValueError("prefill_piece is for plain decoding: give it no draft")
     if max_new_tokens == 0:
         return
     generators = sampling.generators(1)
@@ -213,11 +226,14 @@ def stream_decoder_only(
         return
     native, to_numpy = _converters(model)
     cache = model.new_cache(1)
-    ids, positions = tokens, np.arange(P)[None]  # (1, P): the prompt
+    start = _prefill_pieces(model, tokens, cache, prefill_piece, on_prefill)
+    ids, positions = tokens[:, start:], np.arange(start, P)[None]  # (1, P - start): the rest
     for step in range(max_new_tokens):
         with model.arrays.inference():
             logits = model.transformer(native(ids), native(positions), cache, last=step == 0)
             last = to_numpy(logits)[:, -1].astype(np.float64)  # (1, V)
+        if step == 0 and on_prefill is not None:
+            on_prefill(P)
         if constraint is not None:
             last = constraint.apply(last)
         token = int(pick(last, sampling, generators)[0])
@@ -227,6 +243,24 @@ def stream_decoder_only(
         if token in stop_ids:
             return
         ids, positions = np.array([[token]]), np.array([[P + step]])  # (1, 1)
+
+
+def _prefill_pieces(model, tokens: np.ndarray, cache, piece: int | None, on_prefill) -> int:
+    """All but the last piece of the prompt ``tokens (1, P)`` into ``cache``, ``piece``
+    positions each (``on_prefill`` after each) -> the positions done. Their logits are not
+    read: ``last=True`` keeps the output layer to one position a piece."""
+    if piece is None:
+        return 0
+    native, _ = _converters(model)
+    P, done = tokens.shape[1], 0
+    while P - done > piece:
+        ids, positions = tokens[:, done : done + piece], np.arange(done, done + piece)[None]
+        with model.arrays.inference():
+            model.transformer(native(ids), native(positions), cache, last=True)
+        done += piece
+        if on_prefill is not None:
+            on_prefill(done)
+    return done
 
 
 def generate_seq2seq(

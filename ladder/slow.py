@@ -1,0 +1,132 @@
+"""What a command says at the rungs that take seconds a token: level 0 (pure Python) and
+level 4 on a CPU (its kernels in Triton's interpreter).
+
+* **before the model loads**, a warning: what a new token and a prompt token cost, and
+  (level 0) the memory its weights take as Python floats;
+* **before an answer**, what its prompt should take, from its length;
+* **while the prompt runs**, its progress on stderr: the prompt goes through the model in
+  pieces of ``PIECE_S`` seconds or more (each against the cache of the ones before, the
+  same logits as one pass), and after each one a count of the tokens done, the time and
+  what is left at the pace so far: in place on a terminal, a line each elsewhere. A piece
+  pays again what a pass pays once (level 0's output layer, level 4's kernel launches), so
+  the pieces are long enough that this adds at most ``PIECES_COST`` to the prompt: at
+  level 4 a short prompt is one piece.
+
+The costs are measured (``benchmarks.real_model``): level 0's seconds per multiply-add of
+the model's weights, level 4's seconds a layer for each token, which depend on the
+interpreter's programs, not on the arithmetic. Both come from a shared machine, and move
+with what else runs on it: the count while the prompt runs is the honest figure.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+PIECE_S = 10.0  # seconds of the prompt between two reports of its progress, at least
+PIECES_COST = 0.1  # what going through the prompt in pieces may add to its time, at most
+LEVEL0_BYTES_PER_PARAM = 32  # a Python float in a list (SmolLM2-135M at level 0)
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What a model costs at a slow rung: ``prompt_s`` a prompt token, ``once_s`` once a
+    prompt (level 0: the output layer, at its last token only; level 4: the launches of
+    its kernels), ``token_s`` a new token."""
+
+    prompt_s: float
+    once_s: float
+    token_s: float
+
+    def prompt(self, tokens: int) -> float:
+        """Seconds for a prompt of ``tokens`` tokens."""
+        return tokens * self.prompt_s + self.once_s
+
+    def piece(self) -> int:
+        """Prompt tokens between two reports of its progress: about ``PIECE_S`` seconds of
+        them, and enough that the fixed part each piece costs again (``once_s``) adds at
+        most ``PIECES_COST`` to the prompt's time."""
+        fixed = math.ceil(self.once_s / (PIECES_COST * self.prompt_s))
+        return max(1, round(PIECE_S / self.prompt_s), fixed)
+
+
+def cost(level, config, device: str = "cpu") -> Cost | None:
+    """The cost of ``config``'s model at ``level`` here, or None at a rung that takes
+    milliseconds a token."""
+    from benchmarks.real_model import (
+        INTERPRETED_PROMPT_SECONDS_PER_LAYER,
+        INTERPRETED_SECONDS_PER_LAYER,
+        LEVEL0_SECONDS_PER_MAC,
+    )
+
+    if level.FACTS.array == "python":
+        n, head = _parameters(config)
+        per_mac = LEVEL0_SECONDS_PER_MAC
+        return Cost((n - head) * per_mac, head * per_mac, n * per_mac)
+    if level.FACTS.interpreted and not device.startswith("cuda"):
+        launches = config.n_layers * INTERPRETED_SECONDS_PER_LAYER  # a pass's kernels, once
+        return Cost(config.n_layers * INTERPRETED_PROMPT_SECONDS_PER_LAYER, launches, launches)
+    return None
+
+
+def _parameters(config) -> tuple[int, int]:
+    """The model's parameters, and those of its output layer (a multiply-add each a token)."""
+    from levels.common.params import param_shapes
+
+    n = sum(int(np.prod(s)) for s in param_shapes(config, "decoder_only").values())
+    return n, config.vocab_size * config.d_model
+
+
+def warning(level, config, device: str = "cpu") -> str | None:
+    """The line before a slow rung's model loads, or None."""
+    found = cost(level, config, device)
+    if found is None:
+        return None
+    each = (
+        f"about {found.token_s:.0f} s a new token here, after the prompt (its time is said "
+        "when it starts)"
+    )
+    if level.FACTS.array == "python":
+        memory = _parameters(config)[0] * LEVEL0_BYTES_PER_PARAM / 1e9
+        return (
+            f"level 0 computes in pure Python: this model takes {each}, and {memory:.0f} GB for "
+            "its weights as Python floats; it works, slowly"
+        )
+    return (
+        "level 4 runs its kernels in Triton's interpreter here (no GPU): this model takes "
+        f"{each}; level 3 runs it in milliseconds; it works, slowly"
+    )
+
+
+class PromptProgress:
+    """The prompt's progress on ``out`` (stderr): the line before it, then a count after
+    each piece. ``done(tokens)`` is the stream's ``on_prefill``."""
+
+    def __init__(self, found: Cost, tokens: int, out=None):
+        self.cost, self.tokens, self.out = found, tokens, out or sys.stderr
+        self.terminal = self.out.isatty()
+        self.started = time.perf_counter()
+
+    def start(self) -> None:
+        print(
+            f"the prompt ({self.tokens} tokens) should take about "
+            f"{self.cost.prompt(self.tokens):.0f} s; its progress follows",
+            file=self.out,
+            flush=True,
+        )
+        self.started = time.perf_counter()
+
+    def done(self, tokens: int) -> None:
+        """After ``tokens`` of the prompt: on a terminal the count is rewritten in place, and
+        the last one stays, above the answer."""
+        elapsed = time.perf_counter() - self.started
+        left = elapsed / tokens * (self.tokens - tokens)
+        line = f"the prompt: {tokens} of {self.tokens} tokens in {elapsed:.0f} s"
+        line += f", about {left:.0f} s left" if tokens < self.tokens else ""
+        end = "\n" if tokens == self.tokens or not self.terminal else ""
+        self.out.write(("\r\x1b[2K" if self.terminal else "") + line + end)
+        self.out.flush()
