@@ -76,8 +76,8 @@ def machine_table(records: list[Record], machine: str) -> Table:
             table.add_row(
                 _text(r.level),
                 _text(
-                    f"{r.description}: {r.gbs:.3g} GB/s{at}, at the end of the run ('% bw' "
-                    "divides by the stream timed beside each case)"
+                    f"{r.description}: {r.gbs:.3g} GB/s{at}, at the end of the run: the 100% "
+                    "of '% bw' but where a case had its own timed beside it (real decode)"
                 ),
             )
         elif r.scenario == "copy bandwidth":

@@ -10,12 +10,14 @@ For each case the runner, in this order (llm.c's: check, then time):
    (``reference.error_bound``) is reported as wrong and is not timed;
 4. warms up (``policy.warmup`` untimed calls in all, the last one under the
    memory probe) and times it (``measure.measure``): CUDA events on a GPU, the
-   wall clock around a synchronised call elsewhere. A case that reads a known number
-   of bytes (decoding) has the read stream timed beside it, just before and just after
-   its samples, at its threads: its ceiling, taken at the same moment, since the
-   machine's bandwidth moves by a factor of two within minutes while other work runs;
+   wall clock around a synchronised call elsewhere. A case that reads more from
+   memory than a cache holds (``BESIDE_BYTES`` a call: a real model's decode) has the
+   read stream timed beside it, just before and just after its samples, at its
+   threads: its ceiling, taken at the same moment, since the machine's bandwidth moves
+   by a factor of two within minutes while other work runs;
 5. derives GFLOP/s, the fraction of the matmul peak, tokens/s, and GB/s with its
-   fraction of the stream timed beside it ("% bw").
+   fraction of the stream timed beside it ("% bw"; a case reading less, whose bytes
+   may stay in cache, divides by the stream timed at the run's end).
 
 ``run_case`` is those five steps; the pytest-benchmark suite
 (``benchmarks/test_ladder.py``) takes steps 1 to 3 from here and hands the
@@ -58,6 +60,9 @@ from .subjects import Subject
 
 Done = Callable[[list[Record]], None]  # called after each step with the records it made
 PROBE_SLACK = 2.0  # a call measured over this many times the time cap is not sampled
+# Bytes a call reads from which its read stream is timed beside it (a second or two, twice):
+# past the last-level caches of CPUs (32 MiB here) and near a GPU's.
+BESIDE_BYTES = 256 * 2**20
 
 
 def _family(workload: Workload) -> str:
@@ -140,9 +145,8 @@ def peak_record(peak: Peak, threads: int | None = None) -> Record:
 
 
 def bandwidth_record(bandwidth: Bandwidth, threads: int | None = None) -> Record:
-    """A memory rate as a record: the read-only stream or the copy beside it (bytes read +
-    written), at the end of the run (a record's "% bw" divides by the stream timed beside
-    that record)."""
+    """A memory rate as a record: the read-only stream (the 100% of "% bw" for the records
+    that had none timed beside them) or the copy beside it (bytes read + written)."""
     MiB = bandwidth.nbytes // 2**20
     read = bandwidth.moved == 1
     return Record(
@@ -153,6 +157,7 @@ def bandwidth_record(bandwidth: Bandwidth, threads: int | None = None) -> Record
         shape={"MiB": MiB} | ({} if threads is None else {"threads": threads}),
         bytes_read=bandwidth.moved * float(bandwidth.nbytes),
         gbs=bandwidth.gbs,
+        bandwidth_fraction=1.0 if read else None,
         description=(
             f"{bandwidth.how} reading {MiB} MiB once, the fastest of the read-only streams"
             if read
@@ -257,9 +262,10 @@ def _measure(record: Record, subject: Subject, case: Case, policy: TimingPolicy)
         case.fn()
     record.peak_memory_bytes = peak_memory(case.fn, subject.memory_method)
     record.bytes_read = case.extras.get("bytes_read")
-    streams = [_stream_beside(record, subject.device, policy)] if record.bytes_read else []
+    beside = (record.bytes_read or 0) >= BESIDE_BYTES
+    streams = [_stream_beside(record, subject.device, policy)] if beside else []
     stats = measure(case.fn, _timer(subject), policy, warmed=policy.warmup)
-    if record.bytes_read:
+    if beside:
         streams.append(_stream_beside(record, subject.device, policy))
         record.stream_gbs = max(b.gbs for b in streams)
     for key, value in _times(stats).items():
@@ -312,6 +318,7 @@ def run_case(
         record.tokens_per_s = tokens / record.median_s
     if record.bytes_read:
         record.gbs = record.bytes_read / record.median_s / 1e9
+    if record.stream_gbs:
         record.bandwidth_fraction = record.gbs / record.stream_gbs
     return record
 
@@ -439,11 +446,11 @@ def run(
 
 
 def _ceilings(measured: list[Record], first: Peak, *, device: str, dtype: str, plan: Plan):
-    """The ceilings, measured at each thread count the records ran at (a record's
-    ``threads``, else the run's): the matmul peak, which the records' "% peak" divides by
-    (the best of the run's start, ``first``, and its end) and, where a record reads a known
-    number of bytes, the read-only stream and the copy, for the first table (each record's
-    "% bw" divides by the stream timed beside it). On a GPU, one of each."""
+    """The ceilings the records are fractions of, measured at each thread count the records
+    ran at (a record's ``threads``, else the run's): the matmul peak ("% peak"; the best of
+    the run's start, ``first``, and its end) and, where a record reads a known number of
+    bytes, the read-only stream with the copy beside it: the "% bw" of a record that had no
+    stream timed beside it (``BESIDE_BYTES``). On a GPU, one of each."""
     import torch
 
     cuda = device.startswith("cuda")
@@ -454,7 +461,7 @@ def _ceilings(measured: list[Record], first: Peak, *, device: str, dtype: str, p
 
     counts = sorted({threads_of(r) for r in measured if r.ok} | {run_threads}, key=str)
     reading = any(r.gbs for r in measured)
-    peaks, ceilings = {}, []
+    peaks, reads, ceilings = {}, {}, []
     for n in counts:
         with contextlib.nullcontext() if n is None else cpu_threads(n):
             # The peak again at the end: a machine busy at the start must not set a low one.
@@ -464,10 +471,13 @@ def _ceilings(measured: list[Record], first: Peak, *, device: str, dtype: str, p
             peaks[n] = peak
             ceilings.append(peak_record(peak, n))
             if reading:  # only generation reads enough to ask
-                ceilings.append(bandwidth_record(measure_read_bandwidth(device, plan.timing), n))
+                reads[n] = measure_read_bandwidth(device, plan.timing)
+                ceilings.append(bandwidth_record(reads[n], n))
                 ceilings.append(bandwidth_record(measure_copy_bandwidth(device, plan.timing), n))
     for record in measured:
         n = threads_of(record)
         if record.gflops is not None and n in peaks:
             record.peak_fraction = record.gflops / peaks[n].gflops
+        if record.gbs is not None and record.stream_gbs is None and n in reads:
+            record.bandwidth_fraction = record.gbs / reads[n].gbs
     return ceilings
