@@ -77,7 +77,7 @@ def machine_table(records: list[Record], machine: str) -> Table:
                 _text(r.level),
                 _text(
                     f"{r.description}: {r.gbs:.3g} GB/s{at}, at the end of the run: the 100% "
-                    "of '% bw' but where a case had its own timed beside it (real decode)"
+                    "of '% bw', but for a case timed in turn with the streams (real decode)"
                 ),
             )
         elif r.scenario == "copy bandwidth":

@@ -11,13 +11,14 @@ For each case the runner, in this order (llm.c's: check, then time):
 4. warms up (``policy.warmup`` untimed calls in all, the last one under the
    memory probe) and times it (``measure.measure``): CUDA events on a GPU, the
    wall clock around a synchronised call elsewhere. A case that reads more from
-   memory than a cache holds (``BESIDE_BYTES`` a call: a real model's decode) has the
-   read stream timed beside it, just before and just after its samples, at its
-   threads: its ceiling, taken at the same moment, since the machine's bandwidth moves
-   by a factor of two within minutes while other work runs;
+   memory than a cache holds (``BESIDE_BYTES`` a call: a real model's decode) is then
+   timed in turn with the read streams, at its threads (``_in_turn``): its ceiling,
+   taken at the same moments, since the machine's bandwidth moves by a factor of two
+   within seconds while other work runs;
 5. derives GFLOP/s, the fraction of the matmul peak, tokens/s, and GB/s with its
-   fraction of the stream timed beside it ("% bw"; a case reading less, whose bytes
-   may stay in cache, divides by the stream timed at the run's end).
+   fraction of the read stream ("% bw": of the streams timed in turn with it; a case
+   reading less, whose bytes may stay in cache, divides by the stream timed at the
+   run's end).
 
 ``run_case`` is those five steps; the pytest-benchmark suite
 (``benchmarks/test_ladder.py``) takes steps 1 to 3 from here and hands the
@@ -37,8 +38,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+import numpy as np
+
 from .flops import matmul_flops
 from .measure import (
+    READ_BYTES,
     Bandwidth,
     Peak,
     Stats,
@@ -52,6 +56,7 @@ from .measure import (
     measure_matmul_peak,
     measure_read_bandwidth,
     peak_memory,
+    read_streams,
 )
 from .plan import Plan, Workload
 from .records import SKIPPED_BUDGET, WRONG, Record
@@ -60,9 +65,10 @@ from .subjects import Subject
 
 Done = Callable[[list[Record]], None]  # called after each step with the records it made
 PROBE_SLACK = 2.0  # a call measured over this many times the time cap is not sampled
-# Bytes a call reads from which its read stream is timed beside it (a second or two, twice):
-# past the last-level caches of CPUs (32 MiB here) and near a GPU's.
+# Bytes a call reads from which it is timed in turn with the read streams: past the
+# last-level caches of CPUs (32 MiB here) and near a GPU's.
 BESIDE_BYTES = 256 * 2**20
+PAIRS = 5  # calls of such a case, each followed by the read streams
 
 
 def _family(workload: Workload) -> str:
@@ -146,7 +152,7 @@ def peak_record(peak: Peak, threads: int | None = None) -> Record:
 
 def bandwidth_record(bandwidth: Bandwidth, threads: int | None = None) -> Record:
     """A memory rate as a record: the read-only stream (the 100% of "% bw" for the records
-    that had none timed beside them) or the copy beside it (bytes read + written)."""
+    not timed in turn with the streams) or the copy beside it (bytes read + written)."""
     MiB = bandwidth.nbytes // 2**20
     read = bandwidth.moved == 1
     return Record(
@@ -262,26 +268,39 @@ def _measure(record: Record, subject: Subject, case: Case, policy: TimingPolicy)
         case.fn()
     record.peak_memory_bytes = peak_memory(case.fn, subject.memory_method)
     record.bytes_read = case.extras.get("bytes_read")
-    beside = (record.bytes_read or 0) >= BESIDE_BYTES
-    streams = [_stream_beside(record, subject.device, policy)] if beside else []
     stats = measure(case.fn, _timer(subject), policy, warmed=policy.warmup)
-    if beside:
-        streams.append(_stream_beside(record, subject.device, policy))
-        record.stream_gbs = max(b.gbs for b in streams)
     for key, value in _times(stats).items():
         setattr(record, key, value)
+    if (record.bytes_read or 0) >= BESIDE_BYTES:
+        _in_turn(record, subject, case)
     record.padding_waste = case.extras.get("padding_waste")
     record.note = case.extras.get("note") or record.note
 
 
-def _stream_beside(record: Record, device: str, policy: TimingPolicy) -> Bandwidth:
-    """The read stream at the case's threads (its ``threads``, else the run's), now."""
+def _in_turn(record: Record, subject: Subject, case: Case) -> None:
+    """ "% bw" of a case that reads from memory: ``PAIRS`` calls, each followed by a pass of
+    every read stream at the case's threads (its ``threads``, else the run's); the median
+    over the calls of a call's GB/s over the fastest stream timed right after it
+    (``bandwidth_fraction``), and the median of those streams (``stream_gbs``). A ceiling
+    timed at another moment, even seconds away, can be the machine's at another load."""
     import torch
 
-    threads = record.shape.get("threads", torch.get_num_threads())
+    device = subject.device
     cuda = device.startswith("cuda")
+    threads = record.shape.get("threads", torch.get_num_threads())
+    stream_timer = cuda_timer() if cuda else cpu_timer()
+    fractions, rates = [], []
     with contextlib.nullcontext() if cuda else cpu_threads(threads):
-        return measure_read_bandwidth(device, policy)
+        streams = list(read_streams(device, READ_BYTES).values())
+        for fn in streams:
+            fn()  # the buffer's pages touched once, untimed
+        for _ in range(PAIRS):
+            gbs = record.bytes_read / _timer(subject)(case.fn, 1) / 1e9
+            rate = max(READ_BYTES / stream_timer(fn, 1) / 1e9 for fn in streams)
+            fractions.append(gbs / rate)
+            rates.append(rate)
+    record.stream_gbs = float(np.median(rates))
+    record.bandwidth_fraction = float(np.median(fractions))
 
 
 def run_case(
@@ -318,8 +337,6 @@ def run_case(
         record.tokens_per_s = tokens / record.median_s
     if record.bytes_read:
         record.gbs = record.bytes_read / record.median_s / 1e9
-    if record.stream_gbs:
-        record.bandwidth_fraction = record.gbs / record.stream_gbs
     return record
 
 
@@ -449,8 +466,8 @@ def _ceilings(measured: list[Record], first: Peak, *, device: str, dtype: str, p
     """The ceilings the records are fractions of, measured at each thread count the records
     ran at (a record's ``threads``, else the run's): the matmul peak ("% peak"; the best of
     the run's start, ``first``, and its end) and, where a record reads a known number of
-    bytes, the read-only stream with the copy beside it: the "% bw" of a record that had no
-    stream timed beside it (``BESIDE_BYTES``). On a GPU, one of each."""
+    bytes, the read-only stream with the copy beside it: the "% bw" of a record that was not
+    timed in turn with the streams (``BESIDE_BYTES``). On a GPU, one of each."""
     import torch
 
     cuda = device.startswith("cuda")

@@ -101,7 +101,9 @@ def _run(args: argparse.Namespace, path: Path) -> int:
 
     kept: list = []  # the records of the steps done, written after each one
     planned = steps_of(backends, plan)
-    steps = _Steps(console, planned, _Compiles(device), show=not args.no_progress)
+    scale = 1.0 if cuda else _scale()
+    compiles = _Compiles(device, first=plan.step_seconds("compile") * scale)
+    steps = _Steps(console, planned, compiles, show=not args.no_progress, scale=scale)
 
     def done(made) -> None:
         kept.extend(made)
@@ -186,17 +188,20 @@ class _Steps:
     each compile, with its expected time, as ``ladder chat`` says it.
 
     The bar counts the work, not the steps: each step weighs the seconds it should take (the
-    plan's figure, and each compile it makes, the first time one is needed: ``_Compiles``).
-    What is left is those seconds scaled by how this run has kept to them so far (``pace``),
+    plan's figure, scaled to the machine's load now, ``_scale``, and each compile it makes,
+    the first time one is needed: ``_Compiles``). What is left is those seconds scaled by
+    how this run has kept to them so far (``pace``),
     and of the step under way, ``max(x - e / 2, e / 2)`` after ``e`` seconds of an expected
     ``x``: half of what would be left if it took twice as long as expected, or half of
     "as long again" once it runs over. A step that takes up to twice its expected time (at
     the run's pace) never leaves the eta shown overrun by more than twice."""
 
-    def __init__(self, console, planned: list, compiles: _Compiles, *, show: bool):
+    def __init__(
+        self, console, planned: list, compiles: _Compiles, *, show: bool, scale: float = 1.0
+    ):
         self.console, self.planned, self.compiles = console, planned, compiles
-        self.total, self.count, self.label = len(planned), 0, ""
-        self.expected = compiles.weigh(planned)  # seconds, a step each
+        self.total, self.count, self.label, self.scale = len(planned), 0, "", scale
+        self.expected = compiles.weigh(planned, scale)  # seconds, a step each
         self.took: list[float] = []  # seconds, each step done
         self.bar = None
         if show and console.is_terminal:
@@ -233,9 +238,11 @@ class _Steps:
     def start(self, step) -> None:
         for line in self.compiles.announce(step):
             print(line, file=sys.stderr, flush=True)
+        # Weighed again now: a compile of the run so far may have left a note (its time).
+        self.expected[self.count] = self.compiles.weigh([step], self.scale)[0]
         self.label, self.step_started = step.label, time.perf_counter()
         if self.bar is not None:
-            self.bar.update(self.task, description=step.label)
+            self.bar.update(self.task, description=step.label, total=sum(self.expected))
 
     def finished(self, made: list) -> None:
         now = time.perf_counter()
@@ -297,15 +304,16 @@ class _EtaColumn(ProgressColumn):
 class _Compiles:
     """The compiled passes a run's steps need (``benchmarks.real_model.Compile``), looked up
     in the user's cache as ``ladder chat`` looks its up (``decode_step``): none where nothing
-    compiles (a GPU, no C++ compiler, the model not pulled)."""
+    compiles (a GPU, no C++ compiler, the model not pulled). A compile takes as long as
+    this model's last one here (its note), else ``first`` seconds."""
 
-    def __init__(self, device: str):
+    def __init__(self, device: str, first: float):
         from benchmarks.real_model import MODEL, _file
         from levels.level3_sdpa_flash.compiled import compiler_missing
 
         cpu = not device.startswith("cuda")
         self.on = cpu and compiler_missing() is None and _file() is not None
-        self.model_name = MODEL
+        self.model_name, self.first = MODEL, first
         self._models: dict = {}
 
     def _model(self, compile):
@@ -319,20 +327,20 @@ class _Compiles:
         path = decode_step.package(self._model(compile), compile.threads, compile.tokens)
         return self.on and not path.is_file()
 
-    def weigh(self, planned: list) -> list[float]:
-        """Each step's seconds: the plan's, and each compile the cache lacks, at the first
-        step that needs it."""
+    def weigh(self, planned: list, scale: float = 1.0) -> list[float]:
+        """Each step's seconds: the plan's times ``scale``, and each compile the cache lacks,
+        at the first step that needs it."""
         from . import decode_step
 
         weights, counted = [], set()
         for step in planned:
-            seconds = step.seconds
+            seconds = step.seconds * scale
             for c in step.compiles:
                 if c not in counted and self.missing(c):
                     counted.add(c)
                     model = self._model(c)
                     seconds += decode_step.expected_seconds(
-                        self.model_name, model, c.threads, c.tokens
+                        self.model_name, model, c.threads, c.tokens, self.first
                     )
             weights.append(seconds)
         return weights
@@ -343,11 +351,22 @@ class _Compiles:
 
         return [
             decode_step.announcement(
-                self.model_name, self._model(c), "float32", c.threads, c.tokens
+                self.model_name, self._model(c), "float32", c.threads, c.tokens, self.first
             )
             for c in step.compiles
             if self.missing(c)
         ]
+
+
+def _scale() -> float:
+    """The plans' seconds on this machine now: as the share of a core a one-thread step
+    gets now (the load average's other processes and the run itself) over the share it had
+    when they were measured (``benchmarks.plan.SECONDS_SHARE``)."""
+    from benchmarks.plan import SECONDS_SHARE
+
+    cores = os.cpu_count() or 1
+    share = min(1.0, cores / (os.getloadavg()[0] + 1))
+    return SECONDS_SHARE / share
 
 
 def _outcome(made: list) -> str:

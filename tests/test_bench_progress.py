@@ -1,21 +1,23 @@
 """What ``ladder bench`` says while it runs: each compile before it starts, an eta that is
-never overrun by more than twice, and a "% bw" whose ceiling was timed beside the case.
+never overrun by more than twice, and a "% bw" whose ceiling was timed in turn with the case.
 
 The eta is checked on a made-up run with a clock the test moves (no timing here); the
 compiles against the user's real model file, in a cache of the test's own with nothing
-compiled; the read stream's place with a workload that logs its calls.
+compiled; the read stream's turns with a workload that logs its calls and moves the clock.
 """
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 import levels
-from benchmarks.measure import Bandwidth, Stats, TimingPolicy
+from benchmarks.measure import READ_BYTES, TimingPolicy
 from benchmarks.plan import Budget, Plan, default_plan
 from benchmarks.real_model import Compile, RealModel
 from benchmarks.reference import Case, Reference
-from benchmarks.runner import BESIDE_BYTES, Pace, Step, run_case, screen, steps
+from benchmarks.runner import BESIDE_BYTES, PAIRS, Pace, Step, run_case, screen, steps
 from benchmarks.subjects import level_subject
 from ladder import bench as ladder_bench
 
@@ -35,8 +37,8 @@ class _Quiet:
 
 
 class _NoCompiles:
-    def weigh(self, planned):
-        return [step.seconds for step in planned]
+    def weigh(self, planned, scale):
+        return [step.seconds * scale for step in planned]
 
     def announce(self, step):
         return []
@@ -124,7 +126,7 @@ def test_each_compile_of_a_quick_run_is_announced_once_and_weighs_its_expected_t
     compiled.name, compiled.options = "level3:compiled", {"compile": True}
     plan = default_plan("cpu", quick=True).only(["real-model", "startup", "serve", "speculative"])
     planned = steps([level3, compiled], plan)
-    compiles = ladder_bench._Compiles("cpu")
+    compiles = ladder_bench._Compiles("cpu", first=decode_step.FIRST_COMPILE_S)
     weights = compiles.weigh(planned)
     said = {step.label: compiles.announce(step) for step in planned}
     minute = decode_step.FIRST_COMPILE_S
@@ -155,6 +157,21 @@ def test_each_compile_of_a_quick_run_is_announced_once_and_weighs_its_expected_t
     assert compiles.weigh(planned) == [step.seconds for step in planned]
 
 
+@pytest.mark.parametrize(
+    ("load", "scale"),
+    [(5.5, 1.0), (12.0, 13 / 6.5), (0.0, 2 / 6.5), (1.0, 2 / 6.5), (3.0, 4 / 6.5)],
+)
+def test_the_plans_seconds_scale_with_the_share_of_a_core_a_step_gets(load, scale, monkeypatch):
+    """The plans' seconds were timed at a load average of 5.5 on 2 cores, the run itself
+    the 6.5th process: a run then sees them as they are; at a load of 12, 13 processes
+    share the 2 cores, and a step takes twice as long; on an idle machine (or at a load of
+    1: two processes, a core each, the edge) a step has its whole core, 3.25 times the
+    share it had."""
+    monkeypatch.setattr(ladder_bench.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(ladder_bench.os, "getloadavg", lambda: (load, load, load))
+    assert ladder_bench._scale() == pytest.approx(scale)
+
+
 def test_a_compile_s_key_is_the_one_the_model_s_own_step_is_kept_under(smollm2_gguf):
     """``Compile.key_of`` stands in for the model the step builds: the same file name."""
     from ladder import decode_step
@@ -178,12 +195,13 @@ def test_the_chat_s_default_context_is_the_one_the_bench_expects_it_to_compile()
 
 
 class _Reading:
-    """A workload that reads a known number of bytes a call and logs each call."""
+    """A workload that reads ``nbytes`` a call, logs each call and moves the test's clock by
+    ``seconds``."""
 
     scenario = "reading"
 
-    def __init__(self, log: list[str], nbytes: float):
-        self.log, self.nbytes = log, nbytes
+    def __init__(self, log: list[str], clock: _Clock, nbytes: float, seconds: float):
+        self.log, self.clock, self.nbytes, self.seconds = log, clock, nbytes, seconds
 
     def shape(self):
         return {"T": 1}
@@ -200,6 +218,7 @@ class _Reading:
     def build(self, subject, dtype, reference):
         def fn():
             self.log.append("case")
+            self.clock.now += self.seconds
 
         def check():
             fn()
@@ -209,39 +228,48 @@ class _Reading:
         return Case(fn=fn, error=check, error_of="output", bound=1e-3, extras=extras)
 
 
-@pytest.mark.parametrize("nbytes", [BESIDE_BYTES, BESIDE_BYTES - 1], ids=["beside", "cache"])
-def test_the_percent_of_bandwidth_divides_by_the_stream_timed_beside_the_case(nbytes, monkeypatch):
+@pytest.mark.parametrize("nbytes", [BESIDE_BYTES, BESIDE_BYTES - 1], ids=["memory", "cache"])
+def test_a_case_read_from_memory_is_timed_in_turn_with_the_read_stream(nbytes, monkeypatch):
     """A case that reads ``BESIDE_BYTES`` a call or more (from memory: a real model's decode)
-    has the read stream timed just before and just after its samples, and the faster of
-    the two is its ceiling: a machine whose bandwidth moved between the case and the end
-    of the run (two times over, here) cannot put a case over 100% by it. One byte less
-    (bytes that may stay in a cache) is left to the stream timed at the run's end."""
+    is timed in turn with the read streams, a call then every stream, ``PAIRS`` times, and
+    its "% bw" is the median over the calls of its GB/s over the fastest stream after it:
+    a machine whose bandwidth moves (here the streams alternate 4 and 8 GB/s, the case
+    reads at 2) cannot put a case over 100% by a ceiling timed at another moment. One byte
+    less (bytes that may stay in a cache) is left to the stream timed at the run's end."""
+    import benchmarks.measure as measure
     import benchmarks.runner as runner
 
-    log: list[str] = []
-    rates = iter([4e9, 8e9])  # bytes/s of the stream before, then after
+    clock, log = _Clock(), []
+    monkeypatch.setattr(measure.time, "perf_counter", clock)
+    rates = itertools.cycle([4e9, 8e9])  # bytes/s of the streams' passes, in turn
 
-    def stream(device, policy):
-        log.append("stream")
-        rate = next(rates)
-        return Bandwidth(2**20, device, Stats(*[2**20 / rate] * 5, n=1), moved=1)
+    def pass_at(rate):
+        def fn():
+            log.append("stream")
+            clock.now += READ_BYTES / rate
 
-    monkeypatch.setattr(runner, "measure_read_bandwidth", stream)
+        return fn
+
+    def streams(device, nbytes):
+        assert nbytes == READ_BYTES
+        return {"slow": pass_at(1e9), "fast": lambda: pass_at(next(rates))()}
+
+    monkeypatch.setattr(runner, "read_streams", streams)
     policy = TimingPolicy(warmup=2, min_repeat=3, max_repeat=3, min_time_s=0.0, min_sample_s=0.0)
     plan = Plan({"reading": []}, {"numpy": Budget()}, policy)
     subject = level_subject("level1_numpy", levels.load("1"), "cpu")
-    case = _Reading(log, nbytes)
+    case = _Reading(log, clock, nbytes, seconds=nbytes / 2e9)  # 2 GB/s
     record = run_case(subject, case, dtype="float32", plan=plan, reference=Reference(), peak=None)
-    assert record.ok, record.status
+    assert record.ok and record.gbs == pytest.approx(nbytes / 1e9 / (nbytes / 2e9))
     if nbytes < BESIDE_BYTES:
         assert "stream" not in log and record.stream_gbs is None
         assert record.bandwidth_fraction is None  # the run's ceilings set it, at its end
         return
-    first, last = log.index("stream"), len(log) - 1 - log[::-1].index("stream")
-    samples = log[first + 1 : last]
-    assert log.count("stream") == 2 and samples == ["case"] * len(samples) and len(samples) >= 3
-    assert record.stream_gbs == pytest.approx(8.0)  # the faster of 4 and 8 GB/s
-    assert record.bandwidth_fraction == pytest.approx(record.gbs / 8.0)
+    turns = log[log.index("stream") :]  # the untimed passes, then the pairs
+    assert turns == ["stream", "stream"] + ["case", "stream", "stream"] * PAIRS
+    # The fast stream's passes: untimed 4, then 8, 4, 8, 4, 8 after the five calls.
+    assert record.stream_gbs == pytest.approx(8.0)  # GB/s: 512 MiB read at 8e9 bytes/s
+    assert record.bandwidth_fraction == pytest.approx(2 / 8)  # the median of 1/4 and 1/2s
 
 
 # ----------------------------------------------------------------------------- the labels
