@@ -2,9 +2,11 @@
 
 Four ``Sizes`` declarations: ``CPU`` (the default sweep), ``CPU_QUICK``
 (``--quick``), ``CUDA`` and ``CUDA_QUICK``. The sweep is over sequence length
-``T``; the CPU sizes are chosen so that ``--quick`` takes about three minutes on
-two cores (most of it the real model's scenarios and the servers'), with every
-level measured at the sizes it can manage.
+``T``; the CPU sizes are chosen so that ``--quick`` takes minutes on two cores
+(most of it the real model's scenarios, the servers' and the compiles they need;
+docs/benchmarks.md has a measured run), with every level measured at the sizes it
+can manage. ``Sizes.seconds`` says what each step should take, for the run's
+progress.
 
 The size budget
 ---------------
@@ -120,10 +122,6 @@ class Plan:
 
 
 CASE_S = 0.3  # seconds: a step the plan's sizes say nothing of (a small case: check, time)
-# The share of a core a one-thread step had when the plans' seconds were measured: a load
-# average of 5.5 on 2 cores, and the run itself (2 / 6.5). A run with another share scales
-# them by the ratio (ladder/bench.py); its pace corrects the rest as it goes.
-SECONDS_SHARE = 2 / 6.5
 
 
 def budget_key(subject: Subject) -> str:
@@ -250,8 +248,9 @@ CPU_QUICK = replace(
         "torch": Budget(max_call_s=1.0),
     },
     peak_n=1024,
-    # A step's seconds in the quick run of 2026-12-07 (2 cores, a load average of 5 to 7,
-    # docs/benchmarks.md), its compiles left out: a case about 0.3 s; a real-model case
+    # A step's seconds in the quick run of 2026-12-07 (2 cores, a load average of 5.5 at its
+    # start, 5 to 7 through it: measure.MEASURED_SHARE; a run at another load scales them,
+    # ladder/bench.py, and its pace corrects the rest as it goes), its compiles left out: a case about 0.3 s; a real-model case
     # 1.4 to 9 s (the first prompt computes the float64 reference; transformers' first
     # loads its model, 15 s; a decode times the read stream beside it, a second or two
     # more); the servers' 170 s; the speculative runs' 28 s.

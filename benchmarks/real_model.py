@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from .measure import cpu_threads
+from .measure import at_this_load, cpu_threads
 from .reference import Case, Reference, scaled_error
 from .subjects import Subject
 
@@ -70,19 +70,19 @@ DTYPE_OF = {
 QUANTIZED = ("int8", "int4")
 PARAMS = 134.5e6  # SmolLM2-135M's weights: a multiply-add each per token
 # Level 0's seconds per multiply-add of the weights (a term of sum(map(mul, ...)) over Python
-# floats, and the rest of the step): SmolLM2 decoded 10.4 s a token and read its 31-token
-# prompt in 269 s (8.1e-8 s per multiply-add of the layers), one thread on a shared 2-core
-# machine at a load average of 8 (docs/benchmarks.md, "The slow rungs"); a quieter machine
-# goes faster. ``ladder chat --level 0`` warns with it, and the level-0 row here says it.
-LEVEL0_SECONDS_PER_MAC = 8e-8
+# floats, and the rest of the step), on a third of a core (measure.MEASURED_SHARE): SmolLM2
+# wrote 6.2 s a token, and read its 31-token prompt in 159 s, 4.4e-8 s a multiply-add
+# with its pieces (docs/benchmarks.md, "The slow rungs"). ``ladder chat --level 0`` warns
+# with it, and the level-0 row here says it, each at the share of a core the load leaves.
+LEVEL0_SECONDS_PER_MAC = 4.6e-8
 LAYERS = 30  # SmolLM2-135M's
 # Level 4's seconds a layer on a CPU, where Triton's interpreter runs its kernels (the
 # attention and the norms; the products are torch's): its cost is the kernels it launches,
 # a few a layer, each a fixed cost, and their programs, one a row of the prompt. A new token
-# is a launch of each (13.5 s for SmolLM2's 30 layers); a prompt is a launch of each, and
-# 0.75 s a token more (its 31 tokens in 36.9 s), on the same machine as level 0's figure.
-INTERPRETED_SECONDS_PER_LAYER = 0.45
-INTERPRETED_PROMPT_SECONDS_PER_LAYER = 0.025  # a token of the prompt, past the launches
+# is a launch of each (4.9 s for SmolLM2's 30 layers); a prompt is a launch of each, and
+# 0.6 s a token more (its 31 tokens in 24.0 s); measured as level 0's figure is.
+INTERPRETED_SECONDS_PER_LAYER = 0.165
+INTERPRETED_PROMPT_SECONDS_PER_LAYER = 0.02  # a token of the prompt, past the launches
 GROUP = 32  # the int4 groups (levels/level3_sdpa_flash/quant.py's default)
 
 
@@ -197,10 +197,10 @@ class RealModel:
         if not subject.models:
             return "attention only"
         if subject.kind == "python":
-            seconds = PARAMS * LEVEL0_SECONDS_PER_MAC
+            seconds = at_this_load(PARAMS * LEVEL0_SECONDS_PER_MAC)
             return f"about {seconds:.0f} s a token (ladder chat --level 0 runs it)"
         if subject.interpreted:
-            seconds = LAYERS * INTERPRETED_SECONDS_PER_LAYER
+            seconds = at_this_load(LAYERS * INTERPRETED_SECONDS_PER_LAYER)
             return (
                 f"about {seconds:.0f} s a token in Triton's interpreter "
                 "(ladder chat --level 4 runs it)"

@@ -359,14 +359,11 @@ class _Compiles:
 
 
 def _scale() -> float:
-    """The plans' seconds on this machine now: as the share of a core a one-thread step
-    gets now (the load average's other processes and the run itself) over the share it had
-    when they were measured (``benchmarks.plan.SECONDS_SHARE``)."""
-    from benchmarks.plan import SECONDS_SHARE
+    """The plans' seconds on this machine now: as the share of a core a one-thread step gets
+    now over the share it had when they were measured (``benchmarks.measure.at_this_load``)."""
+    from benchmarks.measure import at_this_load
 
-    cores = os.cpu_count() or 1
-    share = min(1.0, cores / (os.getloadavg()[0] + 1))
-    return SECONDS_SHARE / share
+    return at_this_load(1.0)
 
 
 def _outcome(made: list) -> str:

@@ -14,8 +14,10 @@ level 4 on a CPU (its kernels in Triton's interpreter).
 
 The costs are measured (``benchmarks.real_model``): level 0's seconds per multiply-add of
 the model's weights, level 4's seconds a layer for each token, which depend on the
-interpreter's programs, not on the arithmetic. Both come from a shared machine, and move
-with what else runs on it: the count while the prompt runs is the honest figure.
+interpreter's programs, not on the arithmetic; both on a third of a core, and said at the
+share of a core the load average leaves now (``benchmarks.measure.at_this_load``). They
+move with what else runs on the machine: the count while the prompt runs is the honest
+figure.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ class Cost:
 def cost(level, config, device: str = "cpu") -> Cost | None:
     """The cost of ``config``'s model at ``level`` here, or None at a rung that takes
     milliseconds a token."""
+    from benchmarks.measure import at_this_load
     from benchmarks.real_model import (
         INTERPRETED_PROMPT_SECONDS_PER_LAYER,
         INTERPRETED_SECONDS_PER_LAYER,
@@ -65,11 +68,12 @@ def cost(level, config, device: str = "cpu") -> Cost | None:
 
     if level.FACTS.array == "python":
         n, head = _parameters(config)
-        per_mac = LEVEL0_SECONDS_PER_MAC
+        per_mac = at_this_load(LEVEL0_SECONDS_PER_MAC)
         return Cost((n - head) * per_mac, head * per_mac, n * per_mac)
     if level.FACTS.interpreted and not device.startswith("cuda"):
-        launches = config.n_layers * INTERPRETED_SECONDS_PER_LAYER  # a pass's kernels, once
-        return Cost(config.n_layers * INTERPRETED_PROMPT_SECONDS_PER_LAYER, launches, launches)
+        layer = at_this_load(INTERPRETED_SECONDS_PER_LAYER)  # a pass's kernels, once a layer
+        prompt = at_this_load(INTERPRETED_PROMPT_SECONDS_PER_LAYER)
+        return Cost(config.n_layers * prompt, config.n_layers * layer, config.n_layers * layer)
     return None
 
 
