@@ -174,8 +174,10 @@ def _bench(commands) -> None:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="a few sizes of every scenario, float32 only for the real model (about 3 minutes "
-        "on 2 cores, most of it the real model's and the servers')",
+        help="a few sizes of every scenario, float32 only for the real model (21 minutes on 2 "
+        "cores shared with other work from an empty cache, 11 of them four compiles that later "
+        "runs load from the cache; each is said before it starts, and the bar's eta says what "
+        "is left)",
     )
     p.add_argument(
         "--levels", type=_levels, default=None, help="comma-separated levels, e.g. 1,2,3"
