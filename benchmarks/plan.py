@@ -2,9 +2,11 @@
 
 Four ``Sizes`` declarations: ``CPU`` (the default sweep), ``CPU_QUICK``
 (``--quick``), ``CUDA`` and ``CUDA_QUICK``. The sweep is over sequence length
-``T``; the CPU sizes are chosen so that ``--quick`` takes about three minutes on
-two cores (most of it the real model's scenarios and the servers'), with every
-level measured at the sizes it can manage.
+``T``; the CPU sizes are chosen so that ``--quick`` takes minutes on two cores
+(most of it the real model's scenarios, the servers' and the compiles they need;
+docs/benchmarks.md has a measured run), with every level measured at the sizes it
+can manage. ``Sizes.seconds`` says what each step should take, for the run's
+progress.
 
 The size budget
 ---------------
@@ -52,12 +54,12 @@ from . import SCENARIOS
 from .attention_scenarios import Attention, ring_records
 from .measure import TimingPolicy
 from .model_scenarios import DecoderForward, Generate, TrainStep, VarlenBatch
-from .real_model import RealModel
+from .real_model import Compile, RealModel
 from .real_model import workloads as real_model_workloads
 from .records import FIGURE, Record
-from .serve import serve_records
-from .speculative import speculative_records
-from .startup import startup_records
+from .serve import serve_compiles, serve_records
+from .speculative import speculative_compiles, speculative_records
+from .startup import startup_compiles, startup_records
 from .subjects import Subject
 
 Workload = Attention | DecoderForward | Generate | VarlenBatch | TrainStep | RealModel
@@ -72,6 +74,15 @@ class Budget:
 
 
 @dataclass(frozen=True)
+class Figure:
+    """A step of computed figures: the function making its records, and the compiled passes
+    it needs (compiled in the step where the user's cache lacks them)."""
+
+    make: Callable[[], list[Record]]
+    compiles: tuple[Compile, ...] = ()
+
+
+@dataclass(frozen=True)
 class Plan:
     """Everything a run needs besides the levels: workloads, budgets, timing."""
 
@@ -79,16 +90,24 @@ class Plan:
     budgets: dict[str, Budget] = field(default_factory=dict)  # by budget_key(subject)
     timing: TimingPolicy = TimingPolicy()
     peak_n: int = 2048  # matmul size for the peak
-    # Computed figures (no timing) by scenario group: functions returning records.
-    figures: dict[str, list[Callable[[], list[Record]]]] = field(default_factory=dict)
+    # Computed figures (no timing) by scenario group.
+    figures: dict[str, list[Figure]] = field(default_factory=dict)
     # Scenarios whose calls may take longer than the cap, by this factor (the budget's work
     # cap is unchanged): a comparison that is only worth its longest size.
     stretch: dict[str, float] = field(default_factory=dict)
+    # What a step should take, in seconds, compiles aside (``Sizes.seconds``): the weights
+    # of a run's progress.
+    seconds: dict[str, float] = field(default_factory=dict)
 
     def budget_for(self, subject: Subject, scenario: str = "") -> Budget:
         budget = self.budgets.get(budget_key(subject), Budget())
         factor = self.stretch.get(scenario, 1.0)
         return replace(budget, max_call_s=budget.max_call_s * factor)
+
+    def step_seconds(self, group: str) -> float:
+        """What a step of ``group`` (a case of its, or its computed figures; ``"peak"`` and
+        ``"ceilings"`` the run's first and last) should take, compiles aside."""
+        return self.seconds.get(group, self.seconds.get("case", CASE_S))
 
     def only(self, groups: list[str]) -> Plan:
         """The same plan restricted to some scenario groups."""
@@ -100,6 +119,9 @@ class Plan:
             workloads={g: w for g, w in self.workloads.items() if g in groups},
             figures={g: f for g, f in self.figures.items() if g in groups},
         )
+
+
+CASE_S = 0.3  # seconds: a step the plan's sizes say nothing of (a small case: check, time)
 
 
 def budget_key(subject: Subject) -> str:
@@ -163,6 +185,7 @@ class Sizes:
     timing: TimingPolicy
     budgets: dict[str, Budget]
     peak_n: int
+    seconds: dict[str, float] = field(default_factory=dict)  # Plan.seconds
 
 
 CPU = Sizes(
@@ -188,6 +211,20 @@ CPU = Sizes(
         "torch": Budget(max_call_s=2.0),
     },
     peak_n=2048,
+    # Scaled from the quick run's (below) by each step's work: the full run was not timed
+    # step by step. The calibration of the progress bar corrects the scale as it runs.
+    seconds={
+        "compile": 120.0,
+        "peak": 10.0,
+        "case": 1.0,
+        "transformers": 3.0,
+        "real-model": 10.0,
+        "ring": 20.0,
+        "startup": 90.0,
+        "serve": 400.0,
+        "speculative": 550.0,
+        "ceilings": 20.0,
+    },  # fmt: skip
 )
 
 CPU_QUICK = replace(
@@ -211,6 +248,26 @@ CPU_QUICK = replace(
         "torch": Budget(max_call_s=1.0),
     },
     peak_n=1024,
+    # A step's seconds in the quick run of 2026-12-07 (2 cores, a load average of 5.5 at its
+    # start, 5 to 7 through it: measure.MEASURED_SHARE; a run at another load scales them,
+    # ladder/bench.py, and its pace corrects the rest as it goes), its compiles left out: a case about 0.3 s; a real-model case
+    # 1.4 to 9 s (the first prompt computes the float64 reference; transformers' first
+    # loads its model, 15 s; a decode times the read stream beside it, a second or two
+    # more); the servers' 170 s; the speculative runs' 28 s.
+    seconds={
+        "compile": 120.0,  # one of level 3's passes, where none was timed here (79 to 161 s)
+        "peak": 6.0,
+        "case": 0.3,
+        "transformers": 1.1,
+        "real-model": 7.0,
+        "kv-cache": 0.1,
+        "varlen": 0.3,
+        "ring": 8.0,
+        "startup": 23.0,
+        "serve": 170.0,
+        "speculative": 28.0,
+        "ceilings": 6.0,
+    },  # fmt: skip
 )
 
 # On a GPU: longer sequences, more heads, more warm-up (compilation and autotuning
@@ -298,13 +355,17 @@ def plan_from(
         "train": [TrainStep(config, *sizes.train)],
         "real-model": real_model_workloads(quick=quick),
     }
+
+    def on_a_cpu(records, compiles) -> list[Figure]:  # the commands' scenarios: a CPU's
+        return [] if device.startswith("cuda") else [Figure(partial(records, quick), compiles)]
+
     figures = {
-        "kv-cache": [kv_cache_figures],
-        "varlen": [padding_figures],
-        "ring": [partial(ring_records, sizes.ring, device)],
-        "startup": [] if device.startswith("cuda") else [partial(startup_records, quick)],
-        "serve": [] if device.startswith("cuda") else [partial(serve_records, quick)],
-        "speculative": [] if device.startswith("cuda") else [partial(speculative_records, quick)],
+        "kv-cache": [Figure(kv_cache_figures)],
+        "varlen": [Figure(padding_figures)],
+        "ring": [Figure(partial(ring_records, sizes.ring, device))],
+        "startup": on_a_cpu(startup_records, startup_compiles(quick)),
+        "serve": on_a_cpu(serve_records, serve_compiles(quick)),
+        "speculative": on_a_cpu(speculative_records, speculative_compiles(quick)),
     }
     # Full causal attention at the window's longest T is the point of the comparison; at
     # level 3 on two cores it takes about 3 s a call, past the CPU cap of 2 s. A batch of 8
@@ -322,6 +383,7 @@ def plan_from(
         peak_n=sizes.peak_n,
         figures=figures,
         stretch=stretch,
+        seconds=sizes.seconds,
     )
 
 

@@ -42,8 +42,11 @@ from typing import Any
 
 import numpy as np
 
-from loading.models import LEVEL0_SECONDS_PER_MAC
-from loading.threads import cpu_threads
+from loading.slow import (
+    INTERPRETED_SECONDS_PER_LAYER,
+    LEVEL0_SECONDS_PER_MAC,
+)
+from loading.threads import at_this_load, cpu_threads
 
 from .reference import Case, Reference, scaled_error
 from .subjects import Subject
@@ -51,6 +54,7 @@ from .subjects import Subject
 MODEL = "smollm2-135m"
 QUESTION = "What is the capital of France?"
 NEW_TOKENS = 16
+CONTEXT = 128  # positions of the KV cache: the prompt and the new tokens, with room
 FORMATS = ("float32", "bfloat16", "float16", "int8", "int4")
 # scaled_error (max |x - ref| / max |ref|, logits up to ~40) bounds per weight format: the
 # float32 levels measure ~3e-6; bfloat16 weights and activations ~1e-2 (eps 7.8e-3 through
@@ -70,7 +74,35 @@ DTYPE_OF = {
 }
 QUANTIZED = ("int8", "int4")
 PARAMS = 134.5e6  # SmolLM2-135M's weights: a multiply-add each per token
+LAYERS = 30  # SmolLM2-135M's (the slow rungs' costs are loading.slow's, as chat says them)
 GROUP = 32  # the int4 groups (levels/level3_sdpa_flash/quant.py's default)
+
+
+@dataclass(frozen=True)
+class Compile:
+    """A compiled pass of the cached model that a step of a run needs (level 3, float32, on a
+    CPU): its decode step (``tokens`` 1) or its check of ``tokens - 1`` guesses, for a KV
+    cache of ``context`` positions, on ``threads`` threads, its weights in ``weights``. The
+    step compiles it (about a minute here) or loads it from the user's cache (a second); the
+    command announces the compiles before the step that makes them."""
+
+    context: int
+    threads: int
+    tokens: int = 1
+    weights: str = "float"
+
+    def key_of(self):
+        """What the compiled cache's key reads of a model (its config, dtype and weights'
+        format: ``levels.level3_sdpa_flash.compiled.cache_key``), to find the file without
+        building the model."""
+        import types
+
+        import torch
+
+        from levels import gguf
+
+        config = gguf.config_of(_file(), max_seq_len=self.context)
+        return types.SimpleNamespace(config=config, dtype=torch.float32, weights=self.weights)
 
 
 @cache
@@ -82,11 +114,11 @@ def _file():
 
 @cache
 def _loaded(dtype: str):
-    """``(config, params, prompt ids)`` of the cached file, params in ``dtype``, context 128."""
+    """``(config, params, prompt ids)`` of the cached file, params in ``dtype``, ``CONTEXT``."""
     from levels import gguf
 
     path = _file()
-    config, params = gguf.load(path, max_seq_len=128, dtype=np.dtype(dtype))
+    config, params = gguf.load(path, max_seq_len=CONTEXT, dtype=np.dtype(dtype))
     template, tokenizer = gguf.load_chat_template(path), gguf.load_tokenizer(path)
     text = template.render([{"role": "user", "content": QUESTION}], add_generation_prompt=True)
     ids = tokenizer.encode(text, add_special_tokens=False).ids
@@ -157,10 +189,14 @@ class RealModel:
         if not subject.models:
             return "attention only"
         if subject.kind == "python":
-            seconds = PARAMS * LEVEL0_SECONDS_PER_MAC
+            seconds = at_this_load(PARAMS * LEVEL0_SECONDS_PER_MAC)
             return f"about {seconds:.0f} s a token (ladder chat --level 0 runs it)"
         if subject.interpreted:
-            return "Triton's interpreter: minutes a token"
+            seconds = at_this_load(LAYERS * INTERPRETED_SECONDS_PER_LAYER)
+            return (
+                f"about {seconds:.0f} s a token in Triton's interpreter "
+                "(ladder chat --level 4 runs it)"
+            )
         if self.fmt in QUANTIZED and not subject.name.startswith("level3"):
             return "level 3's weight format"
         if self.fmt == "float16" and subject.device == "cpu":
@@ -170,8 +206,15 @@ class RealModel:
         return None
 
     def record_dtype(self, subject: Subject, dtype: str) -> str:
-        """What the table's dtype column says: the weights' format."""
-        return self.fmt
+        """What the table's dtype column says: the weights' format, or what the level computes
+        in where it computes in one dtype only (level 0's float64, whatever the file holds)."""
+        return subject.effective_dtype(self.fmt)
+
+    def compiles(self, subject: Subject) -> tuple[Compile, ...]:
+        """The compiled pass this case needs: ``level3:compiled``'s decode step on a CPU."""
+        if self.phase != "decode" or not subject.options.get("compile"):
+            return ()
+        return () if subject.device.startswith("cuda") else (Compile(CONTEXT, self.threads),)
 
     def build(self, subject: Subject, dtype: str, reference: Reference) -> Case:
         fmt_dtype = DTYPE_OF[self.fmt]

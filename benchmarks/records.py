@@ -57,7 +57,8 @@ class Record:
     tokens_per_s: float | None = None
     bytes_read: float | None = None  # bytes a call reads from memory (generation: flops.py)
     gbs: float | None = None  # bytes_read / median_s / 1e9
-    bandwidth_fraction: float | None = None  # gbs / the copy bandwidth measured in this run
+    stream_gbs: float | None = None  # the read stream timed in turn with it (runner._in_turn)
+    bandwidth_fraction: float | None = None  # of that stream, else of the run's (runner)
     peak_memory_bytes: int | None = None
     memory_method: str = "n/a"
     max_error: float | None = None  # against the float64 reference (scenarios.scaled_error)

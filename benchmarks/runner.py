@@ -10,8 +10,15 @@ For each case the runner, in this order (llm.c's: check, then time):
    (``reference.error_bound``) is reported as wrong and is not timed;
 4. warms up (``policy.warmup`` untimed calls in all, the last one under the
    memory probe) and times it (``measure.measure``): CUDA events on a GPU, the
-   wall clock around a synchronised call elsewhere;
-5. derives GFLOP/s, the fraction of the matmul peak and tokens/s.
+   wall clock around a synchronised call elsewhere. A case that reads more from
+   memory than a cache holds (``BESIDE_BYTES`` a call: a real model's decode) is then
+   timed in turn with the read streams, at its threads (``_in_turn``): its ceiling,
+   taken at the same moments, since the machine's bandwidth moves by a factor of two
+   within seconds while other work runs;
+5. derives GFLOP/s, the fraction of the matmul peak, tokens/s, and GB/s with its
+   fraction of the read stream ("% bw": of the streams timed in turn with it; a case
+   reading less, whose bytes may stay in cache, divides by the stream timed at the
+   run's end).
 
 ``run_case`` is those five steps; the pytest-benchmark suite
 (``benchmarks/test_ladder.py``) takes steps 1 to 3 from here and hands the
@@ -31,10 +38,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+import numpy as np
+
 from loading.threads import cpu_threads
 
 from .flops import matmul_flops
 from .measure import (
+    READ_BYTES,
     Bandwidth,
     Peak,
     Stats,
@@ -47,15 +57,19 @@ from .measure import (
     measure_matmul_peak,
     measure_read_bandwidth,
     peak_memory,
+    read_streams,
 )
 from .plan import Plan, Workload
 from .records import SKIPPED_BUDGET, WRONG, Record
 from .reference import Case, Reference
 from .subjects import Subject
 
-Progress = Callable[[str], None]  # called before each step of a run with its label
 Done = Callable[[list[Record]], None]  # called after each step with the records it made
 PROBE_SLACK = 2.0  # a call measured over this many times the time cap is not sampled
+# Bytes a call reads from which it is timed in turn with the read streams: past the
+# last-level caches of CPUs (32 MiB here) and near a GPU's.
+BESIDE_BYTES = 256 * 2**20
+PAIRS = 5  # calls of such a case, each followed by the read streams
 
 
 def _family(workload: Workload) -> str:
@@ -138,8 +152,8 @@ def peak_record(peak: Peak, threads: int | None = None) -> Record:
 
 
 def bandwidth_record(bandwidth: Bandwidth, threads: int | None = None) -> Record:
-    """A memory rate as a record: the read-only stream (the 100% of "% bw" at its thread
-    count) or the copy beside it (bytes read + written)."""
+    """A memory rate as a record: the read-only stream (the 100% of "% bw" for the records
+    not timed in turn with the streams) or the copy beside it (bytes read + written)."""
     MiB = bandwidth.nbytes // 2**20
     read = bandwidth.moved == 1
     return Record(
@@ -249,16 +263,45 @@ def check(
 
 def _measure(record: Record, subject: Subject, case: Case, policy: TimingPolicy) -> None:
     """Step 4: the warm-up (the check was the first call; the last warm-up call is the
-    memory probe, after first-call effects such as autotuning are over), then the samples."""
+    memory probe, after first-call effects such as autotuning are over), then the samples,
+    between two read streams where the case reads a known number of bytes."""
     for _ in range(policy.warmup - 2):
         case.fn()
     record.peak_memory_bytes = peak_memory(case.fn, subject.memory_method)
+    record.bytes_read = case.extras.get("bytes_read")
     stats = measure(case.fn, _timer(subject), policy, warmed=policy.warmup)
     for key, value in _times(stats).items():
         setattr(record, key, value)
+    if (record.bytes_read or 0) >= BESIDE_BYTES:
+        _in_turn(record, subject, case)
     record.padding_waste = case.extras.get("padding_waste")
-    record.bytes_read = case.extras.get("bytes_read")
     record.note = case.extras.get("note") or record.note
+
+
+def _in_turn(record: Record, subject: Subject, case: Case) -> None:
+    """ "% bw" of a case that reads from memory: ``PAIRS`` calls, each followed by a pass of
+    every read stream at the case's threads (its ``threads``, else the run's); the median
+    over the calls of a call's GB/s over the fastest stream timed right after it
+    (``bandwidth_fraction``), and the median of those streams (``stream_gbs``). A ceiling
+    timed at another moment, even seconds away, can be the machine's at another load."""
+    import torch
+
+    device = subject.device
+    cuda = device.startswith("cuda")
+    threads = record.shape.get("threads", torch.get_num_threads())
+    stream_timer = cuda_timer() if cuda else cpu_timer()
+    fractions, rates = [], []
+    with contextlib.nullcontext() if cuda else cpu_threads(threads):
+        streams = list(read_streams(device, READ_BYTES).values())
+        for fn in streams:
+            fn()  # the buffer's pages touched once, untimed
+        for _ in range(PAIRS):
+            gbs = record.bytes_read / _timer(subject)(case.fn, 1) / 1e9
+            rate = max(READ_BYTES / stream_timer(fn, 1) / 1e9 for fn in streams)
+            fractions.append(gbs / rate)
+            rates.append(rate)
+    record.stream_gbs = float(np.median(rates))
+    record.bandwidth_fraction = float(np.median(fractions))
 
 
 def run_case(
@@ -280,9 +323,6 @@ def run_case(
         case = check(record, subject, workload, plan=plan, reference=reference)
         if case is not None:
             _measure(record, subject, case, plan.timing)
-    except NotImplementedError as exc:  # a learner's rung with a stage still a stub
-        record.status = f"skipped: not written yet ({exc})"[:300]
-        return record
     except Exception as exc:  # a failing level must not stop the sweep
         record.status = f"error: {type(exc).__name__}: {exc}"[:300]
         return record
@@ -305,10 +345,34 @@ def case_count(subjects: list[Subject], plan: Plan) -> int:
     return sum(1 for _ in pairs(subjects, plan))
 
 
-def step_count(subjects: list[Subject], plan: Plan) -> int:
-    """The steps ``run`` reports: the peak, each case, each computed figure, the ceilings."""
-    figures = sum(len(group) for group in plan.figures.values())
-    return 1 + case_count(subjects, plan) + figures + 1
+@dataclass(frozen=True)
+class Step:
+    """One step of a run, as its progress shows it: what it does, the seconds it should take
+    on two cores (``Plan.step_seconds``; nothing where the case cannot run), and the
+    compiled passes it needs (``real_model.Compile``), which it compiles where the user's
+    cache lacks them."""
+
+    label: str
+    seconds: float
+    compiles: tuple = ()
+
+
+def steps(subjects: list[Subject], plan: Plan) -> list[Step]:
+    """The steps ``run`` takes, in its order: the peak, each case, each computed figure, the
+    ceilings again."""
+    found = [Step(f"matmul peak ({plan.peak_n}^3)", plan.step_seconds("peak"))]
+    for group, subject, workload in _cases(subjects, plan):
+        T = workload.shape().get("T")
+        label = f"{subject.name}  {workload.scenario}" + ("" if T is None else f"  T={T}")
+        runs = workload.unsupported(subject) is None
+        compiles = workload.compiles(subject) if hasattr(workload, "compiles") else ()
+        found.append(Step(label, plan.step_seconds(group) if runs else 0.0, compiles))
+    for group, figures in plan.figures.items():
+        for figure in figures:
+            label = f"{group}  (computed figures)"
+            found.append(Step(label, plan.step_seconds(group), figure.compiles))
+    found.append(Step("the machine's ceilings again, at the end", plan.step_seconds("ceilings")))
+    return found
 
 
 def pairs(subjects: list[Subject], plan: Plan) -> Iterator[tuple[Subject, Workload]]:
@@ -317,14 +381,20 @@ def pairs(subjects: list[Subject], plan: Plan) -> Iterator[tuple[Subject, Worklo
     Subjects without models (the SDPA peers) take part in attention only, and
     a peer with ``only`` scenarios (transformers) in those.
     """
-    for workloads in plan.workloads.values():
+    for _, subject, workload in _cases(subjects, plan):
+        yield subject, workload
+
+
+def _cases(subjects: list[Subject], plan: Plan) -> Iterator[tuple[str, Subject, Workload]]:
+    """``pairs``, each with its scenario group."""
+    for group, workloads in plan.workloads.items():
         for workload in workloads:
             for subject in subjects:
                 if workload.unsupported(subject) == "attention only":
                     continue
                 if subject.only and workload.scenario not in subject.only:
                     continue  # a peer outside the comparison it is here for
-                yield subject, workload
+                yield group, subject, workload
 
 
 def run(
@@ -334,7 +404,7 @@ def run(
     device: str,
     dtype: str,
     unavailable: dict[str, str] | None = None,
-    progress: Progress | None = None,
+    progress: Callable[[Step], None] | None = None,
     reference: Reference | None = None,
     done: Done | None = None,
 ) -> list[Record]:
@@ -342,21 +412,23 @@ def run(
     per unavailable level, the cases, the computed figures.
 
     Every record is stamped with the machine and the start time of the run. The run goes
-    in steps (``step_count``): the peak, each case, each group of computed figures, the
-    ceilings again at the end. ``progress(label)`` is called before each step and
-    ``done(records)`` after it, with the records it made (none for the first peak, whose
-    record comes with the ceilings), so that a caller can keep what a run has measured
-    as it goes, and an interrupted run loses only the step it was in.
+    in ``steps``: the peak, each case, each group of computed figures, the ceilings again
+    at the end. ``progress(step)`` is called before each step and ``done(records)`` after
+    it, with the records it made (none for the first peak, whose record comes with the
+    ceilings), so that a caller can keep what a run has measured as it goes, and an
+    interrupted run loses only the step it was in.
     """
     reference = reference if reference is not None else Reference(device)
     stamp = {
         "machine": describe_machine(device),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
+    planned = iter(steps(subjects, plan))
 
-    def step(label: str) -> None:
+    def step() -> None:
+        now = next(planned)
         if progress is not None:
-            progress(label)
+            progress(now)
 
     def made(records: list[Record]) -> list[Record]:
         for record in records:
@@ -365,7 +437,7 @@ def run(
             done(records)
         return records
 
-    step(f"matmul peak ({plan.peak_n}^3)")
+    step()  # the peak
     pdtype = peak_dtype(device, dtype)
     peak = measure_matmul_peak(device, pdtype, plan.peak_n, plan.timing)
     records = [
@@ -376,18 +448,17 @@ def run(
     pace = Pace()
     measured = []
     for subject, workload in pairs(subjects, plan):
-        T = workload.shape().get("T")
-        step(f"{subject.name}  {workload.scenario}" + ("" if T is None else f"  T={T}"))
+        step()
         record = run_case(
             subject, workload, dtype=dtype, plan=plan, reference=reference, peak=None, pace=pace
         )
         measured.extend(made([record]))
     figures = []
-    for group, makers in plan.figures.items():
-        for make in makers:
-            step(f"{group}  (computed figures)")
-            figures.extend(made(make()))
-    step("the machine's ceilings again, at the end")
+    for group in plan.figures.values():
+        for figure in group:
+            step()
+            figures.extend(made(figure.make()))
+    step()  # the ceilings again
     ceilings = made(_ceilings(measured, peak, device=device, dtype=pdtype, plan=plan))
     return [*ceilings, *records, *measured, *figures]
 
@@ -396,7 +467,8 @@ def _ceilings(measured: list[Record], first: Peak, *, device: str, dtype: str, p
     """The ceilings the records are fractions of, measured at each thread count the records
     ran at (a record's ``threads``, else the run's): the matmul peak ("% peak"; the best of
     the run's start, ``first``, and its end) and, where a record reads a known number of
-    bytes, the read-only stream ("% bw") with the copy beside it. On a GPU, one of each."""
+    bytes, the read-only stream with the copy beside it: the "% bw" of a record that was not
+    timed in turn with the streams (``BESIDE_BYTES``). On a GPU, one of each."""
     import torch
 
     cuda = device.startswith("cuda")
@@ -424,6 +496,6 @@ def _ceilings(measured: list[Record], first: Peak, *, device: str, dtype: str, p
         n = threads_of(record)
         if record.gflops is not None and n in peaks:
             record.peak_fraction = record.gflops / peaks[n].gflops
-        if record.gbs is not None and n in reads:
+        if record.gbs is not None and record.stream_gbs is None and n in reads:
             record.bandwidth_fraction = record.gbs / reads[n].gbs
     return ceilings

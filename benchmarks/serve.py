@@ -37,7 +37,9 @@ import numpy as np
 from serving.launch import serving
 
 from .constrained import constrained_records
+from .real_model import Compile
 from .records import FIGURE, OK, WRONG, Record
+from .startup import CHAT_CONTEXT
 
 NEW, NEW_QUICK = 32, 16  # tokens per request of the throughput runs (--quick: 16)
 ARRIVALS, ARRIVALS_QUICK, ARRIVAL_NEW = 200, 10, 8
@@ -167,6 +169,12 @@ def _one_after_another(base: str, level: str, jobs: list) -> tuple[list[str], Re
     answers = [_ask(base, *job) for job in jobs]
     new = jobs[0][1]
     return alone, _record(level, 1, time.perf_counter() - begin, answers, alone, new=new)
+
+
+def serve_compiles(quick: bool) -> tuple[Compile, ...]:
+    """What ``ladder serve --max-batch 1 --compile`` compiles before it answers, where the
+    cache lacks it: the decode step ``ladder chat`` compiles (the same key)."""
+    return (Compile(CHAT_CONTEXT, threads=1),)
 
 
 def serve_records(quick: bool) -> list[Record]:

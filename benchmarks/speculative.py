@@ -6,8 +6,8 @@ and the int8 and int4 copies' own decode steps. Two tasks, greedy, each answer c
 token for token against plain decoding's before it is timed:
 
 * ``grounded``: a prompt that holds a passage (two Python functions) and asks for it
-  rewritten with one name changed: the answer copies the prompt, what the n-gram draft
-  (prompt lookup) finds;
+  rewritten with one name changed (``examples/rewrite.txt``, the README's example): the
+  answer copies the prompt, what the n-gram draft (prompt lookup) finds;
 * ``chat``: an open question; nothing to copy.
 
 For each draft (the n-gram lookup; the int8 and int4 copies of the model; its first
@@ -23,45 +23,32 @@ decoding's; the records' notes hold ``a``, ``c``, the tokens a pass and both spe
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 
 from loading.threads import cpu_threads
 
+from .real_model import Compile
 from .records import OK, WRONG, Record
 
-GROUNDED = '''Rewrite the following Python function, renaming the variable total to running_sum. Reply with the code only.
-
-def summarize(values):
-    """Return the count, the total and the mean of a list of numbers."""
-    total = 0
-    count = 0
-    for value in values:
-        if value is None:
-            continue
-        total = total + value
-        count = count + 1
-    if count == 0:
-        return 0, 0, 0.0
-    mean = total / count
-    return count, total, mean
-
-
-def describe(values):
-    """A line of text about a list of numbers."""
-    count, total, mean = summarize(values)
-    if count == 0:
-        return "no numbers"
-    largest = max(v for v in values if v is not None)
-    smallest = min(v for v in values if v is not None)
-    return f"{count} numbers, total {total}, mean {mean:.2f}, from {smallest} to {largest}"
-'''
+# The grounded task's prompt: two Python functions to give back with one name changed. The
+# checkout's file, which the README's example of --speculate ngram asks as well.
+GROUNDED = Path(__file__).resolve().parents[1] / "examples" / "rewrite.txt"
 CHAT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
-TASKS = {"grounded": GROUNDED, "chat": CHAT}
 NEW, NEW_QUICK = 192, 64  # tokens a run
 KS, KS_QUICK = (2, 4, 8), (2,)  # the quick run: the commands' default
 LAYERS = 10  # of SmolLM2's 30: the layer-skip draft
 CONTEXT = 768
+
+
+def speculative_compiles(quick: bool) -> tuple[Compile, ...]:
+    """Every pass the scenario compiles where the cache lacks it: the decode step, the check
+    of each ``k``'s guesses, and (the full run) the int8 and int4 copies' decode steps."""
+    ks = KS_QUICK if quick else KS
+    steps = [Compile(CONTEXT, threads=1), *(Compile(CONTEXT, 1, tokens=k + 1) for k in ks)]
+    steps += [] if quick else [Compile(CONTEXT, 1, weights=fmt) for fmt in ("int8", "int4")]
+    return tuple(steps)
 
 
 def _loaded():
@@ -113,9 +100,11 @@ def speculative_records(quick: bool) -> list[Record]:
     """The measurements above, as records: one per task, draft and ``k``."""
     from .real_model import MODEL, _file
 
-    if _file() is None:
+    if _file() is None or not GROUNDED.is_file():
+        why = f"{MODEL} is not cached: ladder pull {MODEL}" if _file() is None else (
+            f"{GROUNDED} is missing: the prompt is a checkout's file")  # fmt: skip
         return [Record(level="level3:compiled", scenario="speculative", device="cpu",
-                       dtype="float32", status=f"skipped: {MODEL} is not cached: ladder pull {MODEL}")]  # fmt: skip
+                       dtype="float32", status=f"skipped: {why}")]  # fmt: skip
     import torch
 
     import levels
@@ -136,7 +125,7 @@ def speculative_records(quick: bool) -> list[Record]:
         compiles = [model.prepare_decode(1).line()]
         compiles += [model.prepare_decode(1, k + 1).line() for k in ks]
         drafts = _drafts(model, config, params, quick)
-        for task, text in TASKS.items():
+        for task, text in {"grounded": GROUNDED.read_text(), "chat": CHAT}.items():
             prompt = template.render(
                 [{"role": "user", "content": text}], add_generation_prompt=True
             )

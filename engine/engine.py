@@ -30,15 +30,17 @@ class Engine:
     """Decodes ``model``'s requests over a cache: ``"level"`` (its own, a fixed batch of up
     to ``max_batch`` rows), ``"paged"`` (``blocks`` blocks of ``block_size`` positions:
     continuous batching, ``prefix_cache``, chunked prefill of ``prefill_tokens`` a turn) or
-    ``"none"``. ``isolate``: a failing pass or step ends its sequences (``finish``
-    ``"error"``), not the engine. ``counts`` adds up every draft's guesses and the passes."""
+    ``"none"``; a level's cache takes its prompts whole, or ``prefill_tokens`` a pass where
+    given. ``isolate``: a failing pass or step ends its sequences (``finish`` ``"error"``), not
+    the engine. ``counts`` adds up every draft's guesses and the passes."""
 
     def __init__(self, model, *, cache: str = "level", max_batch: int = 1, blocks=None,
-                 block_size=None, prefill_tokens: int = PREFILL_TOKENS, prefix_cache: bool = True,
+                 block_size=None, prefill_tokens: int | None = None, prefix_cache: bool = True,
                  isolate: bool = False, counts: Counts | None = None):  # fmt: skip
         self.runner, self.isolate = Runner(model), isolate
         if cache == "paged":
             self.kv = PagedCache(model, max_batch, blocks, block_size, prefix_cache)
+            prefill_tokens = prefill_tokens or PREFILL_TOKENS
         else:
             self.kv = {"level": LevelCache, "none": NoCache}[cache](model)
         self.scheduler = Scheduler(self.kv, max_batch=max_batch, prefill_tokens=prefill_tokens)

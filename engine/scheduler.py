@@ -51,9 +51,10 @@ class Scheduler:
     def prefills(self) -> list[tuple[list[Sequence], list[int]]]:
         """This turn's prefill passes: ``(sequences, tokens each feeds)``."""
         active = [s for s in self.running if s.finish is None]
-        if self.kv.fixed:
-            fresh = active and not any(s.generated for s in self.running)
-            return [(self.running, [len(s.todo) for s in self.running])] if fresh else []
+        if self.kv.fixed:  # the rows whose prompt is not through yet, together: a piece each
+            piece = self.prefill_tokens or max(len(s.todo) for s in self.running)
+            sizes = [0 if s.generated or s.finish else min(len(s.todo), piece) for s in self.running]  # fmt: skip
+            return [(self.running, sizes)] if any(sizes) else []
         passes, budget = [], self.prefill_tokens
         for seq in active:
             if len(seq.todo) > 1 and budget > 0:

@@ -4,8 +4,10 @@ Every output path is checked before the first case runs, so a long run never
 ends by failing to write its results. The records are written as each step of the
 run ends (to ``--json``, else to the user's cache, ``bench/last.json``), so that
 Ctrl-C keeps what was measured, and says where. A run shows its progress: a bar on a
-terminal (the step, how many of how many, the time elapsed and left), a line per step
-where the output goes to a file or a pipe.
+terminal (the step, how many of how many, the time elapsed and left, the bar filled by
+each step's expected seconds), a line per step where the output goes to a file or a pipe;
+and before a step that compiles level 3's decode step (or its check of guesses), a line
+on stderr for each compile, with its expected time, as ``ladder chat`` says it.
 """
 
 from __future__ import annotations
@@ -13,8 +15,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import sys
 import time
 from pathlib import Path
+
+from rich.progress import ProgressColumn
+from rich.text import Text
 
 from loading.threads import cpu_threads, free_cores
 
@@ -54,7 +60,8 @@ def _run(args: argparse.Namespace, path: Path) -> int:
     from benchmarks.plan import default_plan
     from benchmarks.records import write_json
     from benchmarks.report import make_console, print_report
-    from benchmarks.runner import run, step_count
+    from benchmarks.runner import run
+    from benchmarks.runner import steps as steps_of
 
     console = make_console()
     device = args.device
@@ -64,10 +71,6 @@ def _run(args: argparse.Namespace, path: Path) -> int:
     if args.scenario:
         plan = plan.only(args.scenario)
     backends, unavailable = B.load_subjects(args.levels, device, dtype)
-    for folder in (
-        args.rung or ()
-    ):  # learners' rungs, beside the levels (one line if one fails to load)
-        backends.append(B.rung_subject(folder, device, dtype))
     if not args.no_peers and plan.workloads.get("attention"):
         backends += B.sdpa_peers(device, dtype)
     if not args.no_peers and cuda and plan.workloads.get("decode"):
@@ -97,7 +100,10 @@ def _run(args: argparse.Namespace, path: Path) -> int:
         )
 
     kept: list = []  # the records of the steps done, written after each one
-    steps = _Steps(console, step_count(backends, plan), show=not args.no_progress)
+    planned = steps_of(backends, plan)
+    scale = 1.0 if cuda else _scale()
+    compiles = _Compiles(device, first=plan.step_seconds("compile") * scale)
+    steps = _Steps(console, planned, compiles, show=not args.no_progress, scale=scale)
 
     def done(made) -> None:
         kept.extend(made)
@@ -176,40 +182,49 @@ def _records_path(asked: Path | None) -> Path:
 
 
 class _Steps:
-    """A run's progress, step by step (``benchmarks.runner.run``'s): rich's bar on a
+    """A run's progress, step by step (``benchmarks.runner.run``'s ``steps``): rich's bar on a
     terminal, a line per step elsewhere, where a bar would print nothing (a log, a pipe),
-    nothing at all when not ``show``."""
+    nothing at all when not ``show``; and, before a step that compiles, a line on stderr for
+    each compile, with its expected time, as ``ladder chat`` says it.
 
-    def __init__(self, console, total: int, *, show: bool):
-        self.console, self.total, self.count, self.label = console, total, 0, ""
+    The bar counts the work, not the steps: each step weighs the seconds it should take (the
+    plan's figure, scaled to the machine's load now, ``_scale``, and each compile it makes,
+    the first time one is needed: ``_Compiles``). What is left is those seconds scaled by
+    how this run has kept to them so far (``pace``),
+    and of the step under way, ``max(x - e / 2, e / 2)`` after ``e`` seconds of an expected
+    ``x``: half of what would be left if it took twice as long as expected, or half of
+    "as long again" once it runs over. A step that takes up to twice its expected time (at
+    the run's pace) never leaves the eta shown overrun by more than twice."""
+
+    def __init__(
+        self, console, planned: list, compiles: _Compiles, *, show: bool, scale: float = 1.0
+    ):
+        self.console, self.planned, self.compiles = console, planned, compiles
+        self.total, self.count, self.label, self.scale = len(planned), 0, "", scale
+        self.expected = compiles.weigh(planned, scale)  # seconds, a step each
+        self.took: list[float] = []  # seconds, each step done
         self.bar = None
         if show and console.is_terminal:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
             columns = (
                 TextColumn("{task.description:<60}", markup=False),
                 BarColumn(),
-                MofNCompleteColumn(),
+                TextColumn("{task.fields[count]}"),
                 TimeElapsedColumn(),
-                TextColumn("eta"),
-                TimeRemainingColumn(),
+                _EtaColumn(self),
             )
             self.bar = Progress(*columns, console=console, transient=True)
-            self.task = self.bar.add_task("benchmarking", total=total)
+            self.task = self.bar.add_task(
+                "benchmarking", total=sum(self.expected), count=self._count()
+            )
         self.lines = show and self.bar is None
         self.started = self.step_started = time.perf_counter()
 
     def __enter__(self):
         if self.bar is not None:
             self.bar.start()
-        self.started = time.perf_counter()
+        self.started = self.step_started = time.perf_counter()
         return self
 
     def __exit__(self, *exc):
@@ -217,27 +232,138 @@ class _Steps:
             self.bar.stop()
         return False
 
-    def start(self, label: str) -> None:
-        self.label, self.step_started = label, time.perf_counter()
+    def _count(self) -> str:
+        return f"{self.count}/{self.total}"
+
+    def start(self, step) -> None:
+        for line in self.compiles.announce(step):
+            print(line, file=sys.stderr, flush=True)
+        # Weighed again now: a compile of the run so far may have left a note (its time).
+        self.expected[self.count] = self.compiles.weigh([step], self.scale)[0]
+        self.label, self.step_started = step.label, time.perf_counter()
         if self.bar is not None:
-            self.bar.update(self.task, description=label)
+            self.bar.update(self.task, description=step.label, total=sum(self.expected))
 
     def finished(self, made: list) -> None:
+        now = time.perf_counter()
+        self.took.append(now - self.step_started)
         self.count += 1
         if self.bar is not None:
-            self.bar.advance(self.task)
+            done = sum(self.expected[: self.count])
+            self.bar.update(self.task, completed=done, count=self._count())
         if not self.lines:
             return
-        now = time.perf_counter()
-        elapsed = int(now - self.started)
-        clock = f"{elapsed // 3600}:{elapsed // 60 % 60:02d}:{elapsed % 60:02d}"
         self.console.print(
-            f"[{self.count:>{len(str(self.total))}}/{self.total} {clock}] {self.label}: "
-            f"{_outcome(made)} ({now - self.step_started:.1f} s)",
+            f"[{self.count:>{len(str(self.total))}}/{self.total} {_clock(now - self.started)}] "
+            f"{self.label}: {_outcome(made)} ({now - self.step_started:.1f} s)",
             markup=False,
             highlight=False,
             soft_wrap=True,
         )
+
+    def pace(self) -> float:
+        """This run's seconds over the plan's, over the steps done (1 until they weigh
+        ``PACE_AFTER_S``), within ``PACE_RANGE``."""
+        planned = sum(self.expected[: len(self.took)])
+        if planned < PACE_AFTER_S:
+            return 1.0
+        low, high = PACE_RANGE
+        return min(max(sum(self.took) / planned, low), high)
+
+    def eta(self, now: float | None = None) -> float:
+        """Seconds left, as the class says."""
+        now = time.perf_counter() if now is None else now
+        if self.count >= self.total:
+            return 0.0
+        pace, elapsed = self.pace(), now - self.step_started
+        current = max(pace * self.expected[self.count] - elapsed / 2, elapsed / 2)
+        return current + pace * sum(self.expected[self.count + 1 :])
+
+
+PACE_AFTER_S = 10.0  # planned seconds done before the run's pace is read from them
+PACE_RANGE = (0.5, 3.0)  # how far the pace may move the plan's seconds, either way
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class _EtaColumn(ProgressColumn):
+    """The eta of a ``_Steps``, read again at every refresh (rich's own moves only when a
+    step ends, from the steps' count)."""
+
+    def __init__(self, steps: _Steps):
+        super().__init__()
+        self.steps = steps
+
+    def render(self, task) -> Text:
+        return Text(f"eta {_clock(self.steps.eta())}", style="progress.remaining")
+
+
+class _Compiles:
+    """The compiled passes a run's steps need (``benchmarks.real_model.Compile``), looked up
+    in the user's cache as ``ladder chat`` looks it up (``loading.compiles``): none where nothing
+    compiles (a GPU, no C++ compiler, the model not pulled). A compile takes as long as
+    this model's last one here (its note), else ``first`` seconds."""
+
+    def __init__(self, device: str, first: float):
+        from benchmarks.real_model import MODEL, _file
+        from levels.level3_sdpa_flash.compiled import compiler_missing
+
+        cpu = not device.startswith("cuda")
+        self.on = cpu and compiler_missing() is None and _file() is not None
+        self.model_name, self.first = MODEL, first
+        self._models: dict = {}
+
+    def _model(self, compile):
+        if compile not in self._models:
+            self._models[compile] = compile.key_of()
+        return self._models[compile]
+
+    def missing(self, compile) -> bool:
+        from loading import compiles as decode_step
+
+        path = decode_step.package(self._model(compile), compile.threads, compile.tokens)
+        return self.on and not path.is_file()
+
+    def weigh(self, planned: list, scale: float = 1.0) -> list[float]:
+        """Each step's seconds: the plan's times ``scale``, and each compile the cache lacks,
+        at the first step that needs it."""
+        from loading import compiles as decode_step
+
+        weights, counted = [], set()
+        for step in planned:
+            seconds = step.seconds * scale
+            for c in step.compiles:
+                if c not in counted and self.missing(c):
+                    counted.add(c)
+                    model = self._model(c)
+                    seconds += decode_step.expected_seconds(
+                        self.model_name, model, c.threads, c.tokens, self.first
+                    )
+            weights.append(seconds)
+        return weights
+
+    def announce(self, step) -> list[str]:
+        """The lines before ``step``: one per compile it will make."""
+        from loading import compiles as decode_step
+
+        return [
+            decode_step.announcement(
+                self.model_name, self._model(c), "float32", c.threads, c.tokens, self.first
+            )
+            for c in step.compiles
+            if self.missing(c)
+        ]
+
+
+def _scale() -> float:
+    """The plans' seconds on this machine now: as the share of a core a one-thread step gets
+    now over the share it had when they were measured (``loading.threads.at_this_load``)."""
+    from loading.threads import at_this_load
+
+    return at_this_load(1.0)
 
 
 def _outcome(made: list) -> str:

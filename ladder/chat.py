@@ -35,6 +35,7 @@ from typing import Any
 import loading
 from loading import Loaded, Threads
 
+from . import slow
 from .cli import Interrupted, UsageError, check_device
 
 DEFAULT_NEW_TOKENS = 256
@@ -239,11 +240,15 @@ def answer(
 
     new = new_tokens(loaded, len(ids), args)
     decoder, holdback = StreamDecoder(loaded.tokenizer), Holdback(args.stop)
-    speculation = {}
+    speculation, pieces = {}, {}
     if loaded.draft is not None:
         from engine import Counts
 
         speculation = {"draft": loaded.draft, "draft_tokens": args.draft_tokens, "counts": Counts()}
+    if loaded.cost is not None and not speculation:  # seconds a token: the prompt's progress
+        progress = slow.PromptProgress(loaded.cost, len(ids))
+        progress.start()
+        pieces = {"prefill_piece": loaded.cost.piece(), "on_prefill": progress.done}
     tokens = loaded.model.stream(
         ids,
         new,
@@ -253,6 +258,7 @@ def answer(
         seed=args.seed,
         stop_ids=loaded.stop_ids,
         **speculation,
+        **pieces,
         constraint=None if index is None else index.constraint(budget=new),
     )
     start = time.perf_counter()

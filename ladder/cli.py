@@ -191,8 +191,10 @@ def _bench(commands) -> None:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="a few sizes of every scenario, float32 only for the real model (about 3 minutes "
-        "on 2 cores, most of it the real model's and the servers')",
+        help="a few sizes of every scenario, float32 only for the real model (21 minutes on 2 "
+        "cores shared with other work from an empty cache, 11 of them four compiles that later "
+        "runs load from the cache; each is said before it starts, and the bar's eta says what "
+        "is left)",
     )
     p.add_argument(
         "--levels", type=_levels, default=None, help="comma-separated levels, e.g. 1,2,3"
@@ -714,13 +716,14 @@ def _docs(commands) -> None:
         help="build the course as a site, strictly, and serve it on 127.0.0.1",
         description=(
             "Build docs/ as a site (mkdocs --strict: a broken link, a missing page or image, "
-            "any warning fails it) and serve it on 127.0.0.1 until Ctrl-C. Needs the docs "
+            "any warning fails it) and serve it on 127.0.0.1:8001 until Ctrl-C. Needs the docs "
             "extra: pip install -e '.[docs]'."
         ),
     )
     p.add_argument(
-        "--port", type=_count(0), default=8000, help="the port (default 8000; 0: a free one)"
-    )
+        "--port", type=_count(0), default=8001,
+        help="the port (default 8001, beside ladder serve's 8000; 0: a free one)",
+    )  # fmt: skip
     p.add_argument("--site-dir", type=Path, default=None, help="where to build (default: site/)")
     p.add_argument("--no-serve", action="store_true", help="build only")
     p.set_defaults(run="ladder.docs:run")

@@ -122,5 +122,6 @@ def _check_address(host: str, port: int) -> None:
             probe.bind(address)
         except OSError as exc:
             raise UsageError(
-                f"--host {host} --port {port}: cannot listen there ({exc.strerror})"
+                f"--host {host} --port {port}: cannot listen there ({exc.strerror}); "
+                "--port N for another port"
             ) from None

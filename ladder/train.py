@@ -314,7 +314,21 @@ def _train(args: argparse.Namespace, level, world) -> int:
         write_json(args.json, result)
     if args.plot:
         plot_losses(args.plot, result)
+    print(_saved(args, result["steps"]))
     return 0
+
+
+def _saved(args: argparse.Namespace, step: int) -> str:
+    """The line that ends a training run: each file it wrote, and what each one is."""
+    files = [
+        (args.checkpoint, f"the checkpoint, step {step}"),
+        (args.json, "the metrics"),
+        (args.plot, "the loss curve"),
+    ]
+    written = [f"{path} ({what})" for path, what in files if path is not None]
+    if not written:
+        return "nothing saved (--checkpoint PATH keeps the trained model)"
+    return "saved: " + ", ".join(written)
 
 
 def _interpreter_quick(spec):

@@ -3,7 +3,8 @@
 * ``models.py``: a source (a known name, a GGUF file, a Hugging Face directory, a trained
   checkpoint) to a model at a level, with its tokenizer, chat template, stop ids and draft
   (``Loaded``); ``LoadError`` when it cannot be as asked;
-* ``threads.py``: how many CPU threads a run takes, and why;
+* ``threads.py``: how many CPU threads a run takes, and why, and the share of a core it gets;
+* ``slow.py``: what a model costs at the rungs that take seconds a token;
 * ``compiles.py``: level 3's compiled passes prepared before a first answer, announced
   before a compile, remembered after.
 
@@ -13,7 +14,6 @@ The commands (``ladder chat``, ``generate``, ``serve``) and the bench load throu
 from .compiles import prepare, prepare_all
 from .models import (
     DEFAULT_CONTEXT,
-    LEVEL0_SECONDS_PER_MAC,
     Loaded,
     LoadError,
     build,
@@ -25,7 +25,6 @@ from .threads import Threads, choose, cpu_threads, free_cores
 
 __all__ = [
     "DEFAULT_CONTEXT",
-    "LEVEL0_SECONDS_PER_MAC",
     "LoadError",
     "Loaded",
     "Threads",

@@ -16,8 +16,10 @@ faster than eager on one). Any of them new costs a compile of about a minute. So
   idle on a quiet machine; and a compile costs more than a chat's whole answer gains from
   one more thread.)
 * **a compile is announced** before it starts, with what it is for, what this model has
-  cached instead, and how long it should take: as long as this model's last compile here,
-  else about a minute (48.9 to 71.4 s for SmolLM2 on two cores, docs/decoding.md).
+  cached instead, and how long it should take: as long as this model's last compile of
+  the same pass here, else its last of any pass (the check of guesses compiles about as
+  long as the decode step), else about a minute (48.9 to 71.4 s for SmolLM2 on two cores,
+  docs/decoding.md).
 * **each compile leaves a note** beside its step (``decode-<key>.json``: the model, the
   context, dtype, weights and threads, the seconds it took), which the announcement reads.
 """
@@ -93,16 +95,16 @@ def remember(step: Path, model_name: str, model, dtype: str, threads: int, secon
     os.replace(scratch, path)
 
 
-def _notes(folder: Path, model_name: str, tokens: int = 1) -> list[dict]:
-    """The notes of this model's compiles of ``tokens`` tokens a row whose steps are still
-    cached, newest first."""
+def _notes(folder: Path, model_name: str, tokens: int | None = 1) -> list[dict]:
+    """The notes of this model's compiles of ``tokens`` tokens a row (None: of any pass)
+    whose steps are still cached, newest first."""
     notes = []
     for path in folder.glob("decode-*.json"):
         try:
             note = json.loads(path.read_text())
         except (OSError, ValueError):
             continue  # a note is a hint: an unreadable one is no note
-        if (note.get("model"), note.get("tokens", 1)) != (model_name, tokens):
+        if note.get("model") != model_name or tokens not in (None, note.get("tokens", 1)):
             continue
         if path.with_suffix(".pt2").is_file():
             notes.append(note)
@@ -114,17 +116,41 @@ def _describe(context: int, dtype: str, weights: str, threads: int) -> str:
     return f"context {context}, {fmt}, {threads} thread{'' if threads == 1 else 's'}"
 
 
-def announcement(model_name: str, model, dtype: str, threads: int, tokens: int = 1) -> str:
-    """The line before a compile: what it is for, how long it should take, what is cached
-    for the model instead (a ``--context``, ``--dtype``, ``--weights`` or ``--threads``
-    that matches one of those loads it instead)."""
+def expected_seconds(
+    model_name: str, model, threads: int, tokens: int = 1, first: float = FIRST_COMPILE_S
+) -> float:
+    """How long a compile of ``model``'s pass of ``tokens`` tokens a row should take here: as
+    long as this model's last one of that pass (its note), else its last one of any pass
+    (the check of guesses compiles about as long as the decode step), else ``first``."""
+    folder = package(model, threads, tokens).parent
+    notes = _notes(folder, model_name, tokens) or _notes(folder, model_name, None)
+    return float(notes[0]["seconds"]) if notes else first
+
+
+def announcement(
+    model_name: str,
+    model,
+    dtype: str,
+    threads: int,
+    tokens: int = 1,
+    first: float = FIRST_COMPILE_S,
+) -> str:
+    """The line before a compile: what it is for, how long it should take (``first`` where
+    no compile of this model was timed here), what is cached for the model instead (a
+    ``--context``, ``--dtype``, ``--weights`` or ``--threads`` that matches one of those
+    loads it instead)."""
     weights = getattr(model, "weights", "float")
     what = _describe(int(model.config.max_seq_len), dtype, weights, threads)
-    notes = _notes(package(model, threads, tokens).parent, model_name, tokens)
+    folder = package(model, threads, tokens).parent
+    notes, other = _notes(folder, model_name, tokens), _notes(folder, model_name, None)
+    seconds = expected_seconds(model_name, model, threads, tokens, first)
     if notes:
-        when = f"about {notes[0]['seconds']:.0f} s, as its last compile here"
+        when = f"about {seconds:.0f} s, as its last compile here"
+    elif other:
+        when = f"about {seconds:.0f} s, as this model's last compile here"
     else:
-        when = f"about {FIRST_COMPILE_S / 60:.0f} minute"
+        minutes = round(seconds / 60)
+        when = f"about {minutes} minute{'' if minutes == 1 else 's'}"
     step = "decode step" if tokens == 1 else f"check of {tokens - 1} guesses (--speculate)"
     line = f"compiling the {step} of {model_name} for {what}: {when}, once"
     if notes:

@@ -19,11 +19,8 @@ from typing import Any
 
 import numpy as np
 
-# Bytes per parameter held as a Python float in a list (SmolLM2-135M at level 0), and level
-# 0's seconds per multiply-add of a decode step (a term of sum(map(mul, ...)) over Python
-# floats, and the rest of the step: SmolLM2 decoded 4.6 s a token on two cores).
-LEVEL0_BYTES_PER_PARAM = 32
-LEVEL0_SECONDS_PER_MAC = 4e-8
+from . import slow
+
 DEFAULT_CONTEXT = 2048  # tokens: the KV cache a model allocates unless asked otherwise
 DRAFTS = ("ngram", "int8", "int4", "layers:N")
 
@@ -48,6 +45,7 @@ class Loaded:
     model_context: int | None = None  # the longest context the model allows (its file's)
     draft: Any = None  # a draft for speculative decoding (engine.drafts)
     prepared: set = field(default_factory=set)  # (model's id, tokens) of passes compiled or loaded
+    cost: Any = None  # at a rung that takes seconds a token, what it costs (slow.Cost)
 
 
 def source(model: str | Path | None = None, *, hf: Path | None = None, checkpoint: Path | None = None,
@@ -127,7 +125,7 @@ def load(kind: str, path: Path, *, level, name: str, dtype: str | None = None, d
     ``context`` tokens of KV cache (default ``DEFAULT_CONTEXT``, or the model's if less);
     ``weights`` and ``compile`` as ``build``'s; ``draft`` names the draft (``DRAFTS``;
     ``seed`` seeds a model draft's draws); ``chat``: the template is needed. ``warn``
-    receives a line before a slow build (level 0)."""
+    receives a line before the build at a rung that takes seconds a token (``slow``)."""
     from levels import gguf, hf, unpacked
 
     dtype = default_dtype(level, dtype)
@@ -152,8 +150,9 @@ def load(kind: str, path: Path, *, level, name: str, dtype: str | None = None, d
     longest = config.max_seq_len
     # The KV cache and RoPE tables are built for this context, not the file's whole one.
     config = dataclasses.replace(config, max_seq_len=context)
-    if level.__name__.endswith("level0_loops"):
-        warn(level0_warning(config))
+    warning = slow.warning(level, config, device)  # level 0, level 4 interpreted
+    if warning is not None:
+        warn(warning)
     stops.add(config.eos_id)
     check_draft(level, config, draft)
     copy = draft in ("int8", "int4")  # a second model over the same floats: not handed over
@@ -169,17 +168,7 @@ def load(kind: str, path: Path, *, level, name: str, dtype: str | None = None, d
 
     guesser = draft_of(draft, model, make, seed)
     return Loaded(model, level, name, tokenizer, template, tuple(sorted(stops)), dtype,
-                  model_context=longest, draft=guesser)  # fmt: skip
-
-
-def level0_warning(config) -> str:
-    """What a level-0 run of ``config``'s model costs here: seconds a token, memory."""
-    from levels.common.params import param_shapes
-
-    n = sum(int(np.prod(s)) for s in param_shapes(config, "decoder_only").values())
-    seconds, memory = n * LEVEL0_SECONDS_PER_MAC, n * LEVEL0_BYTES_PER_PARAM / 1e9
-    return (f"level 0 computes in pure Python: this model takes about {seconds:.0f} s per token "
-            f"here (and {memory:.0f} GB for its weights as Python floats); it works, slowly")  # fmt: skip
+                  model_context=longest, draft=guesser, cost=slow.cost(level, config, device))  # fmt: skip
 
 
 def check_draft(level, config, draft: str | None) -> None:

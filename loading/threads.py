@@ -31,6 +31,25 @@ class Threads:
         return cpu_threads(self.n)
 
 
+# The share of a core a one-thread run had when the seconds a run is told to expect were
+# measured (the bench's steps, the slow rungs' tokens: load averages of 4.7 to 5.5 on 2 cores,
+# the run itself one more process: about 2 / 6).
+MEASURED_SHARE = 1 / 3
+
+
+def core_share() -> float:
+    """The share of a core a one-thread process gets now: the cores over the processes that
+    want them (the 1-minute load average's and this one), at most a whole core."""
+    cores = os.cpu_count() or 1
+    return min(1.0, cores / (os.getloadavg()[0] + 1))
+
+
+def at_this_load(seconds: float) -> float:
+    """``seconds`` measured at ``MEASURED_SHARE`` of a core, on the share a process gets now
+    (a one-thread run's time goes as one over its share)."""
+    return seconds * MEASURED_SHARE / core_share()
+
+
 def free_cores(default: int) -> int:
     """CPU threads for the run: the cores the other processes leave free (the 1-minute
     load average), at least 1, at most ``default``."""

@@ -5,7 +5,7 @@ fetched here), started with a new empty profile and the flags a closed network n
 driven over its DevTools protocol (a JSON message per command on one websocket):
 
     with Browser() as browser:
-        browser.open("http://127.0.0.1:8000/index.html")
+        browser.open("http://127.0.0.1:8001/index.html")
         browser.evaluate("document.title")
         browser.screenshot(path)
         browser.errors  # every console error and uncaught exception since the start

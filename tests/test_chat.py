@@ -24,6 +24,7 @@ from types import SimpleNamespace
 
 import pytest
 
+import levels
 from ladder import chat as ladder_chat
 from ladder.cli import main as ladder
 
@@ -449,13 +450,15 @@ def test_a_compile_is_announced_before_it_starts_with_its_expected_time(capsys, 
 
 def test_a_speculating_chat_prepares_the_check_of_its_guesses_once(capsys, compiled_fake):
     """With a draft, the pass that checks ``--draft-tokens`` guesses is compiled too, after
-    the decode step and announced as the decode step is; the next chat loads both."""
+    the decode step and announced as the decode step is, with the time the decode step's
+    compile just took (no check was compiled here before); the next chat loads both."""
     from engine import NGramDraft
 
     first = compiled_fake(capsys, ["--draft-tokens", "3"], draft=NGramDraft())
     assert first[2] == (
         "compiling the check of 3 guesses (--speculate) of fake for context 2048, float32, "
-        "4 threads: about 1 minute, once; later runs load it from the cache"
+        "4 threads: about 42 s, as this model's last compile here, once; later runs load it "
+        "from the cache"
     )
     assert first[-2:] == ["compiled for 4 threads", "compiled for 4 threads (4 tokens a pass)"]
     again = compiled_fake(capsys, ["--draft-tokens", "3"], draft=NGramDraft())
@@ -496,20 +499,46 @@ def test_another_context_is_announced_with_what_is_cached(capsys, compiled_fake)
     assert other[-1] == "compiled for 4 threads"
 
 
-def test_level_0s_seconds_a_token_are_one_figure_wherever_they_are_said(smollm2_gguf, capsys):
-    """The README, run a real model's page, chat's warning and the benchmark's level-0 row
-    (``loading``'s figure) say the same seconds a token for SmolLM2 (the README said 3
-    where the warning said 5; 4.6 was measured)."""
-    from benchmarks.real_model import PARAMS
+def test_the_slow_rungs_seconds_a_token_are_one_figure_wherever_they_are_said(
+    smollm2_gguf, monkeypatch
+):
+    """The README, run a real model's page, chat's warnings and the benchmark's rows
+    (``loading.slow``'s figures) say the same seconds a token for SmolLM2 at level 0
+    and at level 4 on a CPU (the README said 3 where the warning said 5; the benchmark said
+    "minutes a token" for level 4, which took seconds)."""
+    from benchmarks.real_model import LAYERS, PARAMS
     from levels import gguf
-    from loading.models import LEVEL0_SECONDS_PER_MAC, level0_warning
+    from loading import slow
+    from loading.slow import INTERPRETED_SECONDS_PER_LAYER, LEVEL0_SECONDS_PER_MAC
 
-    seconds = round(PARAMS * LEVEL0_SECONDS_PER_MAC)
+    level0, level4 = (
+        round(PARAMS * LEVEL0_SECONDS_PER_MAC),
+        round(LAYERS * INTERPRETED_SECONDS_PER_LAYER),
+    )
     readme = " ".join((ROOT / "README.md").read_text().split())
-    assert f"every token written takes level 0 about {seconds} s here" in readme
+    assert f"every token written takes level 0 about {level0} s here" in readme
+    assert f"every token written takes level 4 about {level4} s here" in readme
     checkpoints = " ".join((ROOT / "docs" / "checkpoints.md").read_text().split())
-    assert f"about {seconds} s a token for this model" in checkpoints
-    assert f"takes about {seconds} s per token here" in level0_warning(gguf.config_of(smollm2_gguf))
+    assert f"about {level0} s a token for this model" in checkpoints
+    config = gguf.config_of(smollm2_gguf)
+    # At a load average of 5 on 2 cores, a third of a core: the share the figures were timed
+    # on. At 11, a sixth: twice the seconds (loading/slow.py says them at the load it finds).
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (5.0, 5.0, 5.0))
+    assert f"takes about {level0} s a new token here" in slow.warning(levels.load("0"), config)
+    monkeypatch.setattr(os, "getloadavg", lambda: (11.0, 11.0, 11.0))
+    twice = round(2 * PARAMS * LEVEL0_SECONDS_PER_MAC)
+    assert f"takes about {twice} s a new token here" in slow.warning(levels.load("0"), config)
+    monkeypatch.setattr(os, "getloadavg", lambda: (5.0, 5.0, 5.0))
+    assert slow.warning(levels.load("3"), config) is None
+    try:
+        four = levels.load("4")
+    except levels.LevelUnavailable as exc:
+        pytest.skip(str(exc))
+    said = slow.warning(four, config)
+    assert said.startswith("level 4 runs its kernels in Triton's interpreter here (no GPU)")
+    assert f"takes about {level4} s a new token here" in said
+    assert slow.warning(four, config, "cuda") is None  # compiled kernels on a GPU
 
 
 # ----------------------------------------------------------------------------- on a terminal

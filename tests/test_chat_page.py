@@ -1,123 +1,85 @@
 """The chat page of ``ladder serve`` (``GET /``) in a real browser: Debian's Chromium, headless.
 
-The test starts ``ladder serve`` (SmolLM2, level 3, eager, one thread) on a free port of
-127.0.0.1 and Chromium on the page, drives it through Chrome's DevTools protocol as a
-person would (types a question, presses Enter), waits for the streamed answer, and holds
-it to the API's greedy answer to the same question; then a second question, answered
-with the first turn kept (the API's answer to the whole conversation). A screenshot is
-saved (its path is printed; ``-s`` shows it).
+A module fixture starts ``ladder serve`` (SmolLM2, level 3, eager, one thread) on a free
+port of 127.0.0.1, keeping its log (a line per request); each test opens the page in
+Chromium (``tests/browser.py``, over Chrome's DevTools protocol) and uses it as a person
+would: types a question, presses Enter, waits for the streamed answer, and holds it to
+the API's greedy answer to the same question; then a second question, answered with the
+first turn kept (the API's answer to the whole conversation). The page asks the server
+for nothing but its own routes (no ``/favicon.ico``), and logs no error. A schema box that
+is not JSON is said under the box, and nothing is sent until it is fixed. Screenshots are
+saved in ``out/chat_page/`` for a person to look at (their paths are printed; ``-s``
+shows them).
 
 Chromium comes from Debian's package (``apt-get install chromium``; ``.ci/run``
-installs it), started with the flags a closed network needs (no background
-connections) and a fresh profile. In CI a missing browser fails the test; elsewhere it
-is skipped with the reason.
+installs it). In CI a missing browser fails the test; elsewhere it is skipped with the
+reason.
 """
 
 from __future__ import annotations
 
-import base64
-import contextlib
 import json
 import os
-import shutil
-import subprocess
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
+from browser import Browser, chromium
+from markdown_blocks import ROOT
 
 pytestmark = [pytest.mark.extended, pytest.mark.browser]
 
-CHROMIUM_FLAGS = (
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--window-size=1000,720", "--remote-debugging-port=0",
-)  # fmt: skip
 FIRST = "What is the capital of France?"
 SECOND = "And of Germany?"
+SCREENSHOTS = ROOT / "out" / "chat_page"
+ANSWERS = "[...document.querySelectorAll('.assistant')]"  # the page's answers, in order
+STATES = f"{ANSWERS}.map(a => a.dataset.state)"
 
 
-def _chromium() -> str:
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
-    if path is None:
+@pytest.fixture(scope="module")
+def served(smollm2_gguf):
+    """The server, eager on one thread: its base URL and its output's lines so far."""
+    from serving.launch import serving
+
+    output: list[str] = []
+    with serving("--no-compile", "--threads", "1", start_s=120, output=output) as base:
+        yield base, output
+
+
+@pytest.fixture
+def page(served):
+    """Chromium on the chat page, its model's name shown: -> (browser, base URL, log lines)."""
+    if chromium() is None:
         reason = "Chromium is not installed (apt-get install chromium)"
         if os.environ.get("CI", "").lower() in ("1", "true"):
             pytest.fail(reason)
         pytest.skip(reason)
-    return path
+    base, output = served
+    with Browser(width=1000, height=720, timeout=60) as browser:
+        browser.open(f"{base}/")
+        shown = "document.getElementById('model').textContent === 'smollm2-135m'"
+        assert browser.wait_for(shown, 30), "the page never showed the model's name"
+        yield browser, base, output
 
 
-class Page:
-    """One page over the DevTools protocol: ``call`` a method, ``evaluate`` JavaScript."""
-
-    def __init__(self, socket):
-        self.socket, self.sent = socket, 0
-
-    def call(self, method: str, **params) -> dict:
-        self.sent += 1
-        self.socket.send(json.dumps({"id": self.sent, "method": method, "params": params}))
-        while True:
-            message = json.loads(self.socket.recv(timeout=60))
-            if message.get("id") == self.sent:
-                if "error" in message:
-                    raise RuntimeError(f"{method}: {message['error']}")
-                return message["result"]
-
-    def evaluate(self, expression: str):
-        result = self.call("Runtime.evaluate", expression=expression, returnByValue=True)
-        return result["result"].get("value")
-
-    def wait_for(self, expression: str, seconds: float):
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            value = self.evaluate(expression)
-            if value:
-                return value
-            time.sleep(0.2)
-        raise AssertionError(f"the page never got to: {expression}")
-
-    def type_and_enter(self, text: str) -> None:
-        self.evaluate("document.getElementById('prompt').focus()")
-        self.call("Input.insertText", text=text)
-        for kind in ("keyDown", "keyUp"):
-            self.call("Input.dispatchKeyEvent", type=kind, key="Enter", code="Enter",
-                      windowsVirtualKeyCode=13)  # fmt: skip
+def _type_and_enter(browser: Browser, box: str, text: str) -> None:
+    """Focus the ``box`` (an element's id), type ``text`` as a keyboard would, press Enter
+    (in the prompt's box, Enter sends)."""
+    browser.evaluate(f"document.getElementById('{box}').focus()")
+    browser.send("Input.insertText", text=text)
+    for kind in ("keyDown", "keyUp"):
+        browser.send("Input.dispatchKeyEvent", type=kind, key="Enter", code="Enter",
+                     windowsVirtualKeyCode=13)  # fmt: skip
 
 
-@pytest.fixture
-def browser(tmp_path):
-    """Chromium, headless, with a fresh profile: -> a function opening a URL as a ``Page``."""
-    from websockets.sync.client import connect
-
-    from serving.launch import stop
-
-    profile = tmp_path / "profile"
-    process = None
-    sockets = contextlib.ExitStack()
-
-    def open_page(url: str) -> Page:
-        nonlocal process
-        command = [_chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", url]
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        port_file = profile / "DevToolsActivePort"
-        deadline = time.monotonic() + 60
-        while not port_file.is_file() or not port_file.read_text().strip():
-            assert time.monotonic() < deadline and process.poll() is None, "Chromium did not start"
-            time.sleep(0.1)
-        port = port_file.read_text().split()[0]
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as r:
-            (target,) = [t for t in json.load(r) if t["type"] == "page"]
-        return Page(sockets.enter_context(connect(target["webSocketDebuggerUrl"], max_size=2**26)))
-
-    yield open_page
-    sockets.close()
-    if process is not None:
-        stop(process)
+def _wait(browser: Browser, expression: str, seconds: float):
+    value = browser.wait_for(expression, seconds)
+    assert value, f"the page never got to: {expression}"
+    return value
 
 
-def _api_answer(base: str, messages: list[dict]) -> str:
-    body = json.dumps({"messages": messages, "temperature": 0}).encode()
+def _api_answer(base: str, messages: list[dict], **extra) -> str:
+    body = json.dumps({"messages": messages, "temperature": 0, **extra}).encode()
     request = urllib.request.Request(
         f"{base}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
     )
@@ -125,36 +87,78 @@ def _api_answer(base: str, messages: list[dict]) -> str:
         return json.load(r)["choices"][0]["message"]["content"]
 
 
-ANSWERS = "[...document.querySelectorAll('.assistant')]"  # the page's answers, in order
+def _screenshot(browser: Browser, name: str) -> None:
+    path = browser.screenshot(SCREENSHOTS / name)
+    print(f"\nscreenshot: {path}")
+    assert path.stat().st_size > 10_000
 
 
-def test_the_page_streams_the_api_s_answers_and_keeps_the_conversation(
-    smollm2_gguf, browser, tmp_path
-):
-    from serving.launch import serving
+def _requests(output: list[str]) -> list[str]:
+    """The method and route of each request the server logged: ``["GET /", ...]``."""
+    return [" ".join(line.split()[2:4]) for line in output if line[:2].isdigit()]
 
-    with serving("--no-compile", "--threads", "1", start_s=120) as base:
-        page = browser(f"{base}/")
-        page.call("Runtime.enable")
-        assert page.wait_for("document.getElementById('model').textContent === 'smollm2-135m'", 30)
-        page.type_and_enter(FIRST)
-        states = f"{ANSWERS}.map(a => a.dataset.state)"
-        # The answer grows as it streams: seen part-way at least once, then done.
-        partial = page.wait_for(f"{ANSWERS}[0]?.textContent.length > 0 && {states}[0]", 60)
-        page.wait_for(f"{states}[0] === 'done'", 120)
-        first = page.evaluate(f"{ANSWERS}[0].textContent")
-        want = _api_answer(base, [{"role": "user", "content": FIRST}])
-        assert first == want and "Paris" in first and partial in ("streaming", "done")
-        page.type_and_enter(SECOND)
-        page.wait_for(f"{states}.length === 2 && {states}[1] === 'done'", 120)
-        second = page.evaluate(f"{ANSWERS}[1].textContent")
-        conversation = [{"role": "user", "content": FIRST}, {"role": "assistant", "content": first},
-                        {"role": "user", "content": SECOND}]  # fmt: skip
-        assert second == _api_answer(base, conversation)
-        stats = page.evaluate("[...document.querySelectorAll('.stats')].map(s => s.textContent)")
-        assert len(stats) == 2 and all("tok/s" in s and "smollm2-135m" in s for s in stats)
-        shot = page.call("Page.captureScreenshot", format="png")
-        path = Path(tmp_path) / "chat_page.png"
-        path.write_bytes(base64.b64decode(shot["data"]))
-        print(f"\nscreenshot: {path}")
-        assert path.stat().st_size > 10_000
+
+def test_the_page_streams_the_api_s_answers_and_keeps_the_conversation(page):
+    browser, base, output = page
+    _type_and_enter(browser, "prompt", FIRST)
+    # The answer grows as it streams: seen part-way at least once, then done.
+    partial = _wait(browser, f"{ANSWERS}[0]?.textContent.length > 0 && {STATES}[0]", 60)
+    _wait(browser, f"{STATES}[0] === 'done'", 120)
+    first = browser.evaluate(f"{ANSWERS}[0].textContent")
+    want = _api_answer(base, [{"role": "user", "content": FIRST}])
+    assert first == want and "Paris" in first and partial in ("streaming", "done")
+    _type_and_enter(browser, "prompt", SECOND)
+    _wait(browser, f"{STATES}.length === 2 && {STATES}[1] === 'done'", 120)
+    second = browser.evaluate(f"{ANSWERS}[1].textContent")
+    conversation = [{"role": "user", "content": FIRST}, {"role": "assistant", "content": first},
+                    {"role": "user", "content": SECOND}]  # fmt: skip
+    assert second == _api_answer(base, conversation)
+    stats = browser.evaluate("[...document.querySelectorAll('.stats')].map(s => s.textContent)")
+    assert len(stats) == 2 and all("tok/s" in s and "smollm2-135m" in s for s in stats)
+    _screenshot(browser, "conversation.png")
+    # What the page itself asked for: its own routes, and never an icon the server lacks.
+    asked = set(_requests(output)) - {"GET /health", "POST /v1/chat/completions"}  # the tests'
+    assert asked == {"GET /", "GET /v1/models"}, _requests(output)
+    assert browser.errors == []
+
+
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+          "required": ["city"]}  # fmt: skip
+
+
+def test_a_schema_box_that_is_not_json_is_said_under_it_and_nothing_is_sent(page):
+    browser, base, output = page
+    browser.evaluate(
+        "(s => { s.value = 'json_schema'; s.dispatchEvent(new Event('change')); })"
+        "(document.getElementById('format'))"
+    )
+    said = "document.getElementById('schema-error').textContent"
+    for text, says in [
+        ("", "The schema box is empty"),
+        ("{type: object}", "The schema box is not JSON ("),
+        ("[1, 2]", "The schema box holds JSON but not an object"),
+    ]:
+        browser.evaluate(f"document.getElementById('schema').value = {json.dumps(text)}")
+        asked = len(_requests(output))
+        _type_and_enter(browser, "prompt", FIRST)
+        assert browser.evaluate(said).startswith(says), browser.evaluate(said)
+        assert browser.evaluate("document.activeElement.id") == "schema"
+        # Nothing sent, nothing shown in the conversation, the question still in its box.
+        assert browser.evaluate("document.querySelectorAll('.message').length") == 0
+        assert browser.evaluate("document.getElementById('prompt').value") == FIRST
+        time.sleep(0.5)  # a request the page made would be in the log by now
+        assert len(_requests(output)) == asked
+        if "not JSON" in says:
+            _screenshot(browser, "schema_not_json.png")
+        browser.evaluate("document.getElementById('prompt').value = ''")
+    # Fixed, the same question is sent under the schema, and the message is gone.
+    browser.evaluate(f"document.getElementById('schema').value = {json.dumps(json.dumps(SCHEMA))}")
+    _type_and_enter(browser, "prompt", FIRST)
+    _wait(browser, f"{STATES}[0] === 'done'", 120)
+    assert browser.evaluate(said) == ""
+    answer = browser.evaluate(f"{ANSWERS}[0].textContent")
+    messages = [{"role": "user", "content": FIRST}]
+    form = {"type": "json_schema", "json_schema": {"name": "page", "schema": SCHEMA}}
+    assert answer == _api_answer(base, messages, response_format=form)
+    assert set(json.loads(answer)) == {"city"}
+    assert browser.errors == []

@@ -177,6 +177,23 @@ def _trained(tmp_path: Path, capsys) -> Path:
     return path
 
 
+def test_a_training_run_ends_by_saying_where_it_saved(capsys, tmp_path):
+    """Its last line names each file it wrote (the checkpoint with its step), or says that
+    nothing was kept and how to keep it."""
+    path, metrics, curve = tmp_path / "run.pt", tmp_path / "run.json", tmp_path / "run.png"
+    quick = ["train", "seq2seq", "--task", "copy", "--quick", "--steps", "4"]
+    assert ladder([*quick, "--checkpoint", str(path), "--json", str(metrics),
+                   "--plot", str(curve)]) == 0  # fmt: skip
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == (
+        f"saved: {path} (the checkpoint, step 4), {metrics} (the metrics), {curve} (the loss curve)"
+    )
+    assert all(p.is_file() for p in (path, metrics, curve))
+    assert ladder(quick) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == "nothing saved (--checkpoint PATH keeps the trained model)"
+
+
 def test_resume_refuses_another_run_and_says_when_it_is_finished(capsys, tmp_path):
     path = _trained(tmp_path, capsys)
     before = path.read_bytes()

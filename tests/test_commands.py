@@ -178,15 +178,18 @@ SERVE_CURL = Elsewhere(
     "the same stream, read by the openai client",
 )
 
-# Output under a schema: the page's file is the reader's own; the tests write one.
-CHAT_SCHEMA = Elsewhere(
-    "tests/test_constrained.py::test_ladder_generate_follows_a_regex_and_chat_a_schema",
-    "ladder chat -p ... --json-schema FILE with a schema file the test writes (extended)",
+SERVE_GREEDY = Elsewhere(
+    "tests/test_serve.py::test_chat_answers_as_ladder_chat_does",
+    "the same question at temperature 0 through the openai client: ladder chat's greedy "
+    "answer (and test_a_request_without_a_temperature_samples_at_openai_s_default_of_1)",
 )
 SERVE_SCHEMA = Elsewhere(
     "tests/test_serve_structured.py::test_a_chat_answer_follows_its_schema_whole_and_streamed",
     "the same schema asked of ladder serve on a free port, whole and streamed (extended)",
 )
+
+# --speculate ngram where it pays: the answer copies the prompt (README.md, docs/speculative.md).
+GROUNDED = 'ladder chat -p "$(cat examples/rewrite.txt)" --speculate ngram'
 
 EXTENDED_TESTS = ("tests/test_real_gemma.py::", "test_the_whole_matrix_compiles_for")
 
@@ -214,13 +217,15 @@ COMMANDS: dict[str, list[tuple[str, Check]]] = {
             "tests/test_site.py::test_ladder_docs_serves_the_site_on_loopback",
             "ladder docs on a free port, its pages fetched, stopped by Ctrl-C",
         )),  # fmt: skip
-        ('ladder chat -p "A person, as JSON" --json-schema person.json', CHAT_SCHEMA),
-        # Compiles the decode step and the check of two guesses on a fresh machine: 2 minutes.
-        ('ladder chat -p "Repeat: the quick brown fox jumps over the lazy dog." --speculate ngram', run(TRAIN, extended=True, expect="fox", expect_err="speculated:", **SMOL)),
+        # The repository's schema (examples/), from the repository's root: a fresh clone's.
+        ('ladder chat -p "A person, as JSON" --json-schema examples/person.json', run(MODEL, at_root=True, expect='"age":', **SMOL)),
+        # 224 tokens speculated, eager (the suite's LADDER_COMPILE=0): a minute or two.
+        (GROUNDED, run(TRAIN, extended=True, at_root=True, expect="def summarize", expect_err="speculated:", **SMOL)),
         ("ladder rung new myrung", Same("docs/your_rung.md")),
+        ('curl http://127.0.0.1:8000/v1/chat/completions -H "Content-Type: application/json" -d \'{"messages": [{"role": "user", "content": "What is the capital of France?"}], "temperature": 0}\'', SERVE_GREEDY),
     ],
     "docs/speculative.md": [
-        ('ladder chat -p "Repeat: the quick brown fox jumps over the lazy dog." --speculate ngram', Same("README.md")),
+        (GROUNDED, Same("README.md")),
     ],
     "docs/serving.md": [
         ("ladder serve", SERVE),
@@ -443,6 +448,54 @@ def test_a_commands_note_and_continued_lines_are_read_as_the_shell_reads_them(tm
     page.write_text("```console\n$ ladder show\n```\n")
     with pytest.raises(ValueError, match="write ```bash"):
         commands(page)
+
+
+# A command's argument that names a file or a folder: a path with a folder or a file's suffix.
+PATH = re.compile(r"[\w.-]*(/[\w.-]*)+|[\w.-]+\.(json|pt|png|gguf|py|md|toml|yml|txt)")
+# The flags whose file a command writes (``ladder generate --checkpoint X`` reads X).
+WRITES = {
+    "train": ("--checkpoint", "--json", "--plot"),
+    "bench": ("--json", "--plot", "--roofline"),
+}
+
+
+def _tracked() -> set[str] | None:
+    """The files of a fresh clone (git's index), or None outside a git checkout."""
+    listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
+    return set(listed.stdout.splitlines()) if listed.returncode == 0 else None
+
+
+def _in_clone(path: str, tracked: set[str] | None) -> bool:
+    if tracked is None:
+        return (ROOT / path).exists()
+    folder = path.rstrip("/") + "/"
+    return path in tracked or any(f.startswith(folder) for f in tracked)
+
+
+def test_every_file_a_command_names_is_in_a_fresh_clone():
+    """Whatever runs it (a test here, CI, or nothing), a command a reader copies finds the
+    files it names: each is in the repository, or written by the command itself (``--json
+    X``), or named by a command above it on the page (``ladder train --checkpoint X``, then
+    ``ladder generate --model X``)."""
+    import shlex
+
+    tracked, missing = _tracked(), []
+    for page in PAGES:
+        earlier: set[str] = set()
+        for command in commands(page):
+            words = shlex.split(command)
+            writes = WRITES.get(words[1], ()) if words[0] == "ladder" else ()
+            written = {
+                after for flag, after in zip(words, words[1:], strict=False) if flag in writes
+            }
+            named = [w for w in words if not w.startswith("-") and "://" not in w]
+            named += re.findall(r"\$\(cat ([^)\s]+)\)", command)  # a file read into an argument
+            for word in named:
+                if PATH.fullmatch(word) and word not in earlier | written:
+                    if not _in_clone(word, tracked):
+                        missing.append(f"{_name(page)}: `{command}` names {word}")
+            earlier |= set(words)
+    assert not missing, "files not in the repository:\n" + "\n".join(missing)
 
 
 def test_what_the_table_points_to_exists():

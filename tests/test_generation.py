@@ -341,6 +341,30 @@ def test_stream_is_generate_one_token_at_a_time(case):
 
 
 @pytest.mark.best_dtype
+def test_a_prompt_in_pieces_gives_the_tokens_of_one_pass_and_reports_each_piece(case):
+    """``stream(..., prefill_piece=k)`` (``ladder chat`` at the slow rungs, to show the
+    prompt advance) runs the prompt ``k`` positions at a time against the cache: the
+    tokens of one pass, and ``on_prefill`` after each piece, the last one with the first
+    token. A piece of one, of the whole prompt and of more than it are the edges."""
+    from levels.common.speculative import commands_ngram
+
+    config = small_config(case.tiny)
+    params = init_params(config, "decoder_only", seed=33, scheme="random")
+    model = case.build("DecoderOnlyTransformer", config, params)
+    prompt = random_tokens(np.random.default_rng(34), config, 1, 5)[0].tolist()
+    whole = list(model.stream(prompt, 3))
+    for piece, reports in ((1, [1, 2, 3, 4, 5]), (2, [2, 4, 5]), (5, [5]), (9, [5])):
+        done: list[int] = []
+        assert list(model.stream(prompt, 3, prefill_piece=piece, on_prefill=done.append)) == whole
+        assert done == reports, piece
+    for bad, error in ((0, ValueError), (1.5, TypeError), (True, TypeError)):
+        with pytest.raises(error, match="prefill_piece"):
+            list(model.stream(prompt, 3, prefill_piece=bad))
+    with pytest.raises(ValueError, match="prefill_piece is for plain decoding"):
+        list(model.stream(prompt, 3, prefill_piece=2, draft=commands_ngram()))
+
+
+@pytest.mark.best_dtype
 def test_a_rolled_back_cache_decodes_as_if_the_later_positions_never_were(case):
     """Setting a cache's length back (what speculative decoding does with a rejected guess)
     forgets the slots after it, also in a ragged batch, whose short row holds padding."""

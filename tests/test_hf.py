@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import shutil
 from functools import cache
 from pathlib import Path
@@ -827,6 +828,30 @@ def test_ladder_generate_hf_prints_the_prompt_and_its_greedy_continuation(
     assert out == "the cat sat" + _expected_text(text_model, "the cat sat", 6) + "\n"
     (line,) = err.splitlines()  # the two speeds, apart
     assert line.startswith("[prompt 3 tokens in ") and "| decode " in line and "float64" in line
+
+
+def test_ladder_generate_at_level_0_says_what_the_prompt_costs_and_shows_it_advance(
+    text_model, capsys, monkeypatch
+):
+    """The warning, the prompt's expected time, a line after each piece of it (a token a
+    piece here: no seconds to wait for between them), the speeds; and level 1's tokens."""
+    from ladder import cli, slow
+
+    monkeypatch.setattr(slow, "PIECE_S", 0.0)
+    monkeypatch.setattr(slow, "PIECES_COST", float("inf"))  # a piece of one token
+    argv = ["generate", "--hf", str(text_model), "--prompt", "the cat sat", "--max-new-tokens", "4"]
+    assert cli.main([*argv, "--level", "0"]) == 0
+    out, err = capsys.readouterr()
+    assert cli.main([*argv, "--level", "1", "--dtype", "float64"]) == 0
+    assert out == capsys.readouterr().out  # the same tokens
+    lines = err.splitlines()
+    assert lines[0].startswith("level 0 computes in pure Python: this model takes about ")
+    assert re.fullmatch(
+        r"the prompt \(3 tokens\) should take about \d+ s; its progress follows", lines[1]
+    )
+    counts = [re.fullmatch(r"the prompt: (\d) of 3 tokens in \d+ s.*", line) for line in lines[2:5]]
+    assert [c[1] for c in counts] == ["1", "2", "3"] and "left" not in lines[4]
+    assert lines[5].startswith("[prompt 3 tokens in ") and len(lines) == 6
 
 
 HF_MISUSES = [

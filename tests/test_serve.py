@@ -172,6 +172,23 @@ def test_limits_stops_and_seeds(client):
     assert drawn[0] == drawn[1]  # a seed repeats a sampled answer
 
 
+def test_a_request_without_a_temperature_samples_at_openai_s_default_of_1(client):
+    """A plain curl's answer is sampled (the README says so, and shows the greedy one): it
+    is temperature 1's for the same seed, on a seed whose sampled answer is not greedy's."""
+    messages = [{"role": "user", "content": QUESTION}]
+
+    def ask(**sampling) -> str:
+        reply = client.chat.completions.create(
+            model="smollm2-135m", messages=messages, max_tokens=12, **sampling
+        )
+        return reply.choices[0].message.content
+
+    greedy = ask(temperature=0)
+    seed = next((s for s in range(1, 9) if ask(temperature=1.0, seed=s) != greedy), None)
+    assert seed is not None, "eight seeds drew greedy's answer at temperature 1"
+    assert ask(seed=seed) == ask(temperature=1.0, seed=seed) != greedy
+
+
 def test_a_speculated_answer_is_the_plain_one_and_its_usage_counts_the_guesses(client):
     # A grounded question: the answer repeats the prompt's words, which the n-gram draft finds.
     text = "The river Ness runs from Loch Ness to the sea at Inverness. " * 3
@@ -454,6 +471,7 @@ def test_an_address_that_cannot_be_listened_on_is_one_line_before_the_model_load
         assert ladder(["serve", "--port", str(port)]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and f"--port {port}: cannot listen there" in err
+    assert err.endswith("; --port N for another port")  # as ladder docs says it
     assert time.monotonic() - start < 5  # refused before any model loads
 
 

@@ -361,12 +361,15 @@ def test_the_metrics_count_a_request_s_events():
 
 
 def test_the_page_is_one_file_over_the_server_s_own_routes():
-    """No external asset (no src, href, URL, import), and only the server's own routes."""
+    """No external asset (no src, href, URL, import; the icon is a data URI, inline), and
+    only the server's own routes."""
     from serving.api import _page
 
     page = _page()
     assert page.startswith("<!doctype html>") and "<script>" in page
-    assert not re.search(r"(src|href)\s*=|https?://|@import|url\(", page)  # nothing from outside
+    assert 'rel="icon" href="data:image/svg+xml;base64,' in page  # no request for an icon
+    outside = r'(src|href)\s*=\s*"(?!data:)|https?://|@import|url\('
+    assert not re.search(outside, page)  # nothing from outside
     assert set(re.findall(r'fetch\("([^"]+)"', page)) == {"/v1/models", "/v1/chat/completions"}
 
 

@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import threading
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from course_length import nav_pages
 from markdown_blocks import ROOT
 
 from ladder.cli import main
+from ladder.docs import SiteHandler
 
 SCREENSHOTS = ROOT / "out" / "site"
 
@@ -99,11 +101,13 @@ def test_the_strict_build_refuses_a_broken_link_and_a_missing_image(tmp_path):
 
 
 def test_ladder_docs_serves_the_site_on_loopback(tmp_path):
-    """``ladder docs --port 0`` builds, prints its address, serves the pages, and stops on
-    Ctrl-C with status 0."""
+    """``ladder docs --port 0`` builds, prints its address, serves the pages (a missing one
+    with the site's own 404 page, status 404), and stops on Ctrl-C as every command stops:
+    one line, exit status 130."""
     process = subprocess.Popen(
         [sys.executable, "-m", "ladder", "docs", "--port", "0", "--site-dir", str(tmp_path)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a terminal starts it
     )  # fmt: skip
     try:
         line = process.stdout.readline()  # after the build: "the course: http://127.0.0.1:N/ ..."
@@ -111,10 +115,43 @@ def test_ladder_docs_serves_the_site_on_loopback(tmp_path):
         url = line.split()[2]
         with urllib.request.urlopen(url + "prelude.html", timeout=10) as response:
             assert response.status == 200 and b"Prelude" in response.read()
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            urllib.request.urlopen(url + "no_such_page.html", timeout=10)
+        assert missing.value.code == 404
+        page = missing.value.read()
+        assert page == (tmp_path / "404.html").read_bytes() and b"The attention ladder" in page
     finally:
         process.send_signal(signal.SIGINT)
         _, err = process.communicate(timeout=20)
-    assert process.returncode == 0, err
+    assert process.returncode == 130, err
+    assert err.strip().splitlines()[-1] == (
+        f"ladder docs: interrupted; stopped serving the course on {url}"
+    )
+
+
+def test_ladder_docs_and_ladder_serve_listen_on_different_ports_by_default():
+    from ladder.cli import build_parser
+
+    parser = build_parser()
+    docs, serve = parser.parse_args(["docs"]).port, parser.parse_args(["serve"]).port
+    assert (docs, serve) == (8001, 8000)
+
+
+def test_a_port_in_use_is_one_line_that_says_how_to_choose_another(capsys, tmp_path):
+    """Before the build (seconds of it): a second server on a port that one holds."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["docs", "--port", str(port), "--site-dir", str(tmp_path)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == (
+        f"ladder docs: error: cannot serve on 127.0.0.1:{port} (Address already in use); "
+        "--port N, or --port 0 for a free one"
+    )
+    assert list(tmp_path.iterdir()) == []  # nothing built
 
 
 def test_ladder_docs_misuse_is_one_line(capsys):
@@ -129,18 +166,13 @@ def test_ladder_docs_misuse_is_one_line(capsys):
 @pytest.fixture(scope="module")
 def served(site):
     """The built site on a free loopback port, for the length of the module."""
-    handler = functools.partial(_Quiet, directory=str(site))
+    handler = functools.partial(SiteHandler, directory=str(site))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}/"
     server.shutdown()
     server.server_close()
-
-
-class _Quiet(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format, *args):  # noqa: A002
-        pass
 
 
 # Every image of the page decoded, with its natural size: [src, width, height] each.

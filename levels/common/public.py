@@ -291,7 +291,7 @@ def generate(model, prefix, max_new_tokens, *, valid=None, use_cache: bool = Tru
 
 def stream(model, prompt, max_new_tokens, *, temperature: float = 0.0, top_k=None,
            top_p=None, seed=None, stop_ids=(), draft=None, draft_tokens: int = 2, counts=None,
-           constraint=None) -> Iterator[int]:  # fmt: skip
+           constraint=None, prefill_piece=None, on_prefill=None) -> Iterator[int]:  # fmt: skip
     """Continue one prompt ``(P,)`` token by token: yield each new id as soon as it is chosen.
 
     The tokens are ``generate``'s for the same prompt and options (one row, the same
@@ -301,6 +301,10 @@ def stream(model, prompt, max_new_tokens, *, temperature: float = 0.0, top_k=Non
     runs. ``draft``, ``draft_tokens`` and ``counts`` as ``generate``'s (a pass may then
     yield several tokens at once); ``constraint`` (``constrained.Constraint``) masks the
     logits before each choice and takes each token chosen (guesses are checked under it).
+    ``prefill_piece``: the prompt goes through the model that many positions a pass, each
+    piece against the cache of those before (the same logits as one pass up to rounding,
+    exactly at level 0), ``on_prefill(positions done)`` called after each: for a rung that
+    takes seconds a token, whose user wants to see the prompt advance. Without a draft.
     """
     from engine import Engine, Request
 
@@ -311,10 +315,22 @@ def stream(model, prompt, max_new_tokens, *, temperature: float = 0.0, top_k=Non
         check_token_id("a stop id", stop, model.config.vocab_size)
     check_fits(tokens.shape[1], max_new_tokens, model.config.max_seq_len, "prompt length")
     check_draft(draft, draft_tokens)
+    if prefill_piece is not None:
+        if isinstance(prefill_piece, bool) or not isinstance(prefill_piece, int | np.integer):
+            raise TypeError(f"prefill_piece must be an integer, got {prefill_piece!r}")
+        if prefill_piece < 1:
+            raise ValueError(f"prefill_piece must be at least 1, got {prefill_piece}")
+        if draft is not None:
+            raise ValueError("prefill_piece is for plain decoding: give it no draft")
     request = Request(tokens[0].tolist(), max_new_tokens, sampling, tuple(stop_ids),
                       constraint=constraint, draft=draft, draft_tokens=draft_tokens)  # fmt: skip
-    for new in Engine(model, counts=counts).stream(request):
-        yield from new
+    engine = Engine(model, counts=counts, prefill_tokens=prefill_piece)
+    seq = engine.add(request)
+    while seq.finish is None:
+        engine.step()
+        if on_prefill is not None and (seq.cached < seq.prompt or seq.new == seq.generated):
+            on_prefill(min(seq.cached, seq.prompt) if not seq.generated else seq.prompt)
+        yield from seq.new
 
 
 # ----------------------------------------------------------------------------- seq2seq
