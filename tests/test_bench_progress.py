@@ -116,8 +116,8 @@ def test_each_compile_of_a_quick_run_is_announced_once_and_weighs_its_expected_t
     then loads its step) and the speculative runs' two (the step of their context, the
     check of k = 2) are each announced before their step, with "about 1 minute", and add
     that minute to their step's weight; once the files are there, none is."""
-    from loading import compiles as decode_step
     from levels.level3_sdpa_flash.compiled import compiler_missing
+    from loading import compiles as decode_step
 
     if compiler_missing() is not None:
         pytest.skip(compiler_missing())
@@ -178,8 +178,8 @@ def test_the_plans_seconds_scale_with_the_share_of_a_core_a_step_gets(load, scal
 
 def test_a_compile_s_key_is_the_one_the_model_s_own_step_is_kept_under(smollm2_gguf):
     """``Compile.key_of`` stands in for the model the step builds: the same file name."""
-    from loading import compiles as decode_step
     from levels import gguf
+    from loading import compiles as decode_step
 
     config, params = gguf.load(smollm2_gguf, max_seq_len=128)
     model = levels.load("3").DecoderOnlyTransformer(config, params, compile=True)
