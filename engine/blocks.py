@@ -62,10 +62,6 @@ class BlockPool:
         self.index: dict[bytes, int] = {}  # digest -> the block filed under it
 
     @property
-    def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
-
-    @property
     def available(self) -> int:
         """Blocks a sequence may take now: the free ones and the idle published ones."""
         return len(self.free_blocks) + len(self.idle)

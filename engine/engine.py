@@ -3,18 +3,17 @@
 ``add`` a request (it waits in line), then ``step``: the scheduler admits what fits, and
 each pass of the turn goes the same way: the guesses of every sequence that drafts, the
 runner's pass over what each feeds, the step for each that has a token to take, then
-the cache keeps what each kept. ``generate`` runs requests to their end, ``stream`` one
-request a pass at a time. Every decode of the ladder comes through here: the models'
-``generate`` and ``stream`` at every level, the commands, the server, the bench.
+the cache keeps what each kept. ``generate`` runs requests to their end. Every decode of
+the ladder comes through here: the models' ``generate`` and ``stream`` at every level,
+the commands, the server, the bench.
 """
 
 from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator
 
-from levels.common.speculative import Counts, estimate_acceptance, paced_guesses
+from levels.common.speculative import Counts, Pace, estimate_acceptance
 
 from .request import Request, Sequence
 from .runner import LevelCache, NoCache, PagedCache, Runner
@@ -22,8 +21,6 @@ from .scheduler import Scheduler
 from .step import advance
 
 PREFILL_TOKENS = 256  # prompt positions computed per turn, at most: a long prompt's piece
-PACED = 4  # the most guesses a paced pass makes (a request's draft_tokens None)
-PROBE = 16  # paced passes without guesses before one guesses again, to see what a draft keeps
 
 
 class Engine:
@@ -49,16 +46,11 @@ class Engine:
         self.steps = self.rows = self.prefills = self.computed = 0
         self.said: list[str] = []  # what the last turn did, a line a thing
         self._ids, self._memory = itertools.count(), None
-        # Pacing the guesses: seconds of a pass by (rows, width) and of a guess, averaged.
-        self.pace: dict[tuple[int, int], float] = {}
-        self.guess_s, self._plain = None, 0
+        self.pace = Pace()  # when guessing pays, for the requests whose draft_tokens is None
 
     pool = property(lambda self: getattr(self.kv, "pool", None))
     preempted = property(lambda self: self.scheduler.preempted)
-
-    @property
-    def busy(self) -> bool:
-        return bool(self.scheduler.running or self.scheduler.waiting)
+    busy = property(lambda self: bool(self.scheduler.running or self.scheduler.waiting))
 
     def add(self, request: Request) -> Sequence:
         """Queue ``request`` -> its sequence (ended at once if it asks for no token)."""
@@ -86,14 +78,6 @@ class Engine:
         while any(s.finish is None for s in seqs):
             self.step()
         return seqs
-
-    def stream(self, request: Request) -> Iterator[list[int]]:
-        """One request -> the tokens it takes, a pass at a time."""
-        seq = self.add(request)
-        while seq.finish is None:
-            self.step()
-            if seq.new:
-                yield seq.new
 
     def step(self) -> list[Sequence]:
         """One turn: admit, prefill, decode -> the sequences that took tokens or ended."""
@@ -139,8 +123,7 @@ class Engine:
         except Exception as exc:
             return self._fail(seqs, exc)
         if decode:
-            key = (len(seqs), width)
-            self.pace[key] = _averaged(self.pace.get(key), time.perf_counter() - start)
+            self.pace.passed(len(seqs), width, time.perf_counter() - start)
         self._count(seqs, sizes, live, drafting, decode)
         kept, ended = [], []
         for b, (seq, n, (tokens, q)) in enumerate(zip(seqs, sizes, guesses, strict=True)):
@@ -174,26 +157,18 @@ class Engine:
             return [], None
         start = time.perf_counter()
         tokens, q = request.draft.propose(seq.tokens, room, row=seq.id, sampling=request.sampling)
-        if tokens:
-            self.guess_s = _averaged(self.guess_s, (time.perf_counter() - start) / len(tokens))
+        if tokens and seq.counts.guessed:  # a first proposal feeds the draft the prompt too
+            self.pace.guessed((time.perf_counter() - start) / len(tokens))
         return tokens, q
 
     def _paced(self, seqs, live) -> int:
-        """The guesses of this pass for the sequences whose draft is paced (``draft_tokens``
-        None): as many as make the most tokens a second by the passes and guesses timed so
-        far and each sequence's acceptance (``paced_guesses``), none where guessing does not
-        pay; unknown widths are taken as cheap as a step, so they are tried; after
-        ``PROBE`` passes without, one guesses again. Greedy tokens never change with it."""
+        """This pass's guesses for the sequences whose draft is paced (``draft_tokens`` None):
+        as many as make the most tokens a second (``Pace``), by each one's acceptance over
+        its last passes (a prior of one kept in two). Greedy tokens never change with it."""
         paced = [s for s, a in zip(seqs, live, strict=True) if a and s.request.draft and s.request.draft_tokens is None]  # fmt: skip
-        plain = self.pace.get((len(seqs), 1))
-        if not paced or plain is None:
-            return 0 if plain is None else PACED
+        rates = [estimate_acceptance(s.counts.kept[-8:] + [1], s.counts.guessed[-8:] + [2]) for s in paced]  # fmt: skip
         width = lambda k: self.kv.width(1 + k, k) if k else 1  # noqa: E731
-        seconds = lambda k: self.pace.get((len(seqs), width(k)), plain)  # noqa: E731
-        rates = [(estimate_acceptance(s.counts.kept[-8:] + [1], s.counts.guessed[-8:] + [2])) for s in paced]  # fmt: skip
-        k = paced_guesses(rates, sum(live) - len(paced), PACED, seconds, self.guess_s or 0.0)
-        self._plain = self._plain + 1 if k == 0 else 0
-        return PACED if self._plain > PROBE else k
+        return self.pace.guesses(rates, sum(live) - len(paced), width) if paced else 0
 
     def _count(self, seqs, sizes, live, drafting, decode: bool) -> None:
         """The pass counted and said: decode passes and their rows, prefill passes and their
@@ -224,8 +199,3 @@ class Engine:
         forget = getattr(seq.request.draft, "forget", None)
         if forget is not None:
             forget(seq.id)
-
-
-def _averaged(old: float | None, new: float) -> float:
-    """An average that follows the machine: each new time counts a tenth."""
-    return new if old is None else 0.9 * old + 0.1 * new

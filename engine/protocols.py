@@ -9,10 +9,9 @@ import numpy as np
 
 
 class Cache(Protocol):
-    """A level's KV cache: ``batch`` rows of ``capacity`` slots, ``length`` filled; a pass
-    appends its slots, ``rollback(length)`` forgets those after ``length``."""
+    """A level's KV cache: ``capacity`` slots a row, ``length`` filled; a pass appends its
+    slots, ``rollback(length)`` forgets those after ``length``."""
 
-    batch: int
     capacity: int
     length: int
 

@@ -54,9 +54,7 @@ class Sequence:
         self.error: Exception | None = None
         self.found = self.row = self.blocks = None  # set by the scheduler's cache
 
-    @property
-    def generated(self) -> list[int]:
-        return self.tokens[self.prompt :]
+    generated = property(lambda self: self.tokens[self.prompt :])
 
     @property
     def todo(self) -> list[int]:
@@ -64,10 +62,7 @@ class Sequence:
         batch's rollback took back out of the cache)."""
         return self.tokens[self.cached :]
 
-    @property
-    def room(self) -> int:
-        """New tokens it may still take."""
-        return self.request.max_tokens - len(self.generated)
+    room = property(lambda self: self.request.max_tokens - len(self.generated))  # tokens left
 
     def take(self, token: int) -> bool:
         """Take ``token`` -> whether the sequence has ended (``finish`` says why)."""

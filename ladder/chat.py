@@ -136,7 +136,7 @@ def _say(line: str) -> None:
 
 def _prepare(loaded: Loaded, args, threads: Threads) -> None:
     """Every compiled pass an answer runs, compiled or loaded now, saying which."""
-    loading.prepare_all(loaded, threads.n, _say, getattr(args, "draft_tokens", 2))
+    loading.prepare_all(loaded, threads.n, _say, getattr(args, "draft_tokens", None))
 
 
 # ----------------------------------------------------------------------------- one answer

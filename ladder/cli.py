@@ -440,10 +440,11 @@ def _speculation(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--draft-tokens",
         type=_count(1),
-        default=2,
+        default=None,
         metavar="K",
-        help="with --speculate: at most K guesses a pass (default 2: the fastest on a CPU, "
-        "docs/speculative.md)",
+        help="with --speculate: K guesses a pass (default: paced, up to 4 a pass, as many as "
+        "make the most tokens a second by the passes timed so far, none where guessing does "
+        "not pay; docs/speculative.md)",
     )
 
 

@@ -69,7 +69,7 @@ def serve(args: argparse.Namespace) -> int:
         blocked = ", matrices blocked for oneDNN" if args.weights == "blocked" else ""
         batch = (
             f"up to {worker.max_batch} requests at once over {pool.blocks} KV blocks of "
-            f"{pool.block_size} positions ({pool.nbytes / 2**20:.0f} MiB){blocked}"
+            f"{pool.block_size} positions ({(pool.k.nbytes + pool.v.nbytes) / 2**20:.0f} MiB){blocked}"
         )
     print(
         f"serving {loaded.name} at {loaded.level.__name__.rsplit('.', 1)[-1]}, {batch} "

@@ -182,11 +182,14 @@ def prepare(loaded, threads: int, say: Callable[[str], None], model=None, tokens
         remember(step, loaded.name, model, loaded.dtype, threads, report.seconds, tokens)
 
 
-def prepare_all(loaded, threads: int, say: Callable[[str], None], draft_tokens: int) -> None:
+def prepare_all(loaded, threads: int, say: Callable[[str], None], draft_tokens: int | None) -> None:
     """Every compiled pass an answer runs: the decode step and, with a draft, the check of
-    ``draft_tokens`` guesses and the draft model's own decode step."""
+    ``draft_tokens`` guesses (None: paced, the most a paced pass makes) and the draft
+    model's own decode step."""
+    from levels.common.speculative import PACED
+
     prepare(loaded, threads, say)
     if loaded.draft is not None:
-        prepare(loaded, threads, say, tokens=draft_tokens + 1)
+        prepare(loaded, threads, say, tokens=(draft_tokens or PACED) + 1)
         if hasattr(loaded.draft, "model"):
             prepare(loaded, threads, say, model=loaded.draft.model)

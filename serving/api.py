@@ -31,7 +31,8 @@ the time to the first token, the time per output token), as llama.cpp's server d
 Speculative decoding: the server's draft (``ladder serve --speculate``) guesses each
 request's tokens unless the request says otherwise, with extra fields of our own:
 ``speculate`` (``"ngram"``, ``"none"``, or the server's draft by its name) and
-``draft_tokens`` (the guesses a step, at least 1). The usage then counts
+``draft_tokens`` (the guesses a step, at least 1; absent, the server's: paced unless
+``--draft-tokens`` fixes it). The usage then counts
 ``completion_tokens_details.accepted_prediction_tokens`` and
 ``rejected_prediction_tokens``, OpenAI's names for the guessed tokens kept and not.
 
@@ -254,7 +255,7 @@ class Server:
         max_body: int = MAX_BODY,
         log: Callable[[str], None] | None = None,
         speculate: str | None = None,
-        draft_tokens: int = 2,
+        draft_tokens: int | None = None,
     ):
         self.worker, self.model_name, self.max_body = worker, model_name, max_body
         self.log = log

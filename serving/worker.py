@@ -56,7 +56,7 @@ class Completion:
     cancelled: threading.Event = field(default_factory=threading.Event)
     constraint: Any = None
     draft: Any = None
-    draft_tokens: int = 2
+    draft_tokens: int | None = None  # None: paced (levels.common.speculative.PACED at most)
 
     def cancel(self) -> None:
         """Stop it before its next token (or before it starts)."""

@@ -41,7 +41,8 @@ def _model(level: str = "level2_torch_manual", seed: int = 1, noise: float = 0.0
 def _greedy(model, prompt, n=NEW) -> list[int]:
     """The model's greedy continuation of ``prompt``, by the public method."""
     with torch.no_grad():
-        return model.generate(torch.tensor([prompt]), n)[0, len(prompt) :].tolist()
+        out = model.generate(np.array([prompt]), n)
+    return np.asarray(model.arrays.to_numpy(out))[0, len(prompt) :].tolist()
 
 
 def _plain_greedy(model, prompt, n=NEW, gap_at=None) -> list[int]:
@@ -229,3 +230,76 @@ def test_the_ngram_draft_in_a_batch_gives_each_row_its_plain_tokens():
     )
     assert [s.generated for s in seqs] == [_plain_greedy(model, p) for p in prompts]
     assert counts.drafted > 0
+
+
+# ----------------------------------------------------------------------------- pacing the guesses
+
+
+def test_paced_guesses_make_the_most_tokens_a_second():
+    """``paced_guesses`` by hand: a draft always right over passes that cost what a step costs
+    guesses all it may; one never right guesses nothing; a pass that costs twice a step pays
+    for two guesses at acceptance 1 (3 tokens in 2 steps), not at acceptance 0.5 (1.75 in 2):
+    the tie at acceptance 0.5 and one guess (1.5 tokens in 1.5 steps against 1 in 1) goes to
+    the fewest guesses; other rows take one token whatever the draft does."""
+    from levels.common.speculative import paced_guesses
+
+    flat = lambda k: 1.0  # noqa: E731  (a check as cheap as a step)
+    assert paced_guesses([1.0], 0, 4, flat, 0.0) == 4
+    assert paced_guesses([0.0], 0, 4, flat, 0.0) == 0
+    double = lambda k: 1.0 if k == 0 else 2.0  # noqa: E731
+    assert paced_guesses([1.0], 0, 2, double, 0.0) == 2
+    assert paced_guesses([0.5], 0, 2, double, 0.0) == 0
+    linear = lambda k: 1.0 + 0.5 * k  # noqa: E731
+    assert paced_guesses([0.5], 0, 1, linear, 0.0) == 0  # 1.5 / 1.5 == 1 / 1: the tie
+    assert paced_guesses([1.0], 0, 4, flat, 1.0) == 0  # a guess as dear as a step: never pays
+    assert paced_guesses([1.0], 7, 4, double, 0.0) == 0  # 8 + 4 in 2 steps < 8 in 1
+
+
+class _Sleepy:
+    """A model whose passes take 5 ms a position a row: a check of guesses costs what its
+    width says, as on a machine where the check is not free."""
+
+    def __init__(self, model):
+        self.model = model
+        self.config, self.arrays, self.device = model.config, model.arrays, model.device
+        self.new_cache = model.new_cache
+
+    def transformer(self, ids, positions, cache=None, last=False):
+        import time
+
+        time.sleep(0.005 * ids.shape[1])
+        return self.model.transformer(ids, positions, cache, last)
+
+
+@pytest.mark.parametrize("right", [False, True], ids=["always wrong", "always right"])
+def test_paced_guessing_stops_where_it_does_not_pay_and_goes_on_where_it_does(right):
+    """Paced (``draft_tokens=None``) over a model whose check of ``k`` guesses costs ``k + 1``
+    steps (level 1, its passes slept through): a draft never right stops guessing after the
+    passes that try it (and one probe every ``PROBE`` passes after), one always right (the
+    model itself, whose steps cost nothing beside the sleep) guesses on; either way the
+    tokens are plain greedy decoding's."""
+    from levels.common.speculative import PROBE
+
+    model = _model("level1_numpy")  # numpy: no first-call costs of a shape in the timings
+    want = _greedy(model, PROMPT, 40)
+    never = next(t for t in range(CONFIG.vocab_size) if t not in want)
+    draft = ModelDraft(model) if right else _Fixed(never)
+    engine = Engine(_Sleepy(model))
+    seq = engine.generate([Request(PROMPT, 40, draft=draft, draft_tokens=None)])[0]
+    assert seq.generated == want
+    guessing = sum(1 for n in seq.counts.guessed if n)
+    if right:
+        assert seq.counts.accepted == seq.counts.drafted and guessing >= 5
+    else:
+        assert seq.counts.accepted == 0 and guessing <= 3 + 40 // PROBE
+
+
+class _Fixed:
+    """A draft that always guesses the same token (one-hot): never right, if the token is
+    one greedy decoding never writes."""
+
+    def __init__(self, token: int):
+        self.token = token
+
+    def propose(self, context, k, row=0, sampling=None):
+        return [self.token] * k, None

@@ -233,14 +233,15 @@ def check_token_id(name: str, value: object, vocab_size: int) -> None:
 
 
 def check_draft(draft, draft_tokens: object, use_cache: bool = True) -> None:
-    """A draft proposes (a ``propose`` method), ``draft_tokens`` is an integer >= 1, and the
-    model keeps a cache (speculation rolls it back)."""
+    """A draft proposes (a ``propose`` method), ``draft_tokens`` is an integer >= 1 (or None:
+    paced, as many a pass as pay), and the model keeps a cache (speculation rolls it back)."""
     if draft is None:
         return
     if not callable(getattr(draft, "propose", None)):
         raise TypeError(f"draft must have a propose(context, k) method, got {type(draft).__name__}")
-    if isinstance(draft_tokens, bool) or not isinstance(draft_tokens, int) or draft_tokens < 1:
-        raise ValueError(f"draft_tokens must be an integer >= 1, got {draft_tokens!r}")
+    paced = draft_tokens is None
+    if not paced and (isinstance(draft_tokens, bool) or not isinstance(draft_tokens, int) or draft_tokens < 1):  # fmt: skip
+        raise ValueError(f"draft_tokens must be an integer >= 1 or None (paced), got {draft_tokens!r}")  # fmt: skip
     if not use_cache:
         raise ValueError("speculative decoding (draft=) verifies against the cache: use_cache=True")
 

@@ -251,6 +251,59 @@ def paced_guesses(acceptances: Sequence[float], others: int, k_max: int,
     return max(range(k_max + 1), key=rate)
 
 
+PACED = 4  # the most guesses a paced pass makes
+PROBE = 16  # paced passes without a guess before one guesses again, to see what a draft keeps
+
+
+class Pace:
+    """When speculation pays, from what it costs here: the seconds of a pass of ``rows`` rows
+    of ``width`` tokens, and of a guess, each averaged as the machine goes (a tenth for each
+    new time; a shape's first pass, which pays its one-time costs, not counted). ``guesses``
+    chooses a pass's (``paced_guesses``): a width not timed yet is taken on the line from a
+    step's time to the nearest wider pass timed, or as cheap as a step where none is, so
+    it is tried; after ``PROBE`` passes without a guess, one guesses again."""
+
+    def __init__(self):
+        self.seconds: dict[tuple[int, int], float] = {}
+        self.guess_s: float | None = None
+        self._seen: set[tuple[int, int]] = set()
+        self._plain = 0
+
+    def passed(self, rows: int, width: int, seconds: float) -> None:
+        if (rows, width) in self._seen:
+            self.seconds[rows, width] = _averaged(self.seconds.get((rows, width)), seconds)
+        self._seen.add((rows, width))
+
+    def guessed(self, seconds: float) -> None:
+        self.guess_s = _averaged(self.guess_s, seconds)
+
+    def guesses(self, acceptances: Sequence[float], others: int, width: Callable[[int], int]) -> int:  # fmt: skip
+        """Guesses for this pass of ``len(acceptances) + others`` rows, the drafting rows'
+        acceptances given; ``width(k)``: the pass's width with ``k`` guesses a row."""
+        rows = len(acceptances) + others
+        plain = self.seconds.get((rows, 1))
+        if not acceptances or plain is None:
+            return 0 if plain is None else PACED  # a step timed first, then a guess tried
+        k = paced_guesses(acceptances, others, PACED, lambda k: self._time(rows, width(k), plain),
+                          self.guess_s or 0.0)  # fmt: skip
+        self._plain = self._plain + 1 if k == 0 else 0
+        if self._plain > PROBE:  # a probe: what does the draft keep now?
+            self._plain, k = 0, PACED
+        return k
+
+    def _time(self, rows: int, width: int, plain: float) -> float:
+        if (rows, width) in self.seconds:
+            return self.seconds[rows, width]
+        wider = min((w for r, w in self.seconds if r == rows and w > width), default=None)
+        if wider is None:
+            return plain
+        return plain + (self.seconds[rows, wider] - plain) * (width - 1) / (wider - 1)
+
+
+def _averaged(old: float | None, new: float) -> float:
+    return new if old is None else 0.9 * old + 0.1 * new
+
+
 def estimate_acceptance(accepted: Sequence[int], drafted: Sequence[int]) -> float:
     """``a`` from a run: tokens kept over tokens tested. A pass that kept ``n`` of ``d``
     drafted tokens tested ``n + 1`` of them when it rejected one (``n < d``) and ``d``
