@@ -77,6 +77,8 @@ class Engine:
         seqs = [self.add(r) for r in requests]
         while any(s.finish is None for s in seqs):
             self.step()
+            if not self.said:  # nothing joined, ran or ended, and nothing else will
+                raise RuntimeError(f"the engine is stuck with {len(self.scheduler.waiting)} waiting")  # fmt: skip
         return seqs
 
     def step(self) -> list[Sequence]:
