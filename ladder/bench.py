@@ -71,6 +71,8 @@ def _run(args: argparse.Namespace, path: Path) -> int:
     if args.scenario:
         plan = plan.only(args.scenario)
     backends, unavailable = B.load_subjects(args.levels, device, dtype)
+    for folder in args.rung or ():  # learners' rungs, beside the levels
+        backends.append(B.rung_subject(folder, device, dtype))
     if not args.no_peers and plan.workloads.get("attention"):
         backends += B.sdpa_peers(device, dtype)
     if not args.no_peers and cuda and plan.workloads.get("decode"):

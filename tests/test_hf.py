@@ -835,7 +835,8 @@ def test_ladder_generate_at_level_0_says_what_the_prompt_costs_and_shows_it_adva
 ):
     """The warning, the prompt's expected time, a line after each piece of it (a token a
     piece here: no seconds to wait for between them), the speeds; and level 1's tokens."""
-    from ladder import cli, slow
+    from ladder import cli
+    from loading import slow
 
     monkeypatch.setattr(slow, "PIECE_S", 0.0)
     monkeypatch.setattr(slow, "PIECES_COST", float("inf"))  # a piece of one token
