@@ -35,6 +35,17 @@ def pythonpath(*first: object) -> str:
 # after each sublayer, GeGLU (the tanh GELU), gains stored as offsets from 1, and local
 # (window 3) and global layers with RoPE bases of their own. With two layers or more, layer
 # 0 is local and layer 1 global (window_pattern 2).
+# The blocks people run most: Llama's and Qwen2's (RMSNorm, SwiGLU, multi-query attention,
+# q/k/v bias only, unscaled and untied embeddings).
+LLAMA_OPTIONS = dict(
+    norm="rmsnorm",
+    ffn="swiglu",
+    n_kv_heads=1,
+    bias=False,
+    qkv_bias=True,
+    scale_embeddings=False,
+    tie_embeddings=False,
+)
 GEMMA_OPTIONS = dict(
     head_dim=6,
     n_kv_heads=1,

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from _helpers import GEMMA_OPTIONS
+from _helpers import GEMMA_OPTIONS, LLAMA_OPTIONS
 
 import levels
 from levels.common.params import init_params
@@ -94,16 +94,7 @@ OPTIONS = {
     "none-biasTrue": dict(positional="none", bias=True),
     "rope-biasFalse": dict(positional="rope", bias=False),
     "none-biasFalse": dict(positional="none", bias=False),
-    # RMSNorm, SwiGLU, multi-query attention, q/k/v bias only, unscaled untied embeddings.
-    "llama": dict(
-        norm="rmsnorm",
-        ffn="swiglu",
-        n_kv_heads=1,
-        bias=False,
-        qkv_bias=True,
-        scale_embeddings=False,
-        tie_embeddings=False,
-    ),  # fmt: skip
+    "llama": LLAMA_OPTIONS,
     "window": dict(window=3, n_kv_heads=1),  # shorter than the sequences: 7 and 5
     # Gemma 3's: wide heads, QK-norm, post-norms, GeGLU (the tanh GELU), gains stored as
     # offsets from 1, a local and a global layer with their own RoPE bases, a score scale.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import reference as ref
-from _helpers import GEMMA_OPTIONS, random_tokens, right_padded
+from _helpers import GEMMA_OPTIONS, LLAMA_OPTIONS, random_tokens, right_padded
 
 from levels import TransformerConfig, init_params, param_shapes
 
@@ -25,15 +25,7 @@ VARIANTS = {
     "none-nobias": dict(positional="none", bias=False),
     # The models people run: Llama / Qwen2-style blocks (RMSNorm, SwiGLU, multi-query
     # attention, q/k/v bias only, unscaled and untied embeddings) ...
-    "llama": dict(
-        norm="rmsnorm",
-        ffn="swiglu",
-        n_kv_heads=1,
-        bias=False,
-        qkv_bias=True,
-        scale_embeddings=False,
-        tie_embeddings=False,
-    ),
+    "llama": LLAMA_OPTIONS,
     # ... and Mistral's sliding window (shorter than the sequences, over padded batches).
     "window": dict(window=3, n_kv_heads=1, out_bias=False),
     # Gemma 3's: heads wider than D / H, QK-norm, a norm after each sublayer as well,

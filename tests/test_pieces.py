@@ -35,6 +35,23 @@ def _sizes(case):
     return (2, 3, 5) if case.tiny else (2, 7, 13)
 
 
+def _mha_case(case, config, kind: str, seed: int):
+    """A ``MultiHeadAttention`` of ``kind`` (``MHA_CASES``) at the level, its parameters
+    (seeded ``seed``) and its inputs: ``x (B,T,D)``, ``kv (B,S,D)`` where it attends across,
+    a random ``mask (B,1,T,S)`` where masked, and the parameters' prefix."""
+    cross, _, masked, rope, _ = MHA_CASES[kind]
+    params = init_params(config, "seq2seq", seed=seed, scheme="random")
+    rng = np.random.default_rng(seed - 1)
+    B, T, S = _sizes(case)
+    S = S if cross else T
+    x = rng.normal(size=(B, T, config.d_model))
+    kv = rng.normal(size=(B, S, config.d_model)) if cross else None
+    mask = random_mask(rng, (B, 1, T, S)) if masked else None
+    prefix = "decoder.layers.0.multihead_attn." if cross else "decoder.layers.0.self_attn."
+    mha = case.build("MultiHeadAttention", config, params, prefix=prefix, rope=rope)
+    return params, x, kv, mask, prefix, mha
+
+
 def test_array_converters_and_describe(case):
     """asarray keeps integer and boolean kinds; dtype applies to floats; to_numpy inverts it."""
     rng = np.random.default_rng(0)
@@ -118,15 +135,7 @@ MHA_CASES = {
 def test_multi_head_attention(case, kind, bias):
     cross, causal, masked, rope, offset = MHA_CASES[kind]
     config = piece_config(case, bias=bias)
-    params = init_params(config, "seq2seq", seed=3, scheme="random")
-    rng = np.random.default_rng(2)
-    B, T, S = _sizes(case)
-    S = S if cross else T
-    x = rng.normal(size=(B, T, config.d_model))
-    kv = rng.normal(size=(B, S, config.d_model)) if cross else None
-    mask = random_mask(rng, (B, 1, T, S)) if masked else None
-    prefix = "decoder.layers.0.multihead_attn." if cross else "decoder.layers.0.self_attn."
-    mha = case.build("MultiHeadAttention", config, params, prefix=prefix, rope=rope)
+    params, x, kv, mask, prefix, mha = _mha_case(case, config, kind, seed=3)
     expected = ref.mha(
         params,
         prefix,
@@ -227,15 +236,7 @@ def test_grouped_query_attention(case, kind):
     output bias (Qwen2's layout)."""
     cross, causal, masked, rope, offset = MHA_CASES[kind]
     config = piece_config(case, bias=False, qkv_bias=True, n_kv_heads=1)
-    params = init_params(config, "seq2seq", seed=9, scheme="random")
-    rng = np.random.default_rng(8)
-    B, T, S = _sizes(case)
-    S = S if cross else T
-    x = rng.normal(size=(B, T, config.d_model))
-    kv = rng.normal(size=(B, S, config.d_model)) if cross else None
-    mask = random_mask(rng, (B, 1, T, S)) if masked else None
-    prefix = "decoder.layers.0.multihead_attn." if cross else "decoder.layers.0.self_attn."
-    mha = case.build("MultiHeadAttention", config, params, prefix=prefix, rope=rope)
+    params, x, kv, mask, prefix, mha = _mha_case(case, config, kind, seed=9)
     expected = ref.mha(
         params, prefix, x, kv, n_heads=config.n_heads, n_kv_heads=1, mask=mask, causal=causal,
         rope_base=config.rope_base if rope else None,
