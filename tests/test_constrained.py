@@ -487,17 +487,22 @@ def _constrained_reference(config, params, prompt, n, index) -> list[int]:
     return out
 
 
+def _schema_case(case):
+    """SCHEMA's index over VOCAB, and a random model (seeded) at the level to run under it:
+    ``(index, config, params, model)``."""
+    index = Index(Language.schema(SCHEMA), Tokens.from_list(VOCAB), (EOS,))
+    config = small_config(case.tiny, vocab_size=len(VOCAB), max_seq_len=40)
+    params = init_params(config, "decoder_only", seed=3, scheme="random")
+    return index, config, params, case.build("DecoderOnlyTransformer", config, params)
+
+
 @pytest.mark.best_dtype
 @pytest.mark.interpreter_extended()  # level 4 under Triton's interpreter: 30 steps, seconds
 def test_greedy_constrained_output_is_the_same_tokens_at_every_level(case):
     """A random model (seeded) under SCHEMA's mask: each level's ``stream`` gives the
     reference model's tokens, ending at EOS with a text that validates; unconstrained, the
     same model writes something else (the premise)."""
-    tokens = Tokens.from_list(VOCAB)
-    index = Index(Language.schema(SCHEMA), tokens, (EOS,))
-    config = small_config(case.tiny, vocab_size=len(VOCAB), max_seq_len=40)
-    params = init_params(config, "decoder_only", seed=3, scheme="random")
-    model = case.build("DecoderOnlyTransformer", config, params)
+    index, config, params, model = _schema_case(case)
     prompt, n = [5, 40, 17], 30
     got = list(model.stream(prompt, n, constraint=index.constraint(), stop_ids=(EOS,)))
     want = _constrained_reference(config, params, prompt, n, index)
@@ -517,11 +522,7 @@ def test_speculation_under_the_mask_gives_the_masked_greedy_tokens(case):
     by the rule, their p being 0) give the tokens of masked greedy decoding, at every level."""
     from engine import ModelDraft, NGramDraft
 
-    tokens = Tokens.from_list(VOCAB)
-    index = Index(Language.schema(SCHEMA), tokens, (EOS,))
-    config = small_config(case.tiny, vocab_size=len(VOCAB), max_seq_len=40)
-    params = init_params(config, "decoder_only", seed=3, scheme="random")
-    model = case.build("DecoderOnlyTransformer", config, params)
+    index, config, params, model = _schema_case(case)
     prompt, n = [5, 40, 17], 30
     want = list(model.stream(prompt, n, constraint=index.constraint(), stop_ids=(EOS,)))
     other = case.build("DecoderOnlyTransformer", config,
