@@ -252,7 +252,7 @@ def test_the_reading_path_reaches_every_chapter():
 EXERCISES = [
     "prelude.md", "level0_loops.md", "level1_numpy.md", "level2_torch_manual.md",
     "level3_sdpa_flash.md", "text_model.md", "level4_triton_kernel.md", "level4_part2.md",
-    "training.md", "beyond_one_device.md",
+    "speculative.md", "serving.md", "training.md", "beyond_one_device.md",
 ]  # fmt: skip
 
 
