@@ -229,8 +229,11 @@ COMMANDS: dict[str, list[tuple[str, Check]]] = {
     ],
     "docs/serving.md": [
         ("ladder serve", SERVE),
-        ('curl -N http://127.0.0.1:8000/v1/chat/completions -H "Content-Type: application/json" -d \'{\n  "model": "smollm2-135m",\n  "messages": [{"role": "user", "content": "What is the capital of France?"}],\n  "temperature": 0, "stream": true, "stream_options": {"include_usage": true}}\'', SERVE_CURL),
         ('curl http://127.0.0.1:8000/v1/chat/completions -H "Content-Type: application/json" -d \'{\n  "messages": [{"role": "user", "content": "Give me a person as JSON"}], "temperature": 0,\n  "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": {\n    "type": "object",\n    "properties": {"name": {"type": "string", "maxLength": 20},\n                   "age": {"type": "integer", "minimum": 0, "maximum": 150}},\n    "required": ["name", "age"]}}}}\'', SERVE_SCHEMA),
+    ],
+    "docs/serving_reference.md": [
+        ("ladder serve", SERVE),
+        ('curl -N http://127.0.0.1:8000/v1/chat/completions -H "Content-Type: application/json" -d \'{\n  "model": "smollm2-135m",\n  "messages": [{"role": "user", "content": "What is the capital of France?"}],\n  "temperature": 0, "stream": true, "stream_options": {"include_usage": true}}\'', SERVE_CURL),
     ],
     "docs/benchmarks.md": [
         ("ladder bench", run(BENCH, manual=True)),  # CI: the --quick run below, every scenario smaller

@@ -13,7 +13,7 @@
   past; ``oneOf`` proven exclusive where its branches are, refused where a value valid
   under two branches exists (shown).
 * Each keyword of the 2020-12 vocabulary compiled or refused by name, as the table in
-  docs/serving.md says; the function-calling schemas, what compiles and what is refused.
+  docs/serving_reference.md says; the function-calling schemas, what compiles and what is refused.
 """
 
 from __future__ import annotations
@@ -465,9 +465,9 @@ def test_each_keyword_compiles_or_is_refused_by_name_with_why(row):
 
 
 def test_the_docs_table_says_what_each_keyword_does():
-    """docs/serving.md's table of keywords: one row per row here, "compiled" or "refused"
-    as the schema does."""
-    text = (ROOT / "docs" / "serving.md").read_text()
+    """docs/serving_reference.md's table of keywords: one row per row here, "compiled" or
+    "refused" as the schema does."""
+    text = (ROOT / "docs" / "serving_reference.md").read_text()
     rows = re.findall(r"^\| (`[^|]+`[^|]*) \| (compiled|refused) \|", text, re.MULTILINE)
     table = {cells.replace("`", "").strip(): status for cells, status in rows}
     assert set(table) == set(VOCABULARY)

@@ -99,6 +99,18 @@ def test_the_path_to_the_first_triton_kernel_is_within_three_hours():
     )
 
 
+def test_speculative_decoding_and_serving_read_within_seventy_minutes():
+    """The two chapters after decoding keep their ideas on the path and their reference off
+    it (docs/serving_reference.md, benchmarks.md's table, the appendix's published bugs):
+    together they read in at most 70 minutes."""
+    rows = {r.page: r.length.minutes for r in course_length.rows(nav_pages())}
+    minutes = rows["speculative.md"] + rows["serving.md"]
+    assert minutes <= 70, (
+        f"speculative.md and serving.md take {minutes:.0f} minutes, over their 70: move "
+        "reference material to docs/serving_reference.md or the appendix"
+    )
+
+
 def test_the_command_fails_over_its_budget(capsys):
     assert course_length.main([]) == 0
     assert "| **the course** |" in capsys.readouterr().out

@@ -252,7 +252,7 @@ def test_the_reading_path_reaches_every_chapter():
 EXERCISES = [
     "prelude.md", "level0_loops.md", "level1_numpy.md", "level2_torch_manual.md",
     "level3_sdpa_flash.md", "text_model.md", "level4_triton_kernel.md", "level4_part2.md",
-    "training.md", "beyond_one_device.md",
+    "speculative.md", "serving.md", "training.md", "beyond_one_device.md",
 ]  # fmt: skip
 
 
@@ -365,6 +365,27 @@ def test_the_decoding_pages_quote_the_committed_real_model_run():
             f"docs/{pages[name]} does not hold the {name} table of {_rel(DATA)} as rendered: "
             f"paste it from `python docs/tools/decode_tables.py`\n{table}"
         )
+
+
+def test_the_serving_page_quotes_a_whole_checked_run_of_the_serve_bench():
+    """docs/data/serve_cpu.json, which docs/serving.md reads, is one run of ``ladder bench
+    --scenario serve``: every scenario of benchmarks/serve.py is in it, on one machine and
+    date, and every timed answer matched the same request asked alone (a record whose
+    answers differed is ``wrong``, not ``ok``), every arrival answered."""
+    from benchmarks.records import OK, read_json
+
+    run = read_json(DOCS / "data" / "serve_cpu.json")
+    scenarios = {r.scenario for r in run}
+    assert {"serve", "serve step", "serve index", "serve mask", "serve constrained",
+            "serve arrivals", "serve prefix"} <= scenarios  # fmt: skip
+    assert len({(r.machine, r.date) for r in run}) == 1, "records of more than one run"
+    checked = [r for r in run if r.scenario in ("serve", "serve constrained", "serve arrivals")]
+    assert checked and all(r.status == OK and r.max_error == 0 for r in checked), [
+        (r.scenario, r.level, r.status) for r in checked if r.status != OK
+    ]
+    servers = {(r.level, r.shape["clients"]) for r in run if r.scenario == "serve"}
+    assert servers == {("ladder serve --max-batch 1 --compile", 1),
+                       ("ladder serve --max-batch 8", 1), ("ladder serve --max-batch 8", 8)}  # fmt: skip
 
 
 def test_the_induction_head_data_comes_from_the_lab_defaults():

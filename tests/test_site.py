@@ -66,7 +66,7 @@ def test_the_hooks_link_the_figures_wrap_the_transcripts_and_keep_flags_whole(si
         wrapped += text.count('class="language-text wrap highlight"')
     marked = [b for page in (ROOT / "docs").glob("*.md") for b in blocks(page) if "wrap" in b.attrs]
     assert figures >= 10 and wrapped == len(marked) > 0, (figures, wrapped, len(marked))
-    serving = (site / "serving.html").read_text()
+    serving = (site / "serving_reference.html").read_text()  # the server's log and flags
     assert '<span class="line">19:45:40 127.0.0.1 GET /v1/nothing 404' in serving
     assert '<code><span class="nobreak">--weights</span></code>' in serving
 

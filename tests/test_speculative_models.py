@@ -159,7 +159,7 @@ def test_bad_draft_arguments_are_refused_before_any_pass(case):
 
 def test_the_second_token_follows_the_target_law_by_chi_square():
     """Sampling at temperature 1 with top-k, through the rule: the second new token (the
-    first that a draft proposes and the target verifies) over 3000 seeds against its exact
+    first that a draft proposes and the target verifies) over 2000 seeds against its exact
     law under the target, ``sum_t1 p(t1) p(t2 | t1)``; the draft is another model, so its
     ``q`` differs from ``p``. Fixed seeds: the test cannot flake; a wrong rule (a ``q``
     other than the draft's, a residual over ``q``'s support) fails it (p < 1e-6 measured

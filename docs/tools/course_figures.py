@@ -32,7 +32,12 @@ does; its sidecar digest then ties the PNG to the file and the drawing code.
 * ``model_diagram``: the decoder-only transformer as a block diagram, labelled
   with the sizes of the model of real text (docs/prelude.md);
 * ``split_heads``: where each feature of a token goes when level 0's
-  ``split_heads`` cuts ``D`` into ``H`` heads (docs/prelude.md).
+  ``split_heads`` cuts ``D`` into ``H`` heads (docs/prelude.md);
+* ``speculation``: each pass of speculative decoding along one row, the guesses kept,
+  rejected and never tested, and the target's own token (docs/speculative.md);
+* ``paged_turns``: the blocks of a paged KV cache after each turn of the engine, held by
+  the requests, shared through the prefix cache, kept filed when no one holds them
+  (docs/serving.md).
 """
 
 from __future__ import annotations
@@ -770,5 +775,202 @@ def draw_split_heads(data: Path, png: Path) -> None:
         f"splitting into H = {H} heads (level 0's split_heads): the entry of token t, feature d "
         "is 10 t + d; merge_heads puts them back",
         fontsize=10,
+    )
+    fig.savefig(png, dpi=110)
+
+
+# ----------------------------------------------------------------------------- speculation
+
+
+def record_speculation(out: Path) -> None:
+    """Each pass of speculative decoding along one row: the small level-1 model of
+    docs/speculative.md, greedy, the n-gram draft (``max_n=4, min_n=2``) guessing up to 4
+    tokens a pass. A draft that notes what it proposed, from how long a context; what each
+    pass kept is what its guesses share with the tokens greedy decoding gives (greedy, a guess
+    is kept iff it is the target's own token)."""
+    import numpy as np
+
+    import levels
+    from engine import Counts, NGramDraft
+    from levels import TransformerConfig, init_params
+
+    config = TransformerConfig(vocab_size=16, d_model=32, n_heads=4, d_ff=64, n_layers=2,
+                               max_seq_len=96)  # fmt: skip
+    params = init_params(config, "decoder_only", seed=1, scheme="random")
+    params = {name: 4 * p if p.ndim == 2 else p for name, p in params.items()}
+    model = levels.load("level1_numpy").DecoderOnlyTransformer(config, params)
+    prompt = np.array([[5, 9, 2, 7, 5, 9, 2, 7, 5, 9]])  # (B=1, P=10)
+    new = 30
+    plain = model.generate(prompt, new)[0].tolist()
+
+    class Noting(NGramDraft):
+        def propose(self, context, k, row=0, sampling=None):
+            tokens, q = super().propose(context, k, row, sampling)
+            proposals.append((len(context), list(tokens)))
+            return tokens, q
+
+    proposals: list[tuple[int, list[int]]] = []
+    counts = Counts()
+    tokens = model.generate(prompt, new, draft=Noting(max_n=4, min_n=2), draft_tokens=4,
+                            counts=counts)[0].tolist()  # fmt: skip
+    passes = []
+    for at, guesses in proposals:
+        kept = 0
+        while kept < len(guesses) and guesses[kept] == plain[at + kept]:
+            kept += 1
+        passes.append({"at": at, "guesses": guesses, "kept": kept,
+                       "own": plain[at + kept] if at + kept < len(plain) else None})  # fmt: skip
+    _write(out, {"made_by": "record_speculation", "prompt": prompt[0].tolist(), "k": 4,
+                 "plain": plain, "same": tokens == plain, "passes": passes,
+                 "counts": {"passes": counts.passes, "drafted": counts.drafted,
+                            "accepted": counts.accepted}})  # fmt: skip
+
+
+def draw_speculation(data: Path, png: Path) -> None:
+    """One row of cells per pass of the target, one column per position of the answer: the
+    guesses kept, the first rejected, those after it (never tested), and the target's own
+    token that ends the pass, each cell with its token id."""
+    from matplotlib.patches import Patch, Rectangle
+
+    r = json.loads(data.read_text())
+    P, passes = len(r["prompt"]), r["passes"]
+    width = len(r["plain"]) - P
+    colours = {"kept": "#8ecae6", "rejected": "#e76f51", "untested": "0.85", "own": "#2a9d8f"}
+    fig = _figure(9.0, 0.28 * len(passes) + 1.6)
+    ax = fig.subplots()
+    for row, p in enumerate(passes):
+        start = p["at"] - P
+        cells = [("kept", str(t)) for t in p["guesses"][: p["kept"]]]
+        if p["kept"] < len(p["guesses"]):  # the first rejected, the target's token in its place
+            cells.append(("rejected", f"{p['guesses'][p['kept']]}→{p['own']}"))
+            cells += [("untested", str(t)) for t in p["guesses"][p["kept"] + 1 :]]
+        elif p["own"] is not None:  # every guess kept (or none made): one token of its own
+            cells.append(("own", str(p["own"])))
+        for i, (kind, label) in enumerate(cells):
+            ax.add_patch(Rectangle((start + i, row), 1, 1, facecolor=colours[kind],
+                                   edgecolor="white"))  # fmt: skip
+            ax.text(start + i + 0.5, row + 0.5, label, ha="center", va="center",
+                    fontsize=6.5 if kind == "rejected" else 7,
+                    color="white" if kind == "own" else "black")  # fmt: skip
+        ax.text(width + 0.3, row + 0.5, f"{len(p['guesses'])} guessed, {p['kept']} kept",
+                va="center", fontsize=7)  # fmt: skip
+    ax.set_xlim(0, width + 5)
+    ax.set_ylim(len(passes), 0)
+    ax.set_xticks([i + 0.5 for i in range(0, width, 5)], [str(i) for i in range(0, width, 5)],
+                  fontsize=7)  # fmt: skip
+    ax.set_yticks([i + 0.5 for i in range(len(passes))],
+                  [f"pass {i + 1}" for i in range(len(passes))], fontsize=7)  # fmt: skip
+    ax.set_xlabel("position in the answer (after the prompt's 10 tokens)", fontsize=8)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    handles = [
+        Patch(facecolor=colours["kept"], label="guess kept (the target's own token)"),
+        Patch(facecolor=colours["rejected"],
+              label="first guess rejected, guess→the target's own token in its place"),
+        Patch(facecolor=colours["untested"], label="guesses after it, never tested"),
+        Patch(facecolor=colours["own"], label="the target's own token, after every guess kept"),
+    ]  # fmt: skip
+    fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=7, frameon=False)
+    c = r["counts"]
+    fig.suptitle(
+        f"the n-gram draft guessing up to {r['k']} tokens a pass, greedy, level 1's small model:\n"
+        f"{width - 1} tokens after the first in {c['passes']} passes, {c['drafted']} guessed, "
+        f"{c['accepted']} kept; a pass with no guess gives the target's token alone",
+        fontsize=9,
+    )
+    fig.savefig(png, dpi=110)
+
+
+# ----------------------------------------------------------------------------- paged turns
+
+
+def record_paged_turns(out: Path) -> None:
+    """The worked example of docs/serving.md: five requests on a small level-2 model, a pool
+    of nine blocks of four positions, three requests at most, eight prompt positions a turn.
+    After each turn: what the engine said, the requests holding each block (a block of a
+    shared prefix is held by several), and the blocks no request holds that keep a filed
+    prefix (``BlockPool.idle``)."""
+    import levels
+    from engine import Engine, Request
+    from levels import TransformerConfig, init_params
+
+    level = levels.load("level2_torch_manual")
+    tiny = TransformerConfig(vocab_size=64, d_model=32, n_heads=4, n_layers=2, d_ff=64,
+                             max_seq_len=32)  # fmt: skip
+    model = level.DecoderOnlyTransformer(tiny, init_params(tiny, "decoder_only", seed=0,
+                                                           scheme="random"))  # fmt: skip
+    engine = Engine(model, cache="paged", max_batch=3, blocks=9, block_size=4, prefill_tokens=8)
+    system = list(range(40, 50))
+    arrivals = {
+        0: [Request(system + [3, 4], 4), Request([5, 6, 7], 6)],
+        2: [Request(system + [8], 4), Request(list(range(10, 30)), 2)],
+        3: [Request(system + [9, 9, 9], 2)],
+    }
+    turns = []
+    for t in range(10):
+        for request in arrivals.get(t, []):
+            engine.add(request)
+        engine.step()
+        held: dict[int, list[int]] = {}
+        for seq in engine.scheduler.running:
+            for block in seq.blocks.table:
+                held.setdefault(block, []).append(seq.id)
+        turns.append({"said": list(engine.said), "waiting": [s.id for s in engine.scheduler.waiting],
+                      "held": {str(b): ids for b, ids in sorted(held.items())},
+                      "filed": sorted(engine.pool.idle)})  # fmt: skip
+    _write(out, {"made_by": "record_paged_turns", "blocks": engine.pool.blocks,
+                 "block_size": engine.pool.block_size, "turns": turns})  # fmt: skip
+
+
+def draw_paged_turns(data: Path, png: Path) -> None:
+    """The pool after each turn, a row a turn and a column a block: each block coloured by the
+    request holding it (split between the holders of a shared block), hatched where no
+    request holds it but it keeps a filed prefix; beside each row, who joined, waits or was
+    preempted."""
+    import re
+
+    from matplotlib.patches import Patch, Rectangle
+
+    r = json.loads(data.read_text())
+    n, turns = r["blocks"], r["turns"]
+    colours = ["#8ecae6", "#ffb703", "#2a9d8f", "#e76f51", "#b5838d"]
+    fig = _figure(9.0, 0.36 * len(turns) + 1.5)
+    ax = fig.subplots()
+    for row, turn in enumerate(turns):
+        for b in range(n):
+            holders = turn["held"].get(str(b), [])
+            for i, rid in enumerate(holders):  # a shared block: a stripe per holder
+                h = 1 / len(holders)
+                ax.add_patch(Rectangle((b, row + i * h), 1, h, facecolor=colours[rid % 5],
+                                       edgecolor="white"))  # fmt: skip
+            if holders:
+                ax.text(b + 0.5, row + 0.5, " ".join(f"r{i}" for i in holders), ha="center",
+                        va="center", fontsize=7)  # fmt: skip
+            elif b in turn["filed"]:
+                ax.add_patch(Rectangle((b, row), 1, 1, facecolor="white", edgecolor="0.5",
+                                       hatch="///", lw=0.5))  # fmt: skip
+            else:
+                ax.add_patch(Rectangle((b, row), 1, 1, facecolor="white", edgecolor="0.85"))
+        notes = [s for s in turn["said"] if re.search(r"joins|preempted|done", s)]
+        notes = [re.sub(r" \((length|stop), \d+ tokens\)", "", s) for s in notes]
+        if turn["waiting"]:
+            notes.append("waiting: " + " ".join(f"r{i}" for i in turn["waiting"]))
+        ax.text(n + 0.3, row + 0.5, "; ".join(notes), va="center", fontsize=7)
+    ax.set_xlim(0, n + 7.5)
+    ax.set_ylim(len(turns), 0)
+    ax.set_xticks([b + 0.5 for b in range(n)], [str(b) for b in range(n)], fontsize=7)
+    ax.set_yticks([t + 0.5 for t in range(len(turns))],
+                  [f"after turn {t + 1}" for t in range(len(turns))], fontsize=7)  # fmt: skip
+    ax.set_xlabel(f"block of the pool ({r['block_size']} positions each)", fontsize=8)
+    for side in ("top", "right", "bottom"):
+        ax.spines[side].set_visible(False)
+    handles = [Patch(facecolor=colours[i], label=f"held by r{i}") for i in range(5)]
+    handles.append(Patch(facecolor="white", edgecolor="0.5", hatch="///",
+                         label="held by none, its prefix still filed"))  # fmt: skip
+    fig.legend(handles=handles, loc="outside lower center", ncol=6, fontsize=7, frameon=False)
+    fig.suptitle(
+        f"a pool of {n} blocks shared by five requests, turn by turn (at most three running, "
+        "eight prompt positions a turn)",
+        fontsize=9,
     )
     fig.savefig(png, dpi=110)

@@ -29,6 +29,9 @@ cannot silently show an older run; this command makes them agree again.
   (``benchmarks.plot.roofline``, which ``--roofline`` on that command also draws);
 * ``cpu_bench.png``: the harness's plot of the committed default run
   (``docs/data/cpu_default.json``), as ``python -m benchmarks.plot`` draws it;
+* ``speculative_speedup.png``: what each draft buys SmolLM2's compiled decode against
+  ``k``, measured and as the formula predicts, from the committed run of ``ladder bench
+  --scenario speculative`` (``docs/data/speculative_cpu.json``; docs/speculative.md);
 * the explanatory figures of ``course_figures.py`` (attention's shapes, a RoPE
   pair, the KV cache, the flash kernel's tiles, the backward's loops), each
   drawn from a small file that a ``record_*`` function writes by running the
@@ -113,6 +116,50 @@ def draw_peak_memory(data: Path, png: Path) -> None:
         f"attention fwd, B={shape['B']} H={shape['H']} Dh={shape['Dh']}{note}\n"
         f"{run.get('machine', '')}, {(run.get('date') or '')[:10]} ({data.name})",
         fontsize="small",
+    )
+    fig.savefig(png, dpi=110)
+
+
+# ----------------------------------------------------------------------------- speculation's speed-up
+
+
+def draw_speculative_speedup(data: Path, png: Path) -> None:
+    """What each draft buys SmolLM2's compiled decode against ``k``, the guesses a pass: the
+    measured speed-up over plain decoding (a line per draft) and the formula's prediction
+    from the same run's acceptance and costs (dashed), one panel per task, from the
+    committed ``ladder bench --scenario speculative`` run."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    records = [r for r in json.loads(data.read_text()) if r["scenario"] == "speculative"]
+    tasks = list(dict.fromkeys(r["shape"]["task"] for r in records))
+    fig = Figure(figsize=(9.0, 3.8), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(tasks), sharey=True)
+    for ax, task in zip(axes, tasks, strict=True):
+        mine = [r for r in records if r["shape"]["task"] == task]
+        for i, draft in enumerate(dict.fromkeys(r["level"].split(" + ")[1] for r in mine)):
+            runs = sorted((r for r in mine if r["level"].endswith(f" + {draft}")),
+                          key=lambda r: r["shape"]["k"])  # fmt: skip
+            k = [r["shape"]["k"] for r in runs]
+            ax.plot(k, [r["figures"]["measured"] for r in runs], marker="o", color=f"C{i}",
+                    label=f"{draft}, measured")  # fmt: skip
+            ax.plot(k, [r["figures"]["predicted"] for r in runs], ls="--", color=f"C{i}",
+                    alpha=0.6, label=f"{draft}, the formula")  # fmt: skip
+        ax.axhline(1.0, color="0.4", lw=0.8)
+        ax.text(8, 1.02, "plain decoding", ha="right", va="bottom", fontsize=8, color="0.3")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks([2, 4, 8], ["2", "4", "8"])
+        ax.set_xlabel("k, guesses a pass", fontsize=9)
+        ax.set_title(f"the {task} task", fontsize=9)
+        ax.grid(True, alpha=0.3)
+    axes[0].set_ylabel("speed-up over plain decoding", fontsize=9)
+    axes[-1].legend(fontsize=7, loc="upper right", ncol=2)
+    run = records[0]
+    fig.suptitle(
+        f"SmolLM2 at level 3, compiled, greedy: {run.get('machine', '')}, "
+        f"{(run.get('date') or '')[:10]} ({data.name})",
+        fontsize=9,
     )
     fig.savefig(png, dpi=110)
 
@@ -385,6 +432,11 @@ FIGURES = (
     _recorded("model_diagram"),
     _recorded("split_heads"),
     RenderedFigure(IMG / "text_model.png", DATA / "text_model.json", draw_text_model),
+    _recorded("speculation"),
+    RenderedFigure(
+        IMG / "speculative_speedup.png", DATA / "speculative_cpu.json", draw_speculative_speedup
+    ),
+    _recorded("paged_turns"),
 )
 
 
