@@ -255,43 +255,72 @@ def test_paced_guesses_make_the_most_tokens_a_second():
     assert paced_guesses([1.0], 7, 4, double, 0.0) == 0  # 8 + 4 in 2 steps < 8 in 1
 
 
-class _Sleepy:
-    """A model whose passes take 5 ms a position a row: a check of guesses costs what its
-    width says, as on a machine where the check is not free."""
+class _Clock:
+    """The engine's clock (``time.perf_counter``), moved only by ``_Costly``'s passes."""
 
-    def __init__(self, model):
-        self.model = model
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _Costly:
+    """A model whose pass of ``T`` positions a row costs ``5 + 1.5 T`` ms on ``clock``: a fixed
+    part (the weights read once) and a part a position, as on a machine where a check of
+    guesses is neither free nor as dear as its steps; guesses cost nothing."""
+
+    def __init__(self, model, clock: _Clock):
+        self.model, self.clock = model, clock
         self.config, self.arrays, self.device = model.config, model.arrays, model.device
         self.new_cache = model.new_cache
 
     def transformer(self, ids, positions, cache=None, last=False):
-        import time
-
-        time.sleep(0.005 * ids.shape[1])
+        self.clock.now += 0.005 + 0.0015 * ids.shape[1]
         return self.model.transformer(ids, positions, cache, last)
 
 
 @pytest.mark.parametrize("right", [False, True], ids=["always wrong", "always right"])
-def test_paced_guessing_stops_where_it_does_not_pay_and_goes_on_where_it_does(right):
-    """Paced (``draft_tokens=None``) over a model whose check of ``k`` guesses costs ``k + 1``
-    steps (level 1, its passes slept through): a draft never right stops guessing after the
-    passes that try it (and one probe every ``PROBE`` passes after), one always right (the
-    model itself, whose steps cost nothing beside the sleep) guesses on; either way the
-    tokens are plain greedy decoding's."""
-    from levels.common.speculative import PROBE
+def test_paced_guessing_stops_where_it_does_not_pay_and_goes_on_where_it_does(right, monkeypatch):
+    """Paced (``draft_tokens=None``) over a model whose check of ``k`` guesses costs
+    ``(6.5 + 1.5 k) / 6.5`` steps on the engine's clock; either way the tokens are plain
+    greedy decoding's. A draft never right: the first two passes guess ``PACED`` (a width not
+    timed is taken as cheap as a step; a shape's first pass is not counted), the third one
+    (acceptance 1/4 by the prior of one kept in two: 1.25 tokens in 8 ms beat 1 in 6.5), and
+    then none (1/5: 1.2 in 8 ms lose) but a probe of ``PACED`` after every ``PROBE`` plain
+    passes. One always right (the model itself) guesses ``PACED`` on every pass once the
+    widths are timed."""
+    import engine.engine
+    from levels.common.speculative import PACED, PROBE
 
-    model = _model("level1_numpy")  # numpy: no first-call costs of a shape in the timings
+    clock = _Clock()
+    monkeypatch.setattr(engine.engine.time, "perf_counter", clock)
+    model = _model("level1_numpy")
     want = _greedy(model, PROMPT, 40)
     never = next(t for t in range(CONFIG.vocab_size) if t not in want)
     draft = ModelDraft(model) if right else _Fixed(never)
-    engine = Engine(_Sleepy(model))
-    seq = engine.generate([Request(PROMPT, 40, draft=draft, draft_tokens=None)])[0]
+    seq = Engine(_Costly(model, clock)).generate(
+        [Request(PROMPT, 40, draft=draft, draft_tokens=None)]
+    )[0]
     assert seq.generated == want
-    guessing = sum(1 for n in seq.counts.guessed if n)
     if right:
-        assert seq.counts.accepted == seq.counts.drafted and guessing >= 5
+        assert seq.counts.accepted == seq.counts.drafted
+        assert seq.counts.guessed[3:-2] == [PACED] * (len(seq.counts.guessed) - 5)
     else:
-        assert seq.counts.accepted == 0 and guessing <= 3 + 40 // PROBE
+        assert seq.counts.accepted == 0 and seq.counts.guessed[:3] == [PACED, PACED, 1]
+        probes = seq.counts.guessed[3:]
+        assert probes == [PACED] * len(probes) and 1 <= len(probes) <= seq.counts.passes // PROBE
+
+
+def test_a_check_timed_cheaper_than_a_step_is_taken_as_a_step():
+    """Noise can time a wider pass below a step; a guess never kept must still not pay."""
+    from levels.common.speculative import Pace
+
+    pace = Pace()
+    for width, seconds in ((1, 0.010), (1, 0.010), (2, 0.004), (2, 0.004)):
+        pace.passed(1, width, seconds)  # each shape's first pass is not counted
+    assert pace.guesses([0.0], 0, lambda k: k + 1) == 0
+    assert pace.guesses([1.0], 0, lambda k: k + 1) > 0
 
 
 class _Fixed:

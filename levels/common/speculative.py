@@ -292,8 +292,8 @@ class Pace:
         return k
 
     def _time(self, rows: int, width: int, plain: float) -> float:
-        if (rows, width) in self.seconds:
-            return self.seconds[rows, width]
+        if (rows, width) in self.seconds:  # never below a step: a wider pass reads the same
+            return max(plain, self.seconds[rows, width])  # weights and does more (noise aside)
         wider = min((w for r, w in self.seconds if r == rows and w > width), default=None)
         if wider is None:
             return plain
