@@ -176,6 +176,7 @@ def test_the_plans_seconds_scale_with_the_share_of_a_core_a_step_gets(load, scal
     assert ladder_bench._scale() == pytest.approx(scale)
 
 
+@pytest.mark.extended  # builds SmolLM2 at level 3 with its compiled step: a minute on 2 cores
 def test_a_compile_s_key_is_the_one_the_model_s_own_step_is_kept_under(smollm2_gguf):
     """``Compile.key_of`` stands in for the model the step builds: the same file name."""
     from levels import gguf

@@ -93,7 +93,13 @@ REFUSED_FUNCTIONS = {
 }
 
 
-@pytest.mark.parametrize("name, schema", list(_schemas_of_the_tests().items()))
+def _drawn(name: str, schema: dict):
+    """The people's function-calling schemas (the most states) in the extended run."""
+    slow = name.startswith("function ")
+    return pytest.param(name, schema, marks=[pytest.mark.extended] if slow else [])
+
+
+@pytest.mark.parametrize("name, schema", [_drawn(*item) for item in _schemas_of_the_tests().items()])  # fmt: skip
 def test_200_texts_drawn_from_every_schema_s_language_validate(name, schema):
     language = Language.schema(schema)
     sampler, rng = Sampler(language), np.random.default_rng(list(name.encode()))
@@ -478,6 +484,7 @@ def test_the_docs_table_says_what_each_keyword_does():
 # ----------------------------------------------------------------------------- as people write them
 
 
+@pytest.mark.extended  # 29 schemas compiled: half a minute on 2 cores
 def test_the_function_calling_schemas_compile_but_three():
     """29 schemas as people write them for tools and structured output
     (tests/data/function_schemas.json): 26 compile, and the three refused name the keyword

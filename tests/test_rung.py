@@ -148,6 +148,7 @@ BAD_ANSWERS = {
 }
 
 
+@pytest.mark.extended  # a pytest run of the suite for each bad answer: half a minute
 def test_bad_answers_are_one_line_each_naming_the_stage_and_the_case(tmp_path):
     """As a learner runs it, ``python -m pytest --rung DIR``: the summary first, a line a
     stage, then pytest's report of each failure."""
