@@ -18,7 +18,7 @@ from levels.common.speculative import Counts, Pace, estimate_acceptance
 from .request import Request, Sequence
 from .runner import LevelCache, NoCache, PagedCache, Runner
 from .scheduler import Scheduler
-from .step import advance
+from .step import advance, score
 
 PREFILL_TOKENS = 256  # prompt positions computed per turn, at most: a long prompt's piece
 
@@ -58,7 +58,7 @@ class Engine:
         start = getattr(request.draft, "open", None)  # a model draft's row, seeded as it is
         if start is not None:
             start(seq.id, request.sampling.seed)
-        if request.max_tokens < 1:
+        if request.max_tokens < 1 and not seq.scoring:  # (scoring a prompt is a pass)
             seq.end("length")
         else:
             self.scheduler.waiting.append(seq)
@@ -116,7 +116,7 @@ class Engine:
         fed = [s.todo[:n] + g if a else [] for s, n, a, (g, _) in zip(seqs, sizes, live, guesses, strict=True)]  # fmt: skip
         if self.runner.seq2seq and self._memory is None:
             self._memory = self.runner.memory([s.request.source for s in seqs])
-        last = not any(g for g, _ in guesses)
+        last = not any(g for g, _ in guesses) and not any(s.scoring for s in seqs)
         try:
             cache = self.kv.cache(seqs, width)
             start = time.perf_counter()
@@ -129,7 +129,13 @@ class Engine:
         self._count(seqs, sizes, live, drafting, decode)
         kept, ended = [], []
         for b, (seq, n, (tokens, q)) in enumerate(zip(seqs, sizes, guesses, strict=True)):
-            if not live[b] or n < len(seq.todo):  # ended, or a piece of a prompt
+            if live[b] and seq.scoring:
+                score(seq, logits[b, :n], seq.cached)
+                touched[seq] = None
+            if not live[b] or n < len(seq.todo) or seq.room < 1:  # ended, a piece, scored only
+                if live[b] and n == len(seq.todo):
+                    seq.end("length")
+                    ended.append(seq)
                 kept.append(None)
                 continue
             at = 0 if last else n - 1  # the row after its last fed token, then each guess's

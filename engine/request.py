@@ -23,7 +23,9 @@ class Request:
     from a generator of ``sampling.seed``). It ends after a token of ``stop_ids``, or when
     its ``text`` (ids to text, stop strings) has stopped. ``constraint`` masks the logits
     before each choice; ``draft`` guesses up to ``draft_tokens`` tokens a pass. ``source``:
-    a seq2seq model's source ids (the prompt is then the target's start, BOS)."""
+    a seq2seq model's source ids (the prompt is then the target's start, BOS). ``logprobs``:
+    each token's log-probability and its ``logprobs`` likeliest alternatives (None: none);
+    ``echo``: the prompt's tokens' too (``max_tokens`` 0 then scores it only)."""
 
     ids: list[int]
     max_tokens: int
@@ -34,6 +36,8 @@ class Request:
     draft: Draft | None = None
     draft_tokens: int = 2
     source: list[int] | None = None
+    logprobs: int | None = None
+    echo: bool = False
 
 
 class Sequence:
@@ -41,7 +45,8 @@ class Sequence:
     ``new`` and ``piece`` (the tokens taken in the engine's last step, and their text),
     ``counts`` (its draft's guesses), ``found`` (prompt tokens the prefix cache held when it
     joined) and ``finish``: ``"stop"``, ``"length"``, ``"cancelled"``, ``"error"`` (with
-    ``error``), None while it runs. The scheduler gives it a ``row`` of a level's cache, or
+    ``error``), None while it runs. ``logprobs``: a ``Logprob`` a token taken, where asked;
+    ``scored``: the prompt's, the first None (it has no context), where ``echo`` asks. The scheduler gives it a ``row`` of a level's cache, or
     ``blocks`` of a paged one."""
 
     def __init__(self, request: Request, id: int):
@@ -53,6 +58,13 @@ class Sequence:
         self.finish: str | None = None
         self.error: Exception | None = None
         self.found = self.row = self.blocks = None  # set by the scheduler's cache
+        self.logprobs: list = []
+        self.scored: list | None = [None] * self.prompt if request.echo else None
+
+    @property
+    def scoring(self) -> bool:
+        """Whether a prompt token's log-probability is still to come (a pass must compute it)."""
+        return self.scored is not None and any(e is None for e in self.scored[1:])
 
     generated = property(lambda self: self.tokens[self.prompt :])
 

@@ -228,7 +228,19 @@ def _error(status: int, body: dict, code: int, param=None, error_code=None) -> N
         ({"messages": [{"role": "user", "content": "x"}], "top_p": 0}, 400, "top_p", None),
         ({"messages": [{"role": "user", "content": "x"}], "max_tokens": -1}, 400, "max_tokens", None),
         ({"messages": [{"role": "user", "content": "x"}], "max_tokens": True}, 400, "max_tokens", None),
-        ({"messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n", None),
+        ({"messages": [{"role": "user", "content": "x"}], "n": 0}, 400, "n", None),
+        ({"messages": [{"role": "user", "content": "x"}], "n": 999}, 400, "n", None),
+        ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, 400, "max_tokens", None),
+        ({"messages": [{"role": "user", "content": "x"}], "logprobs": 1}, 400, "logprobs", None),
+        ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, 400, "top_logprobs", None),
+        ({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs", None),
+        ({"messages": [{"role": "user", "content": "x"}], "frequency_penalty": 2.5}, 400, "frequency_penalty", None),
+        ({"messages": [{"role": "user", "content": "x"}], "presence_penalty": "x"}, 400, "presence_penalty", None),
+        ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"abc": 1}}, 400, "logit_bias", None),
+        ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"49152": 1}}, 400, "logit_bias", None),
+        ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 101}}, 400, "logit_bias", None),
+        ({"messages": [{"role": "user", "content": "x"}], "logit_bias": [5]}, 400, "logit_bias", None),
+        ({"messages": [{"role": "user", "content": "x"}], "functions": [{"name": "f"}]}, 400, "functions", None),
         ({"messages": [{"role": "user", "content": "x"}], "stop": ["a"] * 5}, 400, "stop", None),
         ({"messages": [{"role": "user", "content": "x"}], "model": "gpt-9"}, 404, "model", "model_not_found"),
         ({"messages": [{"role": "user", "content": "word " * 2100}]}, 400, "messages", "context_length_exceeded"),
@@ -441,7 +453,7 @@ def test_the_engine_queues_at_most_max_queue_and_decodes_in_order():
             if isinstance(event, Finished):
                 done.append((name, event.finish_reason, event.completion_tokens))
             else:
-                texts[name] = texts.get(name, "") + event
+                texts[name] = texts.get(name, "") + event.text
 
         return take
 
@@ -563,7 +575,7 @@ def _engine_run(level_name: str, requests: list, arrivals: list[int], draft=None
                 reasons[i] = ("error", str(event))
                 done.set()
             else:
-                texts[i] += event
+                texts[i] += event.text
 
         return take
 
