@@ -502,7 +502,7 @@ class Server:
                 param="messages",
                 code="context_length_exceeded",
             )
-        return Completion(ids, asked or room, **settings)
+        return Completion(ids, room if asked is None else asked, **settings)
 
     def _draft(self, body: dict) -> tuple[object, int]:
         """The request's draft and guesses a step: its ``speculate`` and ``draft_tokens``, or the

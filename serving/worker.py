@@ -232,6 +232,8 @@ class Worker:
             job.seq = self.engine.add(self._request(job.completion))
             self._jobs[job.seq] = job
             self._choices[id(job.completion)] = job
+            if job.seq.finish is not None:  # nothing to compute (an echo of one token)
+                self._deliver(job)
 
     def _request(self, c: Completion) -> Request:
         from levels.tokenizer import Text
