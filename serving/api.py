@@ -644,14 +644,15 @@ def _is_id(value) -> bool:
 
 def _together(requests: list[Completion], finished: dict[int, Finished]) -> Finished:
     """The choices' ``Finished`` as one, for the usage and the log: each prompt counted once
-    (not again for each of its ``n`` choices), completion tokens and guesses added up, the
-    first choice's timings and finish reason."""
+    (not again for each of its ``n`` choices; its cached tokens those its first choice
+    found), completion tokens and guesses added up, the first choice's timings and finish
+    reason."""
     first, all_ = finished[0], [finished[i] for i in range(len(requests))]
     once = [f for r, f in zip(requests, all_, strict=True) if r.after is None]
     return dataclasses.replace(
         first,
         prompt_tokens=sum(f.prompt_tokens for f in once),
-        cached_tokens=sum(f.cached_tokens for f in all_),
+        cached_tokens=sum(f.cached_tokens for f in once),
         completion_tokens=sum(f.completion_tokens for f in all_),
         drafted_tokens=sum(f.drafted_tokens for f in all_),
         accepted_tokens=sum(f.accepted_tokens for f in all_),

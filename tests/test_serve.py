@@ -652,6 +652,21 @@ def _requests(n: int, seed: int, prefix=(), longest=12, most_tokens=14):
     return requests
 
 
+def test_the_choices_of_n_find_their_prompt_s_blocks_and_each_seed_repeats():
+    """Three choices of one prompt (``after`` the first, as the server's ``n`` submits them):
+    the second and third join once the first has its first token and find the prompt's
+    full blocks in the prefix cache; each is its prompt alone with its own seed."""
+    from serving.worker import Completion
+
+    prompt = list(range(10, 27))  # 17 tokens: four full blocks of 4 to find, the last computed
+    first = Completion(prompt, 8, temperature=0.9, seed=5)
+    choices = [first] + [Completion(prompt, 8, temperature=0.9, seed=5 + i, after=first) for i in (1, 2)]  # fmt: skip
+    texts, reasons, worker, model = _engine_run("level2_torch_manual", choices, [0, 0, 0],
+                                                max_batch=4, blocks=40, block_size=4)  # fmt: skip
+    _assert_alone(choices, texts, reasons, worker, model)
+    assert [r[2] for r in reasons] == [0, 16, 16]  # cached: the first computed them for all
+
+
 @pytest.mark.parametrize("drafter", ["itself", "another model"])
 def test_speculated_requests_in_a_batch_answer_as_alone(drafter):
     """Eight greedy requests behind a shared prefix, four at once in a pool too small for all,
@@ -847,7 +862,7 @@ def test_a_preempted_request_resumes_from_its_own_blocks_turn_by_turn():
     texts, done = ["", "", ""], [None, None, None]
     for i, request in enumerate(requests):
         worker.submit(request, lambda e, i=i: done.__setitem__(i, e) if isinstance(e, Finished)
-                      else texts.__setitem__(i, texts[i] + e))  # fmt: skip
+                      else texts.__setitem__(i, texts[i] + e.text))  # fmt: skip
     trace = [line for line in (worker.turn() for _ in range(30)) if line]
     preempted = [line for line in trace if "preempted" in line]
     assert len(preempted) == 2 and all("r2 preempted" in line for line in preempted)

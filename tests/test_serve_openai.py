@@ -155,7 +155,8 @@ def test_echo_scores_the_prompt_the_first_token_null(client, tokenizer):
 
 def test_n_choices_share_the_prompt_and_a_seed_repeats_each(client):
     """``n`` 3, seeded: choice ``i`` is the answer of the same request seeded ``seed + i``;
-    the prompt is counted once and choices 1 and 2 find its blocks in the prefix cache."""
+    the prompt is counted once (that the choices share its blocks is the worker's test,
+    tests/test_serve.py)."""
     body = {"model": "smollm2-135m", "messages": QUESTION, "max_tokens": 6, "temperature": 1.0}
     three = client.chat.completions.create(n=3, seed=11, **body)
     assert [c.index for c in three.choices] == [0, 1, 2]
@@ -164,7 +165,6 @@ def test_n_choices_share_the_prompt_and_a_seed_repeats_each(client):
         assert choice.message.content == alone.choices[0].message.content
     one = client.chat.completions.create(seed=11, **body)
     assert three.usage.prompt_tokens == one.usage.prompt_tokens
-    assert three.usage.prompt_tokens_details.cached_tokens >= 2 * 16  # a block each, at least
     assert len({c.message.content for c in three.choices}) > 1  # sampled: they differ
 
 

@@ -422,7 +422,7 @@ def test_batched_constrained_requests_are_each_answered_as_alone():
         requests.append(request)
         indexes.append(index)
         worker.submit(request, lambda e, i=i: taken.__setitem__(i, e) if isinstance(e, Finished)
-                      else texts.__setitem__(i, texts[i] + e))  # fmt: skip
+                      else texts.__setitem__(i, texts[i] + e.text))  # fmt: skip
     for _ in range(400):
         worker.turn()
         if len(taken) == 7:
