@@ -6,7 +6,7 @@ can honour):
 * ``POST /v1/chat/completions``: ``messages`` through the model's chat template;
   ``stream`` as server-sent events (a chunk per piece of text, ended by
   ``data: [DONE]``), ``stream_options.include_usage`` (a last chunk with the usage);
-* ``POST /v1/completions``: a ``prompt`` string continued as it is, no template;
+* ``POST /v1/completions``: a ``prompt`` continued as it is, no template;
 * ``GET /v1/models``: the one model served; ``GET /health`` (the model, the requests
   waiting and running, and the KV cache's blocks, total and free);
 * ``GET /``: a page to chat with the model in a browser (``static/chat.html``: one file,
@@ -23,8 +23,11 @@ sampled answer repeat; ``stop``, a string or up to four; ``max_tokens`` (or
 ``max_completion_tokens``) defaults to what the context leaves after the prompt
 (under a ``response_format``, to at most ``structured.MAX_TOKENS``: the mask then
 keeps room to end the text within it, ``constrained.masks.Constraint``).
-``n`` other than 1, ``logprobs`` and tools are refused by name rather than
-ignored. The usage counts ``prompt_tokens_details.cached_tokens`` (the prompt's
+``logprobs`` (chat's ``top_logprobs``, completions' count and ``echo``, ``max_tokens``
+0 to score a prompt only), ``n`` choices, ``frequency_penalty``, ``presence_penalty`` and
+``logit_bias`` as OpenAI defines them (``answers.py`` writes the choices); a completion's
+``prompt`` is a string, token ids, or a list of either; ``functions`` is refused by name
+rather than ignored. The usage counts ``prompt_tokens_details.cached_tokens`` (the prompt's
 tokens found in the engine's prefix cache) and each response carries ``timings`` (the wait in the queue,
 the time to the first token, the time per output token), as llama.cpp's server does.
 
