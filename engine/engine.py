@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import time
 
-from levels.common.speculative import Counts, Pace, estimate_acceptance
+from levels.common.speculative import Counts, Pace
 
 from .request import Request, Sequence
 from .runner import LevelCache, NoCache, PagedCache, Runner
@@ -170,13 +170,10 @@ class Engine:
         return tokens, q
 
     def _paced(self, seqs, live) -> int:
-        """This pass's guesses for the sequences whose draft is paced (``draft_tokens`` None):
-        as many as make the most tokens a second (``Pace``), by each one's acceptance over
-        its last passes (a prior of one kept in two). Greedy tokens never change with it."""
-        paced = [s for s, a in zip(seqs, live, strict=True) if a and s.request.draft and s.request.draft_tokens is None]  # fmt: skip
-        rates = [estimate_acceptance(s.counts.kept[-8:] + [1], s.counts.guessed[-8:] + [2]) for s in paced]  # fmt: skip
-        width = lambda k: self.kv.width(1 + k, k) if k else 1  # noqa: E731
-        return self.pace.guesses(rates, sum(live) - len(paced), width) if paced else 0
+        """This pass's guesses for the sequences whose draft is paced (``draft_tokens`` None),
+        by their acceptance (``Pace.for_counts``). Greedy tokens never change with it."""
+        paced = [s.counts for s, a in zip(seqs, live, strict=True) if a and s.request.draft and s.request.draft_tokens is None]  # fmt: skip
+        return self.pace.for_counts(paced, sum(live) - len(paced), lambda k: self.kv.width(1 + k, k) if k else 1)  # fmt: skip
 
     def _count(self, seqs, sizes, live, drafting, decode: bool) -> None:
         """The pass counted and said: decode passes and their rows, prefill passes and their

@@ -61,12 +61,9 @@ class Sequence:
         self.logprobs: list = []
         self.scored: list | None = [None] * self.prompt if request.echo else None
 
-    @property
-    def scoring(self) -> bool:
-        """Whether a prompt token's log-probability is still to come (a pass must compute it)."""
-        return self.scored is not None and any(e is None for e in self.scored[1:])
-
     generated = property(lambda self: self.tokens[self.prompt :])
+    # Whether a prompt token's log-probability is still to come (a pass must compute it).
+    scoring = property(lambda self: self.scored is not None and None in self.scored[1:])
 
     @property
     def todo(self) -> list[int]:

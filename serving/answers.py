@@ -61,9 +61,29 @@ class Choices:
     ``echo``), written for the ``chat`` route or the completions one; ``logprobs``: whether
     asked."""
 
-    def __init__(self, spelling: Spelling, prompts: list[tuple[str, int]], *, chat: bool, logprobs: bool):  # fmt: skip
+    def __init__(self, spelling: Spelling, prompts: list[tuple[str, int]], *, chat: bool,
+                 logprobs: bool, tools=None, native: bool = False):  # fmt: skip
         self.spelling, self.chat, self.asked = spelling, chat, logprobs
         self.choices = [Choice(prompt_text=t, first_id=i) for t, i in prompts]
+        # A chat answer that may be a tool call (serving/tools.py): its text is held until it
+        # ends, then given as a call or as text.
+        self.tools, self.native = tools, native
+        self.held = chat and tools is not None and tools.choice != "none"
+
+    def calls(self, index: int) -> list | None:
+        """Choice ``index``'s ``tool_calls``, or None where its text is not a call."""
+        return self.tools.answer(self.choices[index].text, self.native) if self.held else None
+
+    def tail(self, index: int) -> list[dict]:
+        """The stream's last choices of a held answer: its call as OpenAI streams one (the
+        id, type and name with empty arguments, then the arguments), or its text."""
+        calls = self.calls(index)
+        if calls is None:
+            return [{"index": index, "delta": {"content": self.choices[index].text}, "logprobs": None, "finish_reason": None}]  # fmt: skip
+        f = calls[0]["function"]
+        head = calls[0] | {"index": 0, "function": {"name": f["name"], "arguments": ""}}
+        rest = {"index": 0, "function": {"arguments": f["arguments"]}}
+        return [{"index": index, "delta": {"tool_calls": [call]}, "logprobs": None, "finish_reason": None} for call in (head, rest)]  # fmt: skip
 
     def add(self, index: int, event: Piece | Finished) -> None:
         choice = self.choices[index]
@@ -80,9 +100,11 @@ class Choices:
     def whole(self, index: int, content: dict | None = None) -> dict:
         """Choice ``index`` as a whole answer has it; ``content``: a chat message's fields
         in place of its text (a tool call's)."""
-        c = self.choices[index]
-        out: dict = {"index": index, "finish_reason": c.finished.finish_reason}
-        if self.chat:
+        c, calls = self.choices[index], self.calls(index)
+        out: dict = {"index": index, "finish_reason": "tool_calls" if calls else c.finished.finish_reason}  # fmt: skip
+        if calls:
+            out["message"] = {"role": "assistant", "content": None, "tool_calls": calls}
+        elif self.chat:
             out["message"] = {"role": "assistant", "content": c.text} if content is None else content  # fmt: skip
         else:
             out["text"] = (c.prompt_text if c.prompt is not None else "") + c.text

@@ -79,6 +79,7 @@ from levels.common.logprobs import MAX_TOP
 from .answers import Choices, Spelling
 from .metrics import Metrics, StatusCounter
 from .structured import MAX_TOKENS, FormatError, Formats
+from .tools import ToolError, Tools, turn
 from .worker import Completion, Finished, Piece, QueueFull, Worker
 
 MAX_BODY = 1 << 20  # bytes: a request body larger than this is refused (413)
@@ -191,9 +192,10 @@ def _field(body: dict, name: str, types, default=None, *, check=None, what: str 
 def _sampling(body: dict, chat: bool, vocab: int) -> dict[str, Any]:
     """The request's sampling settings, limits and reports, checked."""
     number = (int, float)
-    for unsupported in ("functions",):
-        if body.get(unsupported) not in (None, False, [], {}):
-            raise APIError(400, f"'{unsupported}' is not supported here (use 'tools')", param=unsupported)  # fmt: skip
+    if body.get("functions") not in (None, False, [], {}):  # the API's older form
+        raise APIError(400, "'functions' is not supported here (use 'tools')", param="functions")
+    if not chat and body.get("tools") not in (None, []):
+        raise APIError(400, "'tools' are for /v1/chat/completions", param="tools")
     stop = body.get("stop")
     stops = [stop] if isinstance(stop, str) else stop
     if stops is not None and not (
@@ -261,7 +263,9 @@ def _top_p(p: float) -> float | None:
     return None if p >= 1 else float(p)  # 1 keeps every token: no nucleus at all
 
 
-def _messages(body: dict) -> list[dict[str, str]]:
+def _messages(body: dict, native: bool) -> list[dict]:
+    """The chat's messages, checked; a tool call and a tool's result as the template reads
+    them (``native``: a template that takes tools; ``tools.turn``)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise APIError(400, "'messages' must be a non-empty list", param="messages")
@@ -272,13 +276,26 @@ def _messages(body: dict) -> list[dict[str, str]]:
             parts = [p.get("text") for p in content if isinstance(p, dict)]
             content = "".join(parts) if all(isinstance(p, str) for p in parts) else None
         role = m.get("role") if isinstance(m, dict) else None
-        if role not in ("system", "user", "assistant", "developer") or not isinstance(content, str):
+        calls = m.get("tool_calls") if role == "assistant" else None
+        if calls is not None and content is None:
+            content = ""  # a turn that only called a tool
+        if role not in ("system", "user", "assistant", "developer", "tool") or not isinstance(content, str):  # fmt: skip
             raise APIError(
                 400,
-                f"messages[{i}] must have a role (system, user, assistant) and text content",
+                f"messages[{i}] must have a role (system, user, assistant, tool) and text content",
                 param=f"messages[{i}]",
             )
-        out.append({"role": "system" if role == "developer" else role, "content": content})
+        message = {"role": "system" if role == "developer" else role, "content": content}
+        if calls is not None:
+            if not isinstance(calls, list) or not calls:
+                raise APIError(400, f"messages[{i}].tool_calls must be a non-empty list", param=f"messages[{i}]")  # fmt: skip
+            message["tool_calls"] = calls
+        if role == "tool" and isinstance(m.get("tool_call_id"), str):
+            message["tool_call_id"] = m["tool_call_id"]
+        try:
+            out.append(turn(message, native))
+        except ToolError as exc:
+            raise APIError(400, f"messages[{i}]: {exc}", param=f"messages[{i}]") from None
     return out
 
 
@@ -400,8 +417,10 @@ class Server:
                 raise APIError(400, "'stream_options' must be an object", param="stream_options")
             usage_chunk = bool(options.get("include_usage")) and stream
             requests = await self._requests(body, prompts, settings, n)
+            native = chat and "tools" in getattr(self.worker.loaded.template, "source", "")
             choices = Choices(self.spelling, [(text, ids[0]) for ids, text in prompts for _ in range(n)],
-                              chat=chat, logprobs=settings["logprobs"] is not None)  # fmt: skip
+                              chat=chat, logprobs=settings["logprobs"] is not None,
+                              tools=self._tools(body) if chat else None, native=native)  # fmt: skip
             events = self._submit(requests, _exchange(http))
         except APIError as exc:
             return self._refused(http, exc)
@@ -416,10 +435,17 @@ class Server:
             )
         return await self._whole(requests, choices, events, head, kind)
 
+    @staticmethod
+    def _tools(body: dict) -> Tools | None:
+        try:
+            return Tools.parse(body)
+        except ToolError as exc:
+            raise APIError(400, str(exc), param=exc.param) from None
+
     async def _requests(self, body: dict, prompts, settings: dict, n: int) -> list[Completion]:
         """A ``Completion`` a choice: ``n`` a prompt, choice ``i`` seeded ``seed + i``, each
         after the prompt's first (its blocks then found in the prefix cache)."""
-        out = []
+        out, tools = [], self._tools(body) if "messages" in body else None
         for ids, _ in prompts:
             first = None
             for i in range(n):
@@ -429,7 +455,7 @@ class Server:
                 request = self._request(ids, choice)
                 request.after = first
                 request.draft, request.draft_tokens = self._draft(body)
-                request.constraint = await self._format(body, request)
+                request.constraint = await self._format(body, request, tools)
                 first = first or request
                 out.append(request)
         return out
@@ -463,8 +489,13 @@ class Server:
         if chat:
             if loaded.template is None:
                 raise APIError(400, "this model has no chat template: use /v1/completions")
+            native = "tools" in getattr(loaded.template, "source", "")  # its own tool format
+            messages, variables = _messages(body, native), {}
+            tools = self._tools(body)
+            if tools is not None:
+                messages, variables = tools.prompt(messages, native)
             try:
-                text = loaded.template.render(_messages(body), add_generation_prompt=True)
+                text = loaded.template.render(messages, add_generation_prompt=True, **variables)
             except ValueError as exc:
                 raise APIError(400, str(exc), param="messages") from None
             # The template writes the special tokens itself.
@@ -525,14 +556,24 @@ class Server:
         raise APIError(400, f"'speculate' must be 'ngram' or 'none'{served}, got {name!r}",
                        param="speculate")  # fmt: skip
 
-    async def _format(self, body: dict, request: Completion):
-        """The request's ``response_format`` as its own ``Constraint`` (None: none), compiled
-        off the event loop (a first compile takes milliseconds to a second), with its
-        ``max_tokens`` as its budget (``structured.MAX_TOKENS`` at most where none was asked)."""
+    async def _format(self, body: dict, request: Completion, tools: Tools | None = None):
+        """The request's ``response_format``, or its tools' calls (``tools.py``), as its own
+        ``Constraint`` (None: none), compiled off the event loop (a first compile takes
+        milliseconds to a second), with its ``max_tokens`` as its budget
+        (``structured.MAX_TOKENS`` at most where none was asked)."""
+        if tools is not None and tools.choice != "none":
+            if body.get("response_format") not in (None, {"type": "text"}):
+                raise APIError(400, "'response_format' and 'tools' together: the answer is a call or text", param="response_format")  # fmt: skip
+            native = "tools" in getattr(self.worker.loaded.template, "source", "")
+            key = "tools " + json.dumps([tools.called(), tools.choice, native], sort_keys=True)
+            compile_ = functools.partial(tools.language, native)
+            param = "tools"
+        else:
+            key, compile_, param = None, None, "response_format"
         try:
-            index = await asyncio.to_thread(self.formats.index, body.get("response_format"))
+            index = await asyncio.to_thread(self.formats.index, body.get("response_format"), key, compile_)  # fmt: skip
         except FormatError as exc:
-            raise APIError(400, str(exc), param="response_format") from None
+            raise APIError(400, str(exc), param=param) from None
         if index is None:
             return None
         if body.get("max_completion_tokens", body.get("max_tokens")) is None:
@@ -625,10 +666,16 @@ class Server:
                     break
                 choices.add(index, event)
                 if isinstance(event, Piece):
-                    yield chunk(choices.chunk(index, event))
+                    if not choices.held:
+                        yield chunk(choices.chunk(index, event))
                     continue
+                reason = event.finish_reason
+                if choices.held:
+                    for held in choices.tail(index):
+                        yield chunk(held)
+                    reason = "tool_calls" if choices.calls(index) else reason
                 end = {"index": index, ("delta" if chat else "text"): {} if chat else "",
-                       "logprobs": None, "finish_reason": event.finish_reason}  # fmt: skip
+                       "logprobs": None, "finish_reason": reason}  # fmt: skip
                 yield chunk(end, timings=self._timings(event))
             else:
                 if usage_chunk:
