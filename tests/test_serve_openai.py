@@ -233,3 +233,66 @@ def test_every_log_probability_is_transformers_float32_log_softmax(client, smoll
             mine = sorted(got.top_logprobs[i].values(), reverse=True)[:5]
             assert np.abs(np.array(mine) - lsm[i - 1, order]).max() < TRANSFORMERS_ATOL
     print(f"worst difference from transformers' float32 log_softmax: {worst:.2e}")
+
+
+# ----------------------------------------------------------------------------- tools
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30},
+                          "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city", "unit"]}}}  # fmt: skip
+ASKED = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.mark.parametrize("samples", [pytest.param(50, marks=pytest.mark.extended), 8])
+def test_a_required_call_s_arguments_always_validate(client, samples):
+    """``tool_choice`` required, sampled at temperature 1 under ``samples`` seeds: every answer
+    is a call of the function, ``finish_reason`` ``tool_calls``, its arguments valid under
+    its parameters by ``jsonschema``."""
+    jsonschema = pytest.importorskip("jsonschema")
+    answers = []
+    for seed in range(0, samples, 8):
+        reply = client.chat.completions.create(model="smollm2-135m", messages=ASKED, tools=[WEATHER],
+                                               tool_choice="required", temperature=1.0, seed=seed,
+                                               n=min(8, samples - seed), max_tokens=60)  # fmt: skip
+        answers += reply.choices
+    assert len(answers) == samples
+    for choice in answers:
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        (call,) = choice.message.tool_calls
+        assert call.type == "function" and call.function.name == "get_weather"
+        jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+
+
+def test_a_named_call_streams_as_openai_streams_one_and_its_result_goes_on(server, client):
+    """A named function, streamed: the call's id, type and name first, then its arguments, then
+    ``finish_reason`` ``tool_calls``; the same call whole. The next turn, with the call and
+    the tool's result, goes through the template and answers in text under ``none``."""
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    body = {"messages": ASKED, "tools": [WEATHER], "tool_choice": named, "temperature": 0, "max_tokens": 60}  # fmt: skip
+    whole = client.chat.completions.create(model="smollm2-135m", **body)
+    (call,) = whole.choices[0].message.tool_calls
+    chunks = _stream(server, "/v1/chat/completions", body)
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    calls = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
+    assert calls[0]["id"].startswith("call_") and calls[0]["function"] == {"name": "get_weather", "arguments": ""}  # fmt: skip
+    assert "".join(c["function"]["arguments"] for c in calls) == call.function.arguments
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    result = {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21}'}
+    turn = {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]}
+    after = client.chat.completions.create(model="smollm2-135m", messages=ASKED + [turn, result], tools=[WEATHER],
+                                           tool_choice="none", temperature=0, max_tokens=12)  # fmt: skip
+    assert after.choices[0].message.content and after.choices[0].message.tool_calls is None
+    assert after.usage.prompt_tokens > whole.usage.prompt_tokens  # the call and its result read
+
+
+@pytest.mark.parametrize(
+    "fields, param",
+    [({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools"),
+     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+     ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format"),
+     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "not": {}}}}],
+       "tool_choice": "required"}, "tools")],
+)  # fmt: skip
+def test_tools_that_cannot_be_honoured_are_a_400_naming_the_field(server, fields, param):
+    status, body = _post(server, "/v1/chat/completions", {"messages": ASKED, "max_tokens": 4} | fields)  # fmt: skip
+    assert status == 400 and body["error"]["param"] == param, body
