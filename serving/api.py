@@ -26,7 +26,8 @@ keeps room to end the text within it, ``constrained.masks.Constraint``).
 ``logprobs`` (chat's ``top_logprobs``, completions' count and ``echo``, ``max_tokens``
 0 to score a prompt only), ``n`` choices, ``frequency_penalty``, ``presence_penalty`` and
 ``logit_bias`` as OpenAI defines them (``answers.py`` writes the choices); a completion's
-``prompt`` is a string, token ids, or a list of either; ``functions`` is refused by name
+``prompt`` is a string, token ids, or a list of either; chat's ``tools`` and
+``tool_choice`` (``tools.py``) answer ``tool_calls``; ``functions`` is refused by name
 rather than ignored. The usage counts ``prompt_tokens_details.cached_tokens`` (the prompt's
 tokens found in the engine's prefix cache) and each response carries ``timings`` (the wait in the queue,
 the time to the first token, the time per output token), as llama.cpp's server does.

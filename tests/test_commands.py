@@ -205,6 +205,11 @@ SERVE_OPENAI_4 = Elsewhere(
     "logit_bias and a frequency penalty (n: test_n_choices_share_the_prompt_and_a_seed_repeats_each), asked of ladder serve on a free port",
 )
 
+SERVE_TOOLS = Elsewhere(
+    "tests/test_serve_openai.py::test_a_required_call_s_arguments_always_validate",
+    "the same function required of ladder serve on a free port, 8 seeds (50 extended)",
+)
+
 # --speculate ngram where it pays: the answer copies the prompt (README.md, docs/speculative.md).
 GROUNDED = 'ladder chat -p "$(cat examples/rewrite.txt)" --speculate ngram'
 
@@ -251,6 +256,7 @@ COMMANDS: dict[str, list[tuple[str, Check]]] = {
         ('curl http://127.0.0.1:8000/v1/completions -H "Content-Type: application/json" -d \'{\n  "prompt": [[504, 3575, 282, 4649, 314], "Paris is"], "max_tokens": 0,\n  "echo": true, "logprobs": 0}\'', SERVE_OPENAI_2),
         ('curl http://127.0.0.1:8000/v1/chat/completions -H "Content-Type: application/json" -d \'{\n  "messages": [{"role": "user", "content": "What is the capital of France?"}],\n  "temperature": 0, "max_tokens": 2, "logprobs": true, "top_logprobs": 2}\'', SERVE_OPENAI_3),
         ('curl http://127.0.0.1:8000/v1/chat/completions -H "Content-Type: application/json" -d \'{\n  "messages": [{"role": "user", "content": "Name a fruit."}], "max_tokens": 4,\n  "n": 2, "seed": 7, "frequency_penalty": 0.5, "logit_bias": {"2": -100}}\'', SERVE_OPENAI_4),
+        ('curl http://127.0.0.1:8000/v1/chat/completions -H "Content-Type: application/json" -d \'{\n  "messages": [{"role": "user", "content": "What is the weather in Paris?"}],\n  "temperature": 0, "tool_choice": "required",\n  "tools": [{"type": "function", "function": {"name": "get_weather",\n    "description": "The weather in a city", "parameters": {"type": "object",\n    "properties": {"city": {"type": "string", "maxLength": 30},\n                   "unit": {"enum": ["celsius", "fahrenheit"]}},\n    "required": ["city", "unit"]}}}]}\'', SERVE_TOOLS),
         ('curl http://127.0.0.1:8000/v1/chat/completions -H "Content-Type: application/json" -d \'{\n  "messages": [{"role": "user", "content": "Give me a person as JSON"}], "temperature": 0,\n  "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": {\n    "type": "object",\n    "properties": {"name": {"type": "string", "maxLength": 20},\n                   "age": {"type": "integer", "minimum": 0, "maximum": 150}},\n    "required": ["name", "age"]}}}}\'', SERVE_SCHEMA),
     ],
     "docs/benchmarks.md": [
