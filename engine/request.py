@@ -23,9 +23,7 @@ class Request:
     from a generator of ``sampling.seed``). It ends after a token of ``stop_ids``, or when
     its ``text`` (ids to text, stop strings) has stopped. ``constraint`` masks the logits
     before each choice; ``draft`` guesses up to ``draft_tokens`` tokens a pass. ``source``:
-    a seq2seq model's source ids (the prompt is then the target's start, BOS). ``logprobs``:
-    each token's log-probability and its ``logprobs`` likeliest alternatives (None: none);
-    ``echo``: the prompt's tokens' too (``max_tokens`` 0 then scores it only)."""
+    a seq2seq model's source ids (the prompt is then the target's start, BOS)."""
 
     ids: list[int]
     max_tokens: int
@@ -36,8 +34,8 @@ class Request:
     draft: Draft | None = None
     draft_tokens: int = 2
     source: list[int] | None = None
-    logprobs: int | None = None
-    echo: bool = False
+    logprobs: int | None = None  # each token's log-probability, and this many alternatives
+    echo: bool = False  # the prompt's tokens' too (with max_tokens 0: the prompt scored only)
 
 
 class Sequence:
@@ -46,8 +44,8 @@ class Sequence:
     ``counts`` (its draft's guesses), ``found`` (prompt tokens the prefix cache held when it
     joined) and ``finish``: ``"stop"``, ``"length"``, ``"cancelled"``, ``"error"`` (with
     ``error``), None while it runs. ``logprobs``: a ``Logprob`` a token taken, where asked;
-    ``scored``: the prompt's, the first None (it has no context), where ``echo`` asks. The scheduler gives it a ``row`` of a level's cache, or
-    ``blocks`` of a paged one."""
+    ``scored``: the prompt's, the first None (no context), with ``echo``. The scheduler
+    gives it a ``row`` of a level's cache, or ``blocks`` of a paged one."""
 
     def __init__(self, request: Request, id: int):
         self.request, self.id = request, id
