@@ -128,6 +128,27 @@ def test_penalties_and_bias_follow_openai_s_definition_by_hand():
             Sampling(**bad)
 
 
+@pytest.mark.parametrize("level_name", ["level0_loops", "level1_numpy", "level3_sdpa_flash"])
+def test_a_bias_and_a_penalty_act_at_every_level(level_name):
+    """The one sampler at every rung: a bias of 100 forces its token, greedy and sampled, and
+    a frequency penalty's greedy text is level 2's (float64 at each, as the levels agree)."""
+    level = levels.load(level_name)
+    kind = {"numpy": {"dtype": np.float64}, "torch": {"dtype": torch.float64}}.get(level.FACTS.array, {})  # fmt: skip
+    other = level.DecoderOnlyTransformer(CONFIG, discriminating_params(CONFIG), **kind)
+    for t in (0.0, 1.0):
+        (seq,) = Engine(other).generate([Request([5, 9], 4, Sampling(t, seed=1, logit_bias=((17, 100.0),)))])  # fmt: skip
+        assert seq.generated == [17] * 4
+    penalty = Request([5, 9], 8, Sampling(frequency_penalty=2.0, presence_penalty=0.5))
+    want = Engine(_level2()).generate([penalty])[0].generated
+    assert want != Engine(_level2()).generate([Request([5, 9], 8)])[0].generated  # it acts
+    assert Engine(other).generate([penalty])[0].generated == want
+
+
+def _level2():
+    level = levels.load("level2_torch_manual")
+    return level.DecoderOnlyTransformer(CONFIG, discriminating_params(CONFIG), dtype=torch.float64)
+
+
 def test_a_bias_forces_or_bans_a_token_at_every_temperature(model):
     """Greedy and sampled: a bias of 100 on a token makes every token it (the toy model's
     logits span less than 100); -100 on the greedy token moves greedy decoding off it."""

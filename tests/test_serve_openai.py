@@ -134,10 +134,11 @@ def test_chat_logprobs_stream_as_they_answer_whole(server, client):
     assert np.abs(got - [e.logprob for e in entries]).max() < REORDERED
 
 
-def test_echo_scores_the_prompt_the_first_token_null(client, tokenizer):
+def test_echo_scores_the_prompt_the_first_token_null(server, client, tokenizer):
     """``echo`` with ``logprobs``: the prompt's tokens, then the answer's, the first ``None``;
     ``max_tokens`` 0 scores without generating, the scores those of a request that
-    generates; each token's dict holds its alternatives and itself."""
+    generates; each token's dict holds its alternatives and itself; streamed, the prompt
+    and its scores come first."""
     prompt = "The capital of France is"
     n = len(tokenizer.encode(prompt).ids)
     scored = client.completions.create(model="smollm2-135m", prompt=prompt, max_tokens=0, echo=True, logprobs=2)  # fmt: skip
@@ -151,6 +152,11 @@ def test_echo_scores_the_prompt_the_first_token_null(client, tokenizer):
         assert top[token] == value and 2 <= len(top) <= 3
         _check_ranked(top)
     assert b.text_offset == [sum(len(t) for t in b.tokens[:i]) for i in range(len(b.tokens))]
+    body = {"prompt": prompt, "max_tokens": 3, "echo": True, "logprobs": 2, "temperature": 0}
+    chunks = [c["choices"][0] for c in _stream(server, "/v1/completions", body)]
+    assert "".join(c["text"] for c in chunks) == more.choices[0].text  # the prompt first
+    streamed = [t for c in chunks if c["logprobs"] for t in c["logprobs"]["tokens"]]
+    assert streamed == b.tokens and chunks[0]["logprobs"]["token_logprobs"][0] is None
 
 
 def test_n_choices_share_the_prompt_and_a_seed_repeats_each(client):
