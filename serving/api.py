@@ -376,11 +376,14 @@ class Server:
         return error.response(headers)
 
     async def health(self, request: HTTPRequest) -> JSONResponse:
-        """``{"status": "ok"}``, the model's name, the requests waiting (no token yet) and
-        running, and the KV cache's blocks where requests share a pool: how many there are,
+        """``{"status": "ok"}``, the model's name, ``batch_invariant`` (false: the mode it runs
+        in), the requests waiting (no token yet) and running, and the KV cache's blocks where requests share a pool: how many there are,
         and how many no running request holds (a finished or cancelled one's come back;
         those holding a prefix stay findable until taken)."""
-        body = {"status": "ok", "model": self.model_name, "queue": self.metrics.queue}
+        # A request's numbers may move in their last bits with the batch it runs in (the
+        # products' summation order follows the rows; docs/serving.md): said, not hidden.
+        body = {"status": "ok", "model": self.model_name, "queue": self.metrics.queue,
+                "batch_invariant": False}  # fmt: skip
         pool = self.worker.pool
         if pool is not None:
             body["kv_blocks"] = {"total": pool.blocks, "free": pool.available}

@@ -302,3 +302,9 @@ def test_a_named_call_streams_as_openai_streams_one_and_its_result_goes_on(serve
 def test_tools_that_cannot_be_honoured_are_a_400_naming_the_field(server, fields, param):
     status, body = _post(server, "/v1/chat/completions", {"messages": ASKED, "max_tokens": 4} | fields)  # fmt: skip
     assert status == 400 and body["error"]["param"] == param, body
+
+
+def test_health_says_the_server_is_not_batch_invariant(server):
+    """SPEC (2026-12-07): where a request's numbers may move with its batch, the server says so."""
+    with urllib.request.urlopen(f"{server}/health", timeout=10) as r:
+        assert json.load(r)["batch_invariant"] is False
