@@ -19,6 +19,7 @@ character shown as U+FFFD; ``bytes`` gives them exactly.
 from __future__ import annotations
 
 import functools
+import uuid
 from dataclasses import dataclass, field
 
 from .worker import Finished, Piece
@@ -54,6 +55,8 @@ class Choice:
     logprobs: list = field(default_factory=list)
     prompt: tuple | None = None
     finished: Finished | None = None
+    sent: int = 0  # a held answer: its text, or its call's arguments, streamed so far
+    call_id: str = ""  # a streamed call's id, once its head is sent
 
 
 class Choices:
@@ -74,16 +77,37 @@ class Choices:
         """Choice ``index``'s ``tool_calls``, or None where its text is not a call."""
         return self.tools.answer(self.choices[index].text, self.native) if self.held else None
 
-    def tail(self, index: int) -> list[dict]:
-        """The stream's last choices of a held answer: its call as OpenAI streams one (the
-        id, type and name with empty arguments, then the arguments), or its text."""
-        calls = self.calls(index)
-        if calls is None:
-            return [{"index": index, "delta": {"content": self.choices[index].text}, "logprobs": None, "finish_reason": None}]  # fmt: skip
-        f = calls[0]["function"]
-        head = calls[0] | {"index": 0, "function": {"name": f["name"], "arguments": ""}}
-        rest = {"index": 0, "function": {"arguments": f["arguments"]}}
-        return [{"index": index, "delta": {"tool_calls": [call]}, "logprobs": None, "finish_reason": None} for call in (head, rest)]  # fmt: skip
+    def held_chunks(self, index: int) -> list[dict]:
+        """The stream's choices for what choice ``index`` has written so far, where it may
+        be a call: text as it comes once it cannot be one; a call as OpenAI streams one,
+        a chunk with its id, type and name (empty arguments) once the name is written, then
+        its arguments as they come (``tools.Tools.reading``); at its end, the rest."""
+        c = self.choices[index]
+        done = c.finished is not None
+        read = self.tools.reading(c.text, self.native)
+        if read is None or (done and not c.call_id and not self.calls(index)):  # text
+            out, c.sent = c.text[c.sent :], len(c.text)
+            return [self._delta(index, {"content": out})] if out else []
+        name, arguments = read
+        calls = self.calls(index) if done else None
+        if calls:
+            arguments = calls[0]["function"]["arguments"]
+        if not name:
+            return []
+        out = []
+        if not c.call_id:
+            c.call_id = f"call_{uuid.uuid4().hex[:24]}"
+            head = {"index": 0, "id": c.call_id, "type": "function", "function": {"name": name, "arguments": ""}}  # fmt: skip
+            out.append(self._delta(index, {"tool_calls": [head]}))
+        if arguments[c.sent :]:
+            more = {"index": 0, "function": {"arguments": arguments[c.sent :]}}
+            out.append(self._delta(index, {"tool_calls": [more]}))
+            c.sent = len(arguments)
+        return out
+
+    @staticmethod
+    def _delta(index: int, delta: dict) -> dict:
+        return {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
 
     def add(self, index: int, event: Piece | Finished) -> None:
         choice = self.choices[index]

@@ -669,15 +669,15 @@ class Server:
                     yield f"data: {json.dumps({'error': error})}\n\n"
                     break
                 choices.add(index, event)
-                if isinstance(event, Piece):
-                    if not choices.held:
-                        yield chunk(choices.chunk(index, event))
-                    continue
-                reason = event.finish_reason
-                if choices.held:
-                    for held in choices.tail(index):
+                if choices.held:  # an answer that may be a call
+                    for held in choices.held_chunks(index):
                         yield chunk(held)
-                    reason = "tool_calls" if choices.calls(index) else reason
+                    if isinstance(event, Piece):
+                        continue
+                elif isinstance(event, Piece):
+                    yield chunk(choices.chunk(index, event))
+                    continue
+                reason = "tool_calls" if choices.calls(index) else event.finish_reason
                 end = {"index": index, ("delta" if chat else "text"): {} if chat else "",
                        "logprobs": None, "finish_reason": reason}  # fmt: skip
                 yield chunk(end, timings=self._timings(event))

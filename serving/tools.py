@@ -18,6 +18,8 @@ or one call, the default), ``"required"`` (one call), or one function by name.
   always validate (up to what the schema subset refuses, a 400 naming the keyword).
 * **The answer.** Text that is a call becomes ``tool_calls`` (one, with an id of its
   own) and ``finish_reason`` ``"tool_calls"``; other text is the message's content.
+  Streamed (``reading``): once the name is written, a chunk with the call's id, type and
+  name, then its arguments as they come, the call's closing held back.
 """
 
 from __future__ import annotations
@@ -124,22 +126,34 @@ class Tools:
             return [system, *messages[1:]], {}
         return [{"role": "system", "content": GENERIC + "\n" + listing}, *messages], {}
 
-    def answer(self, text: str, native: bool) -> list[dict] | None:
-        """``text`` as ``tool_calls`` (OpenAI's form), or None where it is not a call."""
+    def reading(self, text: str, native: bool) -> tuple[str, str] | None:
+        """How far ``text``, an answer on its way, reads as a call (the mask writes one
+        compact: ``{"name":"...","arguments":...}``): ``(name, its arguments so far)`` once
+        the name is complete, the call's closing held back; ``("", "")`` while it may yet
+        be one; None where it is text."""
         if self.choice == "none":
             return None
-        body = text.strip()
-        if native:
-            if not (body.startswith(OPEN.strip()) and body.endswith(CLOSE.strip())):
-                return None
-            body = body[len(OPEN.strip()) : -len(CLOSE.strip())]
+        start = (OPEN if native else "") + '{"name":"'
+        if not text.startswith(start):
+            return ("", "") if start.startswith(text) else None
+        name, quote, rest = text[len(start) :].partition('"')
+        if not quote or not rest.startswith(',"arguments":'):
+            return ("", "")  # the name, or what follows it, not complete yet
+        closing = 1 + (len(CLOSE) if native else 0)  # the object's "}" (and the tags')
+        arguments = rest[len(',"arguments":') :]
+        return name, arguments[: max(len(arguments) - closing, 0)]
+
+    def answer(self, text: str, native: bool) -> list[dict] | None:
+        """A whole answer as ``tool_calls`` (OpenAI's form: the arguments as the model wrote
+        them), or None where it is not a call."""
+        read = self.reading(text, native)
+        if not read or not read[0] or read[0] not in {f["name"] for f in self.called()}:
+            return None
         try:
-            call = json.loads(body)
+            json.loads(read[1])
         except json.JSONDecodeError:
             return None
-        if not isinstance(call, dict) or call.get("name") not in {f["name"] for f in self.called()}:
-            return None
-        function = {"name": call["name"], "arguments": json.dumps(call.get("arguments", {}))}
+        function = {"name": read[0], "arguments": read[1]}
         return [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": function}]
 
 

@@ -270,7 +270,8 @@ def test_a_required_call_s_arguments_always_validate(client, samples):
 
 
 def test_a_named_call_streams_as_openai_streams_one_and_its_result_goes_on(server, client):
-    """A named function, streamed: the call's id, type and name first, then its arguments, then
+    """A named function, streamed: the call's id, type and name first, then its arguments piece
+    by piece, then
     ``finish_reason`` ``tool_calls``; the same call whole. The next turn, with the call and
     the tool's result, goes through the template and answers in text under ``none``."""
     named = {"type": "function", "function": {"name": "get_weather"}}
@@ -282,6 +283,7 @@ def test_a_named_call_streams_as_openai_streams_one_and_its_result_goes_on(serve
     calls = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
     assert calls[0]["id"].startswith("call_") and calls[0]["function"] == {"name": "get_weather", "arguments": ""}  # fmt: skip
     assert "".join(c["function"]["arguments"] for c in calls) == call.function.arguments
+    assert len(calls) > 3  # the arguments as they come, a piece a turn
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
     result = {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21}'}
     turn = {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]}
@@ -308,3 +310,17 @@ def test_health_says_the_server_is_not_batch_invariant(server):
     """SPEC (2026-12-07): where a request's numbers may move with its batch, the server says so."""
     with urllib.request.urlopen(f"{server}/health", timeout=10) as r:
         assert json.load(r)["batch_invariant"] is False
+
+
+def test_under_auto_a_text_answer_streams_as_text(server, client):
+    """``auto``, greedy: SmolLM2 answers this in text; streamed, the same text comes in
+    several pieces (not held to its end), ``finish_reason`` not ``tool_calls``."""
+    body = {"messages": ASKED, "tools": [WEATHER], "temperature": 0, "max_tokens": 12}
+    whole = client.chat.completions.create(model="smollm2-135m", **body)
+    assert whole.choices[0].message.tool_calls is None and whole.choices[0].message.content
+    chunks = [
+        c["choices"][0] for c in _stream(server, "/v1/chat/completions", body) if c["choices"]
+    ]
+    pieces = [c["delta"]["content"] for c in chunks if c["delta"].get("content")]
+    assert "".join(pieces) == whole.choices[0].message.content and len(pieces) > 2
+    assert chunks[-1]["finish_reason"] == whole.choices[0].finish_reason != "tool_calls"

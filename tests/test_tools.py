@@ -11,7 +11,7 @@ import json
 import pytest
 
 from levels.tokenizer import ChatTemplate
-from serving.tools import GENERIC, ToolError, Tools, turn
+from serving.tools import CLOSE, GENERIC, ToolError, Tools, turn
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "A city's weather",
            "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
@@ -91,7 +91,10 @@ def test_a_call_is_read_back_as_tool_calls_and_text_as_text(native):
     tools = _tools()
     (call,) = tools.answer(_call("get_weather", {"city": "Paris"}, native), native)
     assert call["type"] == "function" and call["id"].startswith("call_")
-    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    assert call["function"] == {
+        "name": "get_weather",
+        "arguments": '{"city":"Paris"}',
+    }  # as written
     assert tools.answer("It is sunny.", native) is None
     assert tools.answer(_call("elsewhere", {}, native), native) is None
     assert _tools("none").answer(_call("now", {}, native), native) is None
@@ -118,3 +121,20 @@ def test_earlier_turns_read_generic_and_in_the_template_s_own_format():
     assert "<|im_start|>tool\n12:00<|im_end|>" in text
     with pytest.raises(ToolError):
         turn({"role": "assistant", "tool_calls": [{"function": {"name": "now", "arguments": "{"}}]}, False)  # fmt: skip
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_an_answer_on_its_way_reads_as_a_call_once_its_name_is_written(native):
+    """What a stream sends of a call: nothing while the text may still be one, the name once
+    written, the arguments as they come with the call's closing held back; text that
+    cannot be a call is text from its first character."""
+    tools, whole = _tools(), _call("get_weather", {"city": "Paris"}, native)
+    at = whole.index('"arguments":') + len('"arguments":')
+    assert tools.reading(whole[:5], native) == ("", "")
+    assert tools.reading(whole[: at - 3], native) == ("", "")  # the name not followed yet
+    closing = 1 + (len(CLOSE) if native else 0)  # the object's "}", and the tags'
+    for end in (at + 4, at + 15, len(whole)):
+        written = whole[at:end]
+        assert tools.reading(whole[:end], native) == ("get_weather", written[: max(len(written) - closing, 0)])  # fmt: skip
+    assert json.loads(tools.reading(whole, native)[1]) == {"city": "Paris"}
+    assert tools.reading("It is", native) is None and tools.reading("", native) == ("", "")
