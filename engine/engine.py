@@ -1,11 +1,9 @@
 """The engine: requests in, tokens out, a turn at a time.
 
-``add`` a request (it waits in line), then ``step``: the scheduler admits what fits, and
-each pass of the turn goes the same way: the guesses of every sequence that drafts, the
-runner's pass over what each feeds, the step for each that has a token to take, then
-the cache keeps what each kept. ``generate`` runs requests to their end. Every decode of
-the ladder comes through here: the models' ``generate`` and ``stream`` at every level,
-the commands, the server, the bench.
+``add`` a request (it waits in line), then ``step``: the scheduler admits what fits; each
+pass of the turn makes the guesses of every sequence that drafts, the runner's pass over
+what each feeds, the step for each that has a token to take, and the cache keeps what each
+kept. ``generate`` runs requests to their end. Every decode of the ladder comes through here.
 """
 
 from __future__ import annotations
@@ -13,12 +11,12 @@ from __future__ import annotations
 import itertools
 import time
 
-from levels.common.speculative import Counts, Pace, estimate_acceptance
+from levels.common.speculative import Counts, Pace
 
 from .request import Request, Sequence
 from .runner import LevelCache, NoCache, PagedCache, Runner
 from .scheduler import Scheduler
-from .step import advance
+from .step import advance, score
 
 PREFILL_TOKENS = 256  # prompt positions computed per turn, at most: a long prompt's piece
 
@@ -58,7 +56,7 @@ class Engine:
         start = getattr(request.draft, "open", None)  # a model draft's row, seeded as it is
         if start is not None:
             start(seq.id, request.sampling.seed)
-        if request.max_tokens < 1:
+        if request.max_tokens < 1 and not seq.scoring:  # (scoring a prompt is a pass)
             seq.end("length")
         else:
             self.scheduler.waiting.append(seq)
@@ -116,7 +114,7 @@ class Engine:
         fed = [s.todo[:n] + g if a else [] for s, n, a, (g, _) in zip(seqs, sizes, live, guesses, strict=True)]  # fmt: skip
         if self.runner.seq2seq and self._memory is None:
             self._memory = self.runner.memory([s.request.source for s in seqs])
-        last = not any(g for g, _ in guesses)
+        last = not any(g for g, _ in guesses) and not any(s.scoring for s in seqs)
         try:
             cache = self.kv.cache(seqs, width)
             start = time.perf_counter()
@@ -129,7 +127,13 @@ class Engine:
         self._count(seqs, sizes, live, drafting, decode)
         kept, ended = [], []
         for b, (seq, n, (tokens, q)) in enumerate(zip(seqs, sizes, guesses, strict=True)):
-            if not live[b] or n < len(seq.todo):  # ended, or a piece of a prompt
+            if live[b] and seq.scoring:
+                score(seq, logits[b, :n], seq.cached)
+                touched[seq] = None
+            if not live[b] or n < len(seq.todo) or seq.room < 1:  # ended, a piece, scored only
+                if live[b] and n == len(seq.todo):
+                    seq.end("length")
+                    ended.append(seq)
                 kept.append(None)
                 continue
             at = 0 if last else n - 1  # the row after its last fed token, then each guess's
@@ -164,13 +168,10 @@ class Engine:
         return tokens, q
 
     def _paced(self, seqs, live) -> int:
-        """This pass's guesses for the sequences whose draft is paced (``draft_tokens`` None):
-        as many as make the most tokens a second (``Pace``), by each one's acceptance over
-        its last passes (a prior of one kept in two). Greedy tokens never change with it."""
-        paced = [s for s, a in zip(seqs, live, strict=True) if a and s.request.draft and s.request.draft_tokens is None]  # fmt: skip
-        rates = [estimate_acceptance(s.counts.kept[-8:] + [1], s.counts.guessed[-8:] + [2]) for s in paced]  # fmt: skip
-        width = lambda k: self.kv.width(1 + k, k) if k else 1  # noqa: E731
-        return self.pace.guesses(rates, sum(live) - len(paced), width) if paced else 0
+        """This pass's guesses for the sequences whose draft is paced (``draft_tokens`` None),
+        by their acceptance (``Pace.for_counts``). Greedy tokens never change with it."""
+        paced = [s.counts for s, a in zip(seqs, live, strict=True) if a and s.request.draft and s.request.draft_tokens is None]  # fmt: skip
+        return self.pace.for_counts(paced, sum(live) - len(paced), lambda k: self.kv.width(1 + k, k) if k else 1)  # fmt: skip
 
     def _count(self, seqs, sizes, live, drafting, decode: bool) -> None:
         """The pass counted and said: decode passes and their rows, prefill passes and their

@@ -34,6 +34,8 @@ class Request:
     draft: Draft | None = None
     draft_tokens: int = 2
     source: list[int] | None = None
+    logprobs: int | None = None  # each token's log-probability, and this many alternatives
+    echo: bool = False  # the prompt's tokens' too (with max_tokens 0: the prompt scored only)
 
 
 class Sequence:
@@ -41,8 +43,9 @@ class Sequence:
     ``new`` and ``piece`` (the tokens taken in the engine's last step, and their text),
     ``counts`` (its draft's guesses), ``found`` (prompt tokens the prefix cache held when it
     joined) and ``finish``: ``"stop"``, ``"length"``, ``"cancelled"``, ``"error"`` (with
-    ``error``), None while it runs. The scheduler gives it a ``row`` of a level's cache, or
-    ``blocks`` of a paged one."""
+    ``error``), None while it runs. ``logprobs``: a ``Logprob`` a token taken, where asked;
+    ``scored``: the prompt's with ``echo`` (the first None: no context), ``scoring`` while
+    some are to come. The scheduler gives it a ``row`` of a level's cache, or ``blocks``."""
 
     def __init__(self, request: Request, id: int):
         self.request, self.id = request, id
@@ -50,11 +53,12 @@ class Sequence:
         draws = request.sampling.generators(1)  # None when greedy: no draw is made
         self.generator = None if draws is None else draws[0]
         self.new, self.piece, self.counts = [], "", Counts()
-        self.finish: str | None = None
-        self.error: Exception | None = None
+        self.finish, self.error, self.logprobs = None, None, []
         self.found = self.row = self.blocks = None  # set by the scheduler's cache
+        self.scored: list | None = [None] * self.prompt if request.echo else None
 
     generated = property(lambda self: self.tokens[self.prompt :])
+    scoring = property(lambda self: self.scored is not None and None in self.scored[1:])
 
     @property
     def todo(self) -> list[int]:

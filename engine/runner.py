@@ -124,7 +124,8 @@ class PagedCache:
         """Give ``seq`` the published blocks its tokens begin with, if the pool has room for
         the rest -> whether it has (else it holds nothing). Its last token is always
         computed: its logits choose the next one."""
-        table = self.pool.match(seq.tokens[:-1] if self.prefix_cache else [])
+        found = self.prefix_cache and not seq.scoring  # a prompt to score is computed whole
+        table = self.pool.match(seq.tokens[:-1] if found else [])
         if self.pool.needed([table], len(seq.tokens) - table.count) > self.pool.available:
             self.pool.free(table)
             return False

@@ -302,6 +302,7 @@ class ChatTemplate:
                 f"chat template does not parse: {_one_line(exc.message or '')} (line {exc.lineno})"
             ) from None
         self.special_tokens = dict(special_tokens or {})
+        self.source = source  # (a template that mentions ``tools`` takes them: serving/tools.py)
 
     @classmethod
     def from_gguf(cls, metadata: Mapping[str, object]) -> ChatTemplate:

@@ -25,7 +25,7 @@ import threading
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from .worker import Finished
+from .worker import Finished, Piece
 
 # Seconds: from a token of a small model on a GPU to a long prompt at level 0.
 FIRST_TOKEN_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -116,7 +116,7 @@ class Metrics:
             self._waiting.add(key)
 
         def counted(event) -> None:
-            if isinstance(event, str):
+            if isinstance(event, Piece):
                 with self._lock:
                     if key in self._waiting:
                         self._waiting.discard(key)

@@ -49,11 +49,13 @@ class Formats:
         self._indexes: collections.OrderedDict[str, Index] = collections.OrderedDict()
         self._lock = threading.Lock()
 
-    def index(self, response_format) -> Index | None:
-        """The ``Index`` of a request's ``response_format`` (None: unconstrained);
+    def index(self, response_format, key=None, compile_=None) -> Index | None:
+        """The ``Index`` of a request's ``response_format`` (None: unconstrained), or of the
+        language ``compile_()`` makes, kept under ``key`` (a request's tools);
         ``FormatError`` saying why not. May take a while the first time: call it off the
         event loop."""
-        key, compile_ = _parse(response_format)
+        if compile_ is None:
+            key, compile_ = _parse(response_format)
         if compile_ is None:
             return None
         with self._lock:

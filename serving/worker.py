@@ -3,8 +3,9 @@
 The HTTP handlers (``api.py``) turn a request into a ``Completion`` and ``submit`` it with a
 ``deliver`` callback; the worker thread moves it into the engine (``engine.Engine``) between
 turns, steps the engine, and hands each completion's events to its callback as they come:
-its text, piece by piece (held back where a stop string could still begin), then one
-``Finished`` (or one ``Exception``: it failed, the others go on). The model's arithmetic
+its text, piece by piece (held back where a stop string could still begin) with the
+log-probabilities of the tokens taken since the last (``Piece``), then one ``Finished``
+(or one ``Exception``: it failed, the others go on). The model's arithmetic
 never blocks the server's event loop.
 
 At levels 2 to 4 with ``max_batch`` above one, the engine batches over a paged KV cache
@@ -42,8 +43,11 @@ class QueueFull(RuntimeError):
 class Completion:
     """One completion asked for: ``ids``, the prompt's tokens, then at most ``max_tokens``,
     sampled as OpenAI's API says (``temperature`` 1 by default), ending at the model's
-    end-of-turn ids or a ``stop`` string; ``constraint``, ``draft`` and ``draft_tokens`` as
-    ``engine.Request``'s."""
+    end-of-turn ids or a ``stop`` string; ``constraint``, ``draft``, ``draft_tokens``,
+    ``logprobs`` and ``echo`` as ``engine.Request``'s, the penalties and ``logit_bias`` as
+    ``Sampling``'s. ``after``: another completion of the same prompt (a choice of ``n``),
+    which this one joins the engine behind once it has its first token, so that the
+    prompt's blocks it computed are found in the prefix cache, not computed again."""
 
     ids: list[int]
     max_tokens: int
@@ -57,6 +61,12 @@ class Completion:
     constraint: Any = None
     draft: Any = None
     draft_tokens: int | None = None  # None: paced (levels.common.speculative.PACED at most)
+    logprobs: int | None = None
+    echo: bool = False
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    after: Completion | None = None
 
     def cancel(self) -> None:
         """Stop it before its next token (or before it starts)."""
@@ -80,9 +90,20 @@ class Finished:
     accepted_tokens: int = 0
 
 
-# What a consumer receives, in order: zero or more str (the text, piece by piece), then
-# one Finished, or one Exception (the completion failed; the worker goes on).
-Event = str | Finished | Exception
+@dataclass(frozen=True)
+class Piece:
+    """Text to show, and the ``Logprob``s (``levels.common.logprobs``) of the tokens taken
+    since the last piece (none unless asked); the first piece of an ``echo`` completion
+    has its prompt's too, ``prompt`` (the first None)."""
+
+    text: str
+    logprobs: tuple = ()
+    prompt: tuple | None = None
+
+
+# What a consumer receives, in order: zero or more Piece, then one Finished, or one
+# Exception (the completion failed; the worker goes on).
+Event = Piece | Finished | Exception
 Deliver = Callable[[Event], None]
 
 
@@ -96,6 +117,8 @@ class _Job:
     seq: Sequence | None = None
     started: float = 0.0
     first: float | None = None
+    sent: int = 0  # the Logprobs delivered so far
+    echoed: bool = False  # the prompt's Logprobs delivered
 
 
 class Worker:
@@ -117,6 +140,8 @@ class Worker:
                              prefix_cache=prefix_cache, isolate=True, **options)  # fmt: skip
         self._incoming: queue.Queue[_Job] = queue.Queue()
         self._jobs: dict[Sequence, _Job] = {}
+        self._held: list[_Job] = []  # choices waiting for the first of their prompt
+        self._choices: dict[int, _Job] = {}  # id(completion) -> job, for ``after``
         self._lock, self._queued, self._ids = threading.Lock(), 0, itertools.count(1)
         self.turns = 0
         self._thread = threading.Thread(target=self._run, name="ladder-engine", daemon=True)
@@ -139,15 +164,22 @@ class Worker:
         """Queue ``completion``; ``deliver`` receives its events on the worker thread.
         ``ValueError`` when it would not fit in ``context``, ``QueueFull`` when ``max_queue``
         completions wait already."""
-        if len(completion.ids) + completion.max_tokens > self.context:
-            raise ValueError(f"the prompt's {len(completion.ids)} tokens and {completion.max_tokens} new ones exceed the context of {self.context} tokens")  # fmt: skip
+        return self.submit_all([completion], [deliver])[0]
+
+    def submit_all(self, completions: list[Completion], delivers: list[Deliver]) -> list:
+        """Queue ``completions`` together (the choices of one request), or none of them:
+        ``submit``'s errors, checked for all first."""
+        for c in completions:
+            if len(c.ids) + c.max_tokens > self.context:
+                raise ValueError(f"the prompt's {len(c.ids)} tokens and {c.max_tokens} new ones exceed the context of {self.context} tokens")  # fmt: skip
         with self._lock:
-            if self._queued >= self.max_queue:
+            if self._queued + len(completions) > self.max_queue:
                 raise QueueFull(f"{self._queued} requests are waiting; try again later")
-            self._queued += 1
-        completion.id = completion.id or f"{next(self._ids)}"
-        self._incoming.put(_Job(completion, deliver, time.perf_counter()))
-        return completion
+            self._queued += len(completions)
+        for completion, deliver in zip(completions, delivers, strict=True):
+            completion.id = completion.id or f"{next(self._ids)}"
+            self._incoming.put(_Job(completion, deliver, time.perf_counter()))
+        return completions
 
     def turn(self) -> str:
         """One turn on the caller's thread, for a worker made with ``start=False`` (a trace to
@@ -180,39 +212,56 @@ class Worker:
 
     def _take(self, block: bool) -> None:
         """The completions submitted since the last turn, into the engine (waiting for one
-        when ``block`` and the engine is idle)."""
+        when ``block`` and the engine is idle), each behind the choice it comes after."""
+        held, self._held = self._held, []
         while True:
             try:
-                job = self._incoming.get(block=block)
+                job = self._incoming.get(block=block and not held)
             except queue.Empty:
-                return
+                break
             block = False
             with self._lock:
                 self._queued -= 1
+            held.append(job)
+        for job in held:
+            first = self._choices.get(id(job.completion.after))
+            if first is not None and (first.seq is None or not (first.seq.generated or first.seq.finish)):  # fmt: skip
+                self._held.append(job)
+                continue
             job.started = time.perf_counter()
             job.seq = self.engine.add(self._request(job.completion))
             self._jobs[job.seq] = job
+            self._choices[id(job.completion)] = job
+            if job.seq.finish is not None:  # nothing to compute (an echo of one token)
+                self._deliver(job)
 
     def _request(self, c: Completion) -> Request:
         from levels.tokenizer import Text
 
         loaded = self.loaded
-        return Request(c.ids, c.max_tokens, Sampling(c.temperature, c.top_k, c.top_p, c.seed),
-                       tuple(loaded.stop_ids), Text(loaded.tokenizer, c.stop), c.constraint,
-                       c.draft, c.draft_tokens)  # fmt: skip
+        sampling = Sampling(c.temperature, c.top_k, c.top_p, c.seed, c.frequency_penalty,
+                            c.presence_penalty, c.logit_bias)  # fmt: skip
+        return Request(c.ids, c.max_tokens, sampling, tuple(loaded.stop_ids),
+                       Text(loaded.tokenizer, c.stop), c.constraint, c.draft, c.draft_tokens,
+                       logprobs=c.logprobs, echo=c.echo)  # fmt: skip
 
     def _deliver(self, job: _Job) -> None:
         """What the last turn did for ``job``: its text, then how it ended."""
         seq = job.seq
         if seq.new and job.first is None:
             job.first = time.perf_counter()
-        if seq.piece:
-            job.deliver(seq.piece)
+        logprobs, job.sent = tuple(seq.logprobs[job.sent :]), len(seq.logprobs)
+        prompt = None
+        if seq.scored is not None and not seq.scoring and not job.echoed:
+            prompt, job.echoed = tuple(seq.scored), True
+        if seq.piece or logprobs or prompt is not None:
+            job.deliver(Piece(seq.piece, logprobs, prompt))
         if seq.finish is not None:
             self._finish(job)
 
     def _finish(self, job: _Job) -> None:
         self._jobs.pop(job.seq, None)
+        self._choices.pop(id(job.completion), None)
         seq = job.seq
         if seq.finish == "error":
             return job.deliver(seq.error)

@@ -188,6 +188,28 @@ SERVE_SCHEMA = Elsewhere(
     "the same schema asked of ladder serve on a free port, whole and streamed (extended)",
 )
 
+SERVE_OPENAI_1 = Elsewhere(
+    "tests/test_serve_openai.py::test_echo_scores_the_prompt_the_first_token_null",
+    "the same prompt echoed with logprobs, asked of ladder serve on a free port",
+)
+SERVE_OPENAI_2 = Elsewhere(
+    "tests/test_serve_openai.py::test_a_prompt_as_text_as_ids_or_in_a_list_answers_alike",
+    "prompts as ids and in a list, scored with max_tokens 0, asked of ladder serve on a free port",
+)
+SERVE_OPENAI_3 = Elsewhere(
+    "tests/test_serve_openai.py::test_chat_logprobs_stream_as_they_answer_whole",
+    "chat's logprobs and top_logprobs, whole and streamed, asked of ladder serve on a free port",
+)
+SERVE_OPENAI_4 = Elsewhere(
+    "tests/test_serve_openai.py::test_logit_bias_forces_or_bans_and_a_penalty_breaks_a_repetition",
+    "logit_bias and a frequency penalty (n: test_n_choices_share_the_prompt_and_a_seed_repeats_each), asked of ladder serve on a free port",
+)
+
+SERVE_TOOLS = Elsewhere(
+    "tests/test_serve_openai.py::test_a_required_call_s_arguments_always_validate",
+    "the same function required of ladder serve on a free port, 8 seeds (50 extended)",
+)
+
 # --speculate ngram where it pays: the answer copies the prompt (README.md, docs/speculative.md).
 GROUNDED = 'ladder chat -p "$(cat examples/rewrite.txt)" --speculate ngram'
 
@@ -234,6 +256,11 @@ COMMANDS: dict[str, list[tuple[str, Check]]] = {
     "docs/serving_reference.md": [
         ("ladder serve", SERVE),
         ('curl -N http://127.0.0.1:8000/v1/chat/completions -H "Content-Type: application/json" -d \'{\n  "model": "smollm2-135m",\n  "messages": [{"role": "user", "content": "What is the capital of France?"}],\n  "temperature": 0, "stream": true, "stream_options": {"include_usage": true}}\'', SERVE_CURL),
+        ('curl http://127.0.0.1:8000/v1/completions -H "Content-Type: application/json" -d \'{\n  "prompt": "The capital of France is", "max_tokens": 2, "temperature": 0,\n  "echo": true, "logprobs": 2}\'', SERVE_OPENAI_1),
+        ('curl http://127.0.0.1:8000/v1/completions -H "Content-Type: application/json" -d \'{\n  "prompt": [[504, 3575, 282, 4649, 314], "Paris is"], "max_tokens": 0,\n  "echo": true, "logprobs": 0}\'', SERVE_OPENAI_2),
+        ('curl http://127.0.0.1:8000/v1/chat/completions -H "Content-Type: application/json" -d \'{\n  "messages": [{"role": "user", "content": "What is the capital of France?"}],\n  "temperature": 0, "max_tokens": 2, "logprobs": true, "top_logprobs": 2}\'', SERVE_OPENAI_3),
+        ('curl http://127.0.0.1:8000/v1/chat/completions -H "Content-Type: application/json" -d \'{\n  "messages": [{"role": "user", "content": "Name a fruit."}], "max_tokens": 4,\n  "n": 2, "seed": 7, "frequency_penalty": 0.5, "logit_bias": {"2": -100}}\'', SERVE_OPENAI_4),
+        ('curl http://127.0.0.1:8000/v1/chat/completions -H "Content-Type: application/json" -d \'{\n  "messages": [{"role": "user", "content": "What is the weather in Paris?"}],\n  "temperature": 0, "tool_choice": "required",\n  "tools": [{"type": "function", "function": {"name": "get_weather",\n    "description": "The weather in a city", "parameters": {"type": "object",\n    "properties": {"city": {"type": "string", "maxLength": 30},\n                   "unit": {"enum": ["celsius", "fahrenheit"]}},\n    "required": ["city", "unit"]}}}]}\'', SERVE_TOOLS),
     ],
     "docs/benchmarks.md": [
         ("ladder bench", run(BENCH, manual=True)),  # CI: the --quick run below, every scenario smaller

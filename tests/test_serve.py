@@ -228,7 +228,19 @@ def _error(status: int, body: dict, code: int, param=None, error_code=None) -> N
         ({"messages": [{"role": "user", "content": "x"}], "top_p": 0}, 400, "top_p", None),
         ({"messages": [{"role": "user", "content": "x"}], "max_tokens": -1}, 400, "max_tokens", None),
         ({"messages": [{"role": "user", "content": "x"}], "max_tokens": True}, 400, "max_tokens", None),
-        ({"messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n", None),
+        ({"messages": [{"role": "user", "content": "x"}], "n": 0}, 400, "n", None),
+        ({"messages": [{"role": "user", "content": "x"}], "n": 999}, 400, "n", None),
+        ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, 400, "max_tokens", None),
+        ({"messages": [{"role": "user", "content": "x"}], "logprobs": 1}, 400, "logprobs", None),
+        ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, 400, "top_logprobs", None),
+        ({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs", None),
+        ({"messages": [{"role": "user", "content": "x"}], "frequency_penalty": 2.5}, 400, "frequency_penalty", None),
+        ({"messages": [{"role": "user", "content": "x"}], "presence_penalty": "x"}, 400, "presence_penalty", None),
+        ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"abc": 1}}, 400, "logit_bias", None),
+        ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"49152": 1}}, 400, "logit_bias", None),
+        ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 101}}, 400, "logit_bias", None),
+        ({"messages": [{"role": "user", "content": "x"}], "logit_bias": [5]}, 400, "logit_bias", None),
+        ({"messages": [{"role": "user", "content": "x"}], "functions": [{"name": "f"}]}, 400, "functions", None),
         ({"messages": [{"role": "user", "content": "x"}], "stop": ["a"] * 5}, 400, "stop", None),
         ({"messages": [{"role": "user", "content": "x"}], "model": "gpt-9"}, 404, "model", "model_not_found"),
         ({"messages": [{"role": "user", "content": "word " * 2100}]}, 400, "messages", "context_length_exceeded"),
@@ -441,7 +453,7 @@ def test_the_engine_queues_at_most_max_queue_and_decodes_in_order():
             if isinstance(event, Finished):
                 done.append((name, event.finish_reason, event.completion_tokens))
             else:
-                texts[name] = texts.get(name, "") + event
+                texts[name] = texts.get(name, "") + event.text
 
         return take
 
@@ -563,7 +575,7 @@ def _engine_run(level_name: str, requests: list, arrivals: list[int], draft=None
                 reasons[i] = ("error", str(event))
                 done.set()
             else:
-                texts[i] += event
+                texts[i] += event.text
 
         return take
 
@@ -638,6 +650,21 @@ def _requests(n: int, seed: int, prefix=(), longest=12, most_tokens=14):
                                 temperature=0.9 if sampled else 0.0, top_k=12 if sampled else None,
                                 top_p=0.95 if sampled else None, seed=100 + i if sampled else None))  # fmt: skip
     return requests
+
+
+def test_the_choices_of_n_find_their_prompt_s_blocks_and_each_seed_repeats():
+    """Three choices of one prompt (``after`` the first, as the server's ``n`` submits them):
+    the second and third join once the first has its first token and find the prompt's
+    full blocks in the prefix cache; each is its prompt alone with its own seed."""
+    from serving.worker import Completion
+
+    prompt = list(range(10, 27))  # 17 tokens: four full blocks of 4 to find, the last computed
+    first = Completion(prompt, 8, temperature=0.9, seed=5)
+    choices = [first] + [Completion(prompt, 8, temperature=0.9, seed=5 + i, after=first) for i in (1, 2)]  # fmt: skip
+    texts, reasons, worker, model = _engine_run("level2_torch_manual", choices, [0, 0, 0],
+                                                max_batch=4, blocks=40, block_size=4)  # fmt: skip
+    _assert_alone(choices, texts, reasons, worker, model)
+    assert [r[2] for r in reasons] == [0, 16, 16]  # cached: the first computed them for all
 
 
 @pytest.mark.parametrize("drafter", ["itself", "another model"])
@@ -835,7 +862,7 @@ def test_a_preempted_request_resumes_from_its_own_blocks_turn_by_turn():
     texts, done = ["", "", ""], [None, None, None]
     for i, request in enumerate(requests):
         worker.submit(request, lambda e, i=i: done.__setitem__(i, e) if isinstance(e, Finished)
-                      else texts.__setitem__(i, texts[i] + e))  # fmt: skip
+                      else texts.__setitem__(i, texts[i] + e.text))  # fmt: skip
     trace = [line for line in (worker.turn() for _ in range(30)) if line]
     preempted = [line for line in trace if "preempted" in line]
     assert len(preempted) == 2 and all("r2 preempted" in line for line in preempted)

@@ -322,21 +322,21 @@ def test_the_metrics_count_a_request_s_events():
     from prometheus_client.parser import text_string_to_metric_families
 
     from serving.metrics import Metrics
-    from serving.worker import Finished
+    from serving.worker import Finished, Piece
 
     pool = SimpleNamespace(blocks=10, available=7)
     metrics = Metrics(SimpleNamespace(pool=pool))
     seen = []
     deliver = metrics.watch(seen.append)
     assert metrics.queue == {"waiting": 1, "running": 0}
-    deliver("Hello")
+    deliver(Piece("Hello"))
     assert metrics.queue == {"waiting": 0, "running": 1}
     deliver(Finished("stop", prompt_tokens=30, completion_tokens=4, cached_tokens=16,
                      queued_s=0.5, first_token_s=0.2, per_token_s=0.05, drafted_tokens=6,
                      accepted_tokens=2))  # fmt: skip
     refused = metrics.watch(seen.append)
     metrics.refused(refused)  # a full queue: never taken
-    assert metrics.queue == {"waiting": 0, "running": 0} and seen[0] == "Hello"
+    assert metrics.queue == {"waiting": 0, "running": 0} and seen[0] == Piece("Hello")
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(metrics.text().decode())
@@ -422,7 +422,7 @@ def test_batched_constrained_requests_are_each_answered_as_alone():
         requests.append(request)
         indexes.append(index)
         worker.submit(request, lambda e, i=i: taken.__setitem__(i, e) if isinstance(e, Finished)
-                      else texts.__setitem__(i, texts[i] + e))  # fmt: skip
+                      else texts.__setitem__(i, texts[i] + e.text))  # fmt: skip
     for _ in range(400):
         worker.turn()
         if len(taken) == 7:

@@ -170,3 +170,12 @@ def test_every_module_has_a_floor_and_the_rooms_hold_one_concern():
             ):
                 calls[path.name].append(node.func.attr)
     assert not calls, f"ladder/ loads models itself: {dict(calls)}"
+
+
+ENGINE_LINES = 900  # the engine with its docstrings; nano-vllm's is 642 without either
+# speculation or constraints: a budget that keeps each part small enough to read at once
+
+
+def test_the_engine_fits_its_budget():
+    lines = sum(len(p.read_text().splitlines()) for p in (ROOT / "engine").glob("*.py"))
+    assert lines <= ENGINE_LINES, f"engine/ is {lines} lines, over {ENGINE_LINES}"

@@ -16,6 +16,12 @@ The rule, per row, for ``temperature > 0``:
    first token id whose cumulative probability, in id order, exceeds
    ``u`` times the kept total: inverse-CDF sampling, one draw per row and step.
 
+Before step 1, where a request asks for them (OpenAI's definitions, on the logits, at
+every temperature, greedy included): ``logit_bias`` adds its value to its token's logit
+(-100 bans a token in practice, 100 all but forces it), and for each token the sequence
+has generated ``c`` times so far (its prompt not counted, as vLLM counts), the logit
+loses ``c * frequency_penalty + presence_penalty`` (``penalized``).
+
 Steps 1 to 3 give the *processed distribution*, ``distribution(logits,
 sampling)``, written once: ``pick`` draws from it (step 4 is ``draw``), and
 speculative decoding (``levels.common.speculative``) tests draft tokens
@@ -51,8 +57,20 @@ class Sampling:
     top_k: int | None = None
     top_p: float | None = None
     seed: int | Sequence[int] | None = None
+    frequency_penalty: float = 0.0  # in [-2, 2]: times each generated occurrence of a token
+    presence_penalty: float = 0.0  # in [-2, 2]: once a token has been generated at all
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, value in [-100, 100]) pairs
 
     def __post_init__(self) -> None:
+        for name in ("frequency_penalty", "presence_penalty"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not -2 <= v <= 2:
+                raise ValueError(f"{name} must be a number in [-2, 2], got {v!r}")
+        for pair in self.logit_bias:
+            ok = len(pair) == 2 and _is_int(pair[0]) and pair[0] >= 0
+            v = pair[1] if ok else None
+            if not ok or isinstance(v, bool) or not isinstance(v, int | float) or not -100 <= v <= 100:  # fmt: skip
+                raise ValueError(f"logit_bias must map token ids >= 0 to numbers in [-100, 100], got {pair!r}")  # fmt: skip
         t = self.temperature
         if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t < 0:
             raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
@@ -76,6 +94,11 @@ class Sampling:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def adjusts(self) -> bool:
+        """Whether a bias or a penalty moves the logits before the rule."""
+        return bool(self.logit_bias) or self.frequency_penalty != 0 or self.presence_penalty != 0
 
     def generators(self, batch: int) -> list[np.random.Generator] | None:
         """One generator per row (None when greedy): ``default_rng(seed + b)``, or the
@@ -103,6 +126,25 @@ class Sampling:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int | np.integer) and not isinstance(value, bool)
+
+
+def penalized(logits: np.ndarray, sampling: Sampling, generated, guesses=()) -> np.ndarray:
+    """``logits (n, V)`` with ``sampling``'s logit bias and penalties -> ``(n, V)`` float64; row
+    ``i`` follows ``generated`` then ``guesses[:i]`` (a pass of speculative decoding's rows)."""
+    if not sampling.adjusts:
+        return np.asarray(logits, dtype=np.float64)
+    rows = np.array(logits, dtype=np.float64)  # (n, V), a copy
+    V = rows.shape[-1]
+    for token, value in sampling.logit_bias:
+        if token >= V:
+            raise ValueError(f"logit_bias names token {token}, outside the vocabulary of {V}")
+        rows[:, token] += value
+    counts = np.bincount(np.asarray(list(generated), dtype=np.int64), minlength=V).astype(np.float64)  # fmt: skip
+    for i in range(len(rows)):
+        rows[i] -= sampling.frequency_penalty * counts + sampling.presence_penalty * (counts > 0)
+        if i < len(guesses):
+            counts[guesses[i]] += 1
+    return rows
 
 
 def keep_mask(z: np.ndarray, top_k: int | None, top_p: float | None) -> np.ndarray:

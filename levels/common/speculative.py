@@ -37,6 +37,7 @@ model is the engine's (engine/drafts.py), the n-gram draft here.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -135,6 +136,23 @@ def verify(
         if not uniform() < acceptance(p_rows[i], q, x):
             return i, draw(residual(p_rows[i], q), uniform())
     return len(drafted), draw(p_rows[-1], uniform())
+
+
+def masked_rows(rows: np.ndarray, guesses: list[int], constraint) -> np.ndarray:
+    """``rows (n + 1, V)``, row ``i`` masked by the language after ``guesses[:i]`` (on a copy
+    of ``constraint``: the sequence's own moves on by what is kept). After a guess the
+    language refuses, the rows are that guess's own: it has ``p = 0`` and is rejected
+    there, so no later row is read."""
+    state, out = copy.copy(constraint), []
+    for i in range(len(rows)):
+        out.append(state.apply(rows[i][None])[0])
+        if i < len(guesses):
+            try:
+                state.advance(guesses[i])
+            except ValueError:  # refused: p(guesses[i]) = 0 in the row just masked
+                out += [out[-1]] * (len(rows) - 1 - i)
+                break
+    return np.array(out)
 
 
 def _check(p_rows: np.ndarray, q_rows, drafted: Sequence[int], *, greedy: bool) -> None:
@@ -276,6 +294,12 @@ class Pace:
 
     def guessed(self, seconds: float) -> None:
         self.guess_s = _averaged(self.guess_s, seconds)
+
+    def for_counts(self, counts: Sequence[Counts], others: int, width: Callable[[int], int]) -> int:  # fmt: skip
+        """``guesses`` for rows whose drafts' ``counts`` say how many they kept over their
+        last 8 passes (a prior of one kept in two); none without such a row."""
+        rates = [estimate_acceptance(c.kept[-8:] + [1], c.guessed[-8:] + [2]) for c in counts]
+        return self.guesses(rates, others, width) if counts else 0
 
     def guesses(self, acceptances: Sequence[float], others: int, width: Callable[[int], int]) -> int:  # fmt: skip
         """Guesses for this pass of ``len(acceptances) + others`` rows, the drafting rows'
