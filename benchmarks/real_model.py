@@ -141,8 +141,8 @@ def _loaded(dtype: str, length: int = 0):
 def _truth(length: int = 0) -> np.ndarray:
     """The float64 logits ``(V,)`` of the step after the prompt: the chat prompt's (level 1,
     float64), or the long prompt's of ``length`` tokens (level 2 in float64, its attention
-    written out: level 1's numpy took five minutes at 2048 tokens here, level 2 a few
-    times less)."""
+    written out: level 1's numpy took five minutes at 2048 tokens on this two-core
+    machine, busy)."""
     import levels
 
     config, params, ids = _loaded("float64", length)
