@@ -5,6 +5,11 @@ first, then timed, with the read-only stream of the same run as the ceiling):
 
 * ``real prompt <format>``: the prefill of a 37-token chat prompt (the model's
   own template over one question): tokens/s counts prompt tokens;
+* ``real prefill float32``: the prefill of a long prompt (``LONG_PROMPTS``: 256, 1024
+  and 2048 random tokens, the same at every level), one thread, the logits of its last
+  token only (``prefill(last_only=True)``; ``transformers``' ``logits_to_keep=1``): what
+  the attention cores' fast paths are for, level 3 (and level 4 on a GPU) against
+  ``transformers``;
 * ``real decode <format>``: 16 decode steps from that prompt's cache, greedy,
   each one position against the cache (``cache.rewind`` returns it to the
   prompt before every timed call, so no call pays for a prefill): tokens/s
@@ -21,8 +26,8 @@ scenarios; its compile (or its load from the cache) happens when the case is
 built, untimed, and its note says which.
 
 ``transformers`` joins as a peer on the same file (``from_pretrained(...,
-gguf_file=...)``, dequantized): its ``generate``, greedy, from a cache of the
-prompt cropped the same way (``DynamicCache.crop``).
+gguf_file=...)``, dequantized, SDPA attention): its ``generate``, greedy, from a cache of
+the prompt cropped the same way (``DynamicCache.crop``), and its forward for the prompts.
 
 Every case is checked against the float64 reference of the same file (level
 1 in float64, the logits of the step after the prompt) before it is timed.
@@ -55,6 +60,7 @@ MODEL = "smollm2-135m"
 QUESTION = "What is the capital of France?"
 NEW_TOKENS = 16
 CONTEXT = 128  # positions of the KV cache: the prompt and the new tokens, with room
+LONG_PROMPTS = (256, 1024, 2048)  # the long prompts' tokens (random ids, seed 0)
 FORMATS = ("float32", "bfloat16", "float16", "int8", "int4")
 # scaled_error (max |x - ref| / max |ref|, logits up to ~40) bounds per weight format: the
 # float32 levels measure ~3e-6; bfloat16 weights and activations ~1e-2 (eps 7.8e-3 through
@@ -76,6 +82,7 @@ QUANTIZED = ("int8", "int4")
 PARAMS = 134.5e6  # SmolLM2-135M's weights: a multiply-add each per token
 LAYERS = 30  # SmolLM2-135M's (the slow rungs' costs are loading.slow's, as chat says them)
 GROUP = 32  # the int4 groups (levels/level3_sdpa_flash/quant.py's default)
+FAST_PATHS = ("level3_sdpa_flash", "level4_triton_kernel")  # where the long prompts run
 
 
 @dataclass(frozen=True)
@@ -113,12 +120,17 @@ def _file():
 
 
 @cache
-def _loaded(dtype: str):
-    """``(config, params, prompt ids)`` of the cached file, params in ``dtype``, ``CONTEXT``."""
+def _loaded(dtype: str, length: int = 0):
+    """``(config, params, prompt ids)`` of the cached file, params in ``dtype``: the chat
+    prompt in a context of ``CONTEXT``, or ``length`` random ids in a context as long."""
     from levels import gguf
 
     path = _file()
-    config, params = gguf.load(path, max_seq_len=CONTEXT, dtype=np.dtype(dtype))
+    context = max(CONTEXT, length)
+    config, params = gguf.load(path, max_seq_len=context, dtype=np.dtype(dtype))
+    if length:
+        ids = np.random.default_rng(0).integers(0, config.vocab_size, size=length).tolist()
+        return config, params, tuple(ids)
     template, tokenizer = gguf.load_chat_template(path), gguf.load_tokenizer(path)
     text = template.render([{"role": "user", "content": QUESTION}], add_generation_prompt=True)
     ids = tokenizer.encode(text, add_special_tokens=False).ids
@@ -126,13 +138,24 @@ def _loaded(dtype: str):
 
 
 @cache
-def _truth() -> np.ndarray:
-    """The float64 logits ``(V,)`` of the step after the prompt (level 1, float64)."""
+def _truth(length: int = 0) -> np.ndarray:
+    """The float64 logits ``(V,)`` of the step after the prompt: the chat prompt's (level 1,
+    float64), or the long prompt's of ``length`` tokens (level 2 in float64, its attention
+    written out: level 1's numpy took five minutes at 2048 tokens on this two-core
+    machine, busy)."""
     import levels
 
-    config, params, ids = _loaded("float64")
-    model = levels.load("level1_numpy").DecoderOnlyTransformer(config, params)
-    return np.asarray(model.forward(np.array([ids]))[0, -1])
+    config, params, ids = _loaded("float64", length)
+    if not length:
+        model = levels.load("level1_numpy").DecoderOnlyTransformer(config, params)
+        return np.asarray(model.prefill(np.array([ids]), last_only=True)[0][0])
+    import torch
+
+    level2 = levels.load("level2_torch_manual")
+    model = level2.DecoderOnlyTransformer(config, params, dtype=torch.float64)
+    with torch.no_grad():
+        logits = model.prefill(torch.tensor([ids]), last_only=True)[0]  # (1, V)
+    return level2.to_numpy(logits)[0]
 
 
 def weight_bytes(params: dict[str, np.ndarray], fmt: str) -> float:
@@ -157,35 +180,44 @@ def weight_bytes(params: dict[str, np.ndarray], fmt: str) -> float:
 
 @dataclass(frozen=True)
 class RealModel:
-    """``phase`` ``"prompt"`` or ``"decode"`` of the real model, weights in ``fmt``."""
+    """``phase`` ``"prompt"`` or ``"decode"`` of the real model, weights in ``fmt``; or
+    ``"prefill"``, a long prompt of ``length`` tokens."""
 
     phase: str
     fmt: str
     threads: int
+    length: int = 0  # the long prompt's tokens ("prefill"); 0: the chat prompt
 
     @property
     def scenario(self) -> str:
         return f"real {self.phase} {self.fmt}"
 
+    @property
+    def prompt(self) -> int:
+        """The prompt's tokens: the long prompt's, or the chat prompt's 37."""
+        return self.length or 37
+
     def shape(self) -> dict[str, int]:
         return {
-            "P": 37,
+            "P": self.prompt,
             "new": NEW_TOKENS if self.phase == "decode" else 0,
             "threads": self.threads,
         }
 
     def flops(self) -> float:
         per_token = 2.0 * PARAMS  # a multiply-add per weight and token
-        return per_token * (37 if self.phase == "prompt" else NEW_TOKENS)
+        return per_token * self.tokens()
 
     def tokens(self) -> int:
-        return 37 if self.phase == "prompt" else NEW_TOKENS
+        return NEW_TOKENS if self.phase == "decode" else self.prompt
 
     def unsupported(self, subject: Subject) -> str | None:
         if _file() is None:
             return f"{MODEL} is not cached: ladder pull {MODEL}"
         if subject.name == "transformers":
             return None if self.fmt == "float32" else "float32 only (its CPU matmuls)"
+        if self.length and subject.name not in FAST_PATHS:
+            return "the long prompts measure the attention cores' fast paths (levels 3 and 4)"
         if not subject.models:
             return "attention only"
         if subject.kind == "python":
@@ -218,8 +250,8 @@ class RealModel:
 
     def build(self, subject: Subject, dtype: str, reference: Reference) -> Case:
         fmt_dtype = DTYPE_OF[self.fmt]
-        config, params, ids = _loaded("float32")
-        _truth()  # the float64 reference now: the check that follows times the level alone
+        config, params, ids = _loaded("float32", self.length)
+        truth = _truth(self.length)  # now: the check that follows times the level alone
         note = ""
         threads = self.threads
         # Built, checked and timed at the case's threads: a compiled step is compiled for the
@@ -236,7 +268,7 @@ class RealModel:
 
         def error() -> float:
             with cpu_threads(threads):
-                return scaled_error(first(), _truth())
+                return scaled_error(first(), truth)
 
         bytes_read = None
         if self.phase == "decode":
@@ -266,6 +298,9 @@ def _level_calls(subject: Subject, config, params, ids, fmt: str, phase: str):
     if kwargs.get("compile"):
         note = model.prepare_decode(1).line()
     prompt = subject.asarray(np.array([ids]))
+    if phase == "prefill":  # the last token's logits only, (1, V)
+        call = subject.calls(lambda: model.prefill(prompt, last_only=True)[0], grad=False)
+        return call, lambda: subject.to_numpy(call())[0], note
     if phase == "prompt":
         return (
             (lambda: model.prefill(prompt)),
@@ -298,6 +333,13 @@ def _peer_calls(ids, phase: str):
     path = _file()
     model = _peer_model(str(path))
     prompt = torch.tensor([ids])
+    if phase == "prefill":  # the last token's logits only, as the levels' last_only
+
+        def last():
+            with torch.no_grad():
+                return model(prompt, logits_to_keep=1).logits
+
+        return last, lambda: last()[0, -1].double().numpy()
     if phase == "prompt":
 
         def prefill():
@@ -367,9 +409,12 @@ def workloads(quick: bool) -> list[RealModel]:
     bfloat16 decode without bfloat16 arithmetic tens of seconds: most of a quick run)."""
     all_cores = os.cpu_count() or 1
     threads = (1,) if quick or all_cores == 1 else (1, all_cores)
-    return [
+    chat = [
         RealModel(phase, fmt, n)
         for n in threads
         for fmt in (FORMATS[:1] if quick else FORMATS)
         for phase in ("prompt", "decode")
     ]
+    # The long prompts: float32, one thread, as transformers is compared (not in a quick run:
+    # seconds a call, and a float64 reference of each).
+    return chat + ([] if quick else [RealModel("prefill", "float32", 1, n) for n in LONG_PROMPTS])

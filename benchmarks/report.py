@@ -250,6 +250,15 @@ RATIOS: tuple[Ratio, ...] = (
         same=("size",),
         detail=(TOKENS,),
     ),
+    # Above 1: the level's prefill of a long prompt is faster than transformers' (one thread).
+    Ratio(
+        "real prefill P={num.P}: {num.level} / {den.level} tok/s",
+        {"scenario": "real prefill float32"},
+        {"scenario": "real prefill float32", "level": "transformers"},
+        of="tokens_per_s",
+        same=("P", "threads"),
+        detail=(TOKENS,),
+    ),
     Ratio(
         "decode attention, flash-decoding: {num.level} / {den.level}",
         {"scenario": "decode attention", "level": "level4:no-split"},

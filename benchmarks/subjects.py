@@ -318,7 +318,12 @@ class _HuggingFaceDecoder:
             )  # (B, P + max_new_tokens)
 
 
-TRANSFORMERS_SCENARIOS = ("generate llama", "real prompt float32", "real decode float32")
+TRANSFORMERS_SCENARIOS = (
+    "generate llama",
+    "real prompt float32",
+    "real prefill float32",
+    "real decode float32",
+)
 
 
 def transformers_peer(device: str) -> Subject | None:

@@ -429,7 +429,8 @@ def context_parallel(
         # (each shard is contiguous, its positions rank * T/W + t) over the real keys,
         # which the mask's diagonal marks (a real token sees itself, a padded one not;
         # slot 0 of a shard of padding alone is marked too, seen only by padded queries).
-        real = mask.diagonal(dim1=-2, dim2=-1)[:, :, None, :]  # (B,1,1,T)
+        # No mask: the shard's positions were in place (semantics.told), every key real.
+        real = None if mask is None else mask.diagonal(dim1=-2, dim2=-1)[:, :, None, :]  # (B,1,1,T)
         return sharded_attention(q, k, v, causal=True, mask=real, group=group, attention=attention)
 
     hooked = [m for m in model.modules() if hasattr(m, "kernels")]

@@ -280,6 +280,21 @@ def test_the_ratios_of_the_committed_runs_are_those_of_the_ten_old_functions(run
 L1, L2, L3 = "level1_numpy", "level2_torch_manual", "level3_sdpa_flash"
 
 
+def test_the_long_prefills_read_level_over_transformers_at_each_prompt_length():
+    def prefill(level, P, tokens):
+        record = _rec(level, "real prefill float32", 0, P / tokens, tokens)
+        record.shape = {"P": P, "new": 0, "threads": 1}
+        return record
+
+    records = [prefill(L3, 256, 300.0), prefill("transformers", 256, 250.0),
+               prefill(L3, 2048, 200.0), prefill("transformers", 2048, 250.0)]  # fmt: skip
+    got = [(r.label, r.value) for r in _readings(records, "real prefill")]
+    assert got == [  # 300 / 250 and 200 / 250 tokens a second
+        (f"real prefill P=256: {L3} / transformers tok/s", 1.2),
+        (f"real prefill P=2048: {L3} / transformers tok/s", 0.8),
+    ]
+
+
 def test_each_level_is_over_the_next_one_up_at_the_longest_common_length():
     records = [
         _rec(L1, "attention fwd", 128, 2.0),

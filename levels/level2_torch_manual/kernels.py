@@ -23,7 +23,8 @@ class Kernels:
     - ``attention(q, k, v, *, mask, scale=..., dropout_p=...)`` with the semantics of
       ``attention.attention``, on inputs the model made (so the core unchecked,
       ``attention.attend``; a checking one works too), the mask built from the
-      positions, every query row left a key; ``dropout_p``
+      positions, every query row left a key; or ``causal=`` and ``window=`` instead of
+      the mask where the positions are the core's places (``semantics.told``); ``dropout_p``
       is passed only in training mode with ``config.dropout > 0``, and ``scale`` only when
       ``config.attn_scale`` is set, so a kernel without them works for inference
       of the other models;

@@ -30,7 +30,7 @@ from ..common import public
 from ..common.cache import Cache
 from ..common.config import TransformerConfig
 from ..common.params import check_params, param_shapes
-from ..common.semantics import visible
+from ..common.semantics import core_keywords, in_place, told, visible
 from . import arrays as level_arrays
 from .arrays import fetch, linear, to_numpy
 from .kernels import Kernels
@@ -378,12 +378,13 @@ class MultiHeadAttention(nn.Module):
         return self._place(positions, (k, self.k_norm))[0], v
 
     def attend(self, q, k, v, mask=None) -> torch.Tensor:
-        """The core over heads (``mask`` broadcastable to ``(B,H,T,S)``), heads merged,
-        ``out_proj``: ``q (B,H,T,Dh)``, ``k, v (B,Hkv,S,Dh)`` -> ``(B,T,D)``."""
+        """The core over heads, heads merged, ``out_proj``: ``q (B,H,T,Dh)``, ``k, v
+        (B,Hkv,S,Dh)`` -> ``(B,T,D)``. ``mask`` broadcastable to ``(B,H,T,S)``, or the
+        model's ``semantics.ByPlace``, handed to the core as ``causal=`` and ``window=``."""
         extra = {"dropout_p": self.dropout_p} if self.training and self.dropout_p > 0 else {}
         if self.scale is not None:  # passed only when set: a kernel without one runs the rest
             extra["scale"] = self.scale
-        o = self.kernels.attention(q, k, v, mask=mask, **extra)  # (B,H,T,Dh)
+        o = self.kernels.attention(q, k, v, **core_keywords(mask), **extra)  # (B,H,T,Dh)
         B, H, T, Dh = o.shape
         o = o.transpose(1, 2).reshape(B, T, H * Dh)  # (B,H,T,Dh) -> (B,T,H,Dh) -> (B,T,H Dh)
         return self.out_proj(o)  # (B,T,H Dh) -> (B,T,D)
@@ -533,16 +534,27 @@ class _Plain(nn.Module):
             for i, w in enumerate(config.layer_windows)
         )  # fmt: skip
 
-    def _masks(self, positions, keys, causal: bool = True) -> list[torch.Tensor | None]:
-        """What each layer's queries may see, ``(B,1,T,S)``, by the positions of the queries
-        ``(B,T)`` and the keys ``(B,S)``: built once for each distinct window. A mask that
-        hides nothing (a decode step of unpadded rows) is None, so that the attention cores
-        take their unmasked path; a compiled pass keeps its masks (no branch on values)."""
+    def _masks(self, positions, keys, causal: bool = True) -> list:
+        """What each layer's queries may see, by the positions of the queries ``(B,T)`` and the
+        keys ``(B,S)``, once for each distinct window (``semantics.told``): where the
+        positions are in place (an unpadded prompt or step) the core's own ``causal`` and
+        ``window`` (``ByPlace``), so that it takes its fast path (SDPA's causal kernel, the
+        Triton kernel's skipped tiles); else a ``(B,1,T,S)`` mask, None where it hides
+        nothing. A compiled pass keeps its masks (no branch on values)."""
         windows = self.windows  # each layer's (Gemma 3's local and global layers)
-        built = {w: visible(positions, keys, w, causal=causal) for w in dict.fromkeys(windows)}
-        if not torch.compiler.is_compiling():
-            built = {w: None if bool(m.all()) else m for w, m in built.items()}
+        if torch.compiler.is_compiling():
+            built = {w: visible(positions, keys, w, causal=causal) for w in dict.fromkeys(windows)}
+        else:
+            placed = in_place(positions, keys)
+            built = {w: told(positions, keys, w, causal=causal, placed=placed)
+                     for w in dict.fromkeys(windows)}  # fmt: skip
+            built = {w: None if _hides_nothing(m) else m for w, m in built.items()}
         return [built[w] for w in windows]
+
+
+def _hides_nothing(seen) -> bool:
+    """A mask of all True (``ByPlace`` is no mask: the core applies it by place)."""
+    return isinstance(seen, torch.Tensor) and bool(seen.all())
 
 
 class _Embedding(nn.Module):
