@@ -327,6 +327,15 @@ RATIOS: tuple[Ratio, ...] = (
         of="tokens_per_s",
         detail=(TOKENS,),
     ),
+    # What the check of T - 1 guesses costs, in decode steps (benchmarks/check_cost.py): its
+    # limits, the read's 1 step and the arithmetic's, in the note.
+    Ratio(
+        "the check of T={num.T} tokens / a decode step",
+        {"scenario": "speculative check"},
+        {"scenario": "speculative check step"},
+        same=("T",),
+        detail=("{num.time} / {den.time}", "{num.note}"),
+    ),
     # What each draft buys decoding, k guesses a pass (docs/speculative.md): above 1, faster.
     Ratio(
         "speculative, {num.task}, k={num.k}: {num.level} / plain",

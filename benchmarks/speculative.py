@@ -2,7 +2,8 @@
 
 Level 3, SmolLM2-135M-Instruct in float32, one thread, every pass compiled: the
 one-token decode step and the ``k + 1``-token verification (``prepare_decode(1, k + 1)``),
-and the int8 and int4 copies' own decode steps. Two tasks, greedy, each answer checked
+and the int8 and int4 copies' own decode steps. First the check's cost in steps for
+``k + 1`` = 2..9 beside its limits (``check_cost.py``); then two tasks, greedy, each answer checked
 token for token against plain decoding's before it is timed:
 
 * ``grounded``: a prompt that holds a passage (two Python functions) and asks for it
@@ -29,6 +30,7 @@ import numpy as np
 
 from loading.threads import cpu_threads
 
+from .check_cost import TOKENS, TOKENS_QUICK, check_cost_records
 from .real_model import Compile
 from .records import OK, WRONG, Record
 
@@ -46,7 +48,8 @@ def speculative_compiles(quick: bool) -> tuple[Compile, ...]:
     """Every pass the scenario compiles where the cache lacks it: the decode step, the check
     of each ``k``'s guesses, and (the full run) the int8 and int4 copies' decode steps."""
     ks = KS_QUICK if quick else KS
-    steps = [Compile(CONTEXT, threads=1), *(Compile(CONTEXT, 1, tokens=k + 1) for k in ks)]
+    checks = sorted({k + 1 for k in ks} | set(TOKENS_QUICK if quick else TOKENS))
+    steps = [Compile(CONTEXT, threads=1), *(Compile(CONTEXT, 1, tokens=T) for T in checks)]
     steps += [] if quick else [Compile(CONTEXT, 1, weights=fmt) for fmt in ("int8", "int4")]
     return tuple(steps)
 
@@ -123,7 +126,9 @@ def speculative_records(quick: bool) -> list[Record]:
                 config, params, compile=True
             )
         compiles = [model.prepare_decode(1).line()]
-        compiles += [model.prepare_decode(1, k + 1).line() for k in ks]
+        checks = sorted({k + 1 for k in ks} | set(TOKENS_QUICK if quick else TOKENS))
+        compiles += [model.prepare_decode(1, T).line() for T in checks]
+        records += check_cost_records(model, config, compiles, quick)
         drafts = _drafts(model, config, params, quick)
         for task, text in {"grounded": GROUNDED.read_text(), "chat": CHAT}.items():
             prompt = template.render(

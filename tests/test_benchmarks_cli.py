@@ -723,6 +723,15 @@ def test_the_speculative_bench_checks_each_answer_and_reads_a_and_c_off_the_run(
     monkeypatch.setattr(real_model, "_file", lambda: "a small random model")
     monkeypatch.setattr(speculative, "_loaded", lambda: (config, params, tokenizer, template))
     records = speculative.speculative_records(quick=True)
+    # First the check's cost (benchmarks/check_cost.py): the pass of k + 1 = 3 tokens and the
+    # step timed in turn with it, the pass's figures its cost in steps and its two limits.
+    checks, records = records[:2], records[2:]
+    assert [(r.scenario, r.shape) for r in checks] == [
+        ("speculative check", {"T": 3}), ("speculative check step", {"T": 3}),
+    ]  # fmt: skip
+    steps = checks[0].median_s / checks[1].median_s
+    assert checks[0].figures["steps"] == pytest.approx(steps)
+    assert checks[0].figures["read_limit"] == 1.0 and checks[0].figures["arithmetic_limit"] > 0
     assert [(r.scenario, r.shape["task"]) for r in records] == [
         ("speculative plain", "grounded"), ("speculative", "grounded"),
         ("speculative plain", "chat"), ("speculative", "chat"),

@@ -285,6 +285,42 @@ def test_the_compiled_decode_gives_the_eager_tokens_and_logits(
                 want, got = eager.decode_step(token, want_cache), fast.decode_step(token, got_cache)
 
 
+@pytest.mark.extended
+def test_the_compiled_bfloat16_decode_gives_transformers_bfloat16_tokens(smollm2, peer, prompts):
+    """Level 3 compiled in bfloat16 (its products read the weights' 2 bytes and sum in float32,
+    levels/level3_sdpa_flash/rows.cpp) against transformers' bfloat16 model on the same
+    weights: 16 greedy tokens on each prompt equal, or the first that differs where
+    float32's own top two logits are at most ``NEAR_TIE["bfloat16"]`` apart (both sides
+    round every activation to bfloat16, in other orders: a near tie may go either way)."""
+    from levels.level3_sdpa_flash import compiled
+
+    if compiled.compiler_missing():
+        pytest.skip(compiled.compiler_missing())
+    config, params = smollm2
+    level = load_or_skip("level3_sdpa_flash")
+    fast = level.DecoderOnlyTransformer(config, params, dtype=torch.bfloat16, compile=True)
+    assert fast.prepare_decode(1).how in ("compiled", "loaded")
+    _, full = level_model("level3_sdpa_flash", config, params, "float32")
+    hf = copy.deepcopy(peer["float32"]).bfloat16()
+    for name, ids in prompts.items():
+        with torch.no_grad():
+            want = hf.generate(
+                torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                do_sample=False, max_new_tokens=LOW_TOKENS, eos_token_id=config.eos_id,
+                pad_token_id=config.eos_id,
+            )[0, len(ids) :].tolist()  # fmt: skip
+        got = _greedy(fast, ids, LOW_TOKENS, config.eos_id)
+        if got != want:
+            k = next(
+                i for i in range(max(len(got), len(want))) if got[i : i + 1] != want[i : i + 1]
+            )
+            top2 = np.sort(level_logits(level, full, ids + want[:k])[0, -1])[-2:]
+            assert top2[1] - top2[0] <= NEAR_TIE["bfloat16"], (
+                f"{name}: token {k} differs ({got[k : k + 1]} vs {want[k : k + 1]}) where "
+                f"float32's top two are {top2[1] - top2[0]:.3f} apart"
+            )
+
+
 # ----------------------------------------------------------------------------- the slow levels
 
 SHORT = 3  # new tokens at the slow levels; the prompt is the 5-token "text" one

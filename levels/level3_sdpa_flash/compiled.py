@@ -67,6 +67,7 @@ from torch import nn
 
 from ..level2_torch_manual.arrays import copied
 from ..level2_torch_manual.models import Transformer
+from . import rows as kernel
 
 # ----------------------------------------------------------------------------- the step
 
@@ -169,9 +170,21 @@ class _bare_attention:
 FEW_ROWS = 6  # up to this many rows, a dot product per row and output; beyond, the GEMM
 
 
+def _by_kernel(rows: int, w: torch.Tensor) -> bool:
+    """Whether the product of ``rows`` rows by ``w`` is ``rows.cpp``'s (where it is built):
+    float32 weights at 2 to ``MAX_ROWS`` rows (one row: inductor's loop already streams ``w``
+    at the read's rate) and bfloat16 ones at 1 to ``MAX_ROWS`` (at one row no faster than
+    inductor's loop: a SmolLM2 step 1.55x float32's with it, 1.59x without, in turn;
+    docs/decoding.md)."""
+    if rows > kernel.MAX_ROWS or not kernel.available():
+        return False
+    return (w.dtype == torch.float32 and rows >= 2) or w.dtype == torch.bfloat16
+
+
 def few_rows_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None):
-    """``F.linear`` as the compiled step computes it: for a few rows, a dot product per row
-    and output, ``(W * x_m).sum(-1)`` for each row ``m``.
+    """``F.linear`` as the compiled step computes it: for a few rows, ``rows.cpp``'s product
+    (``_by_kernel``), else a dot product per row and output, ``(W * x_m).sum(-1)`` for each
+    row ``m``.
 
     ``x (..., in)`` with ``M`` rows in all, ``w (out, in)`` row-major. Inductor turns each
     row's products into one vectorised loop that reads ``w`` front to back (the elementwise
@@ -182,10 +195,13 @@ def few_rows_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None 
     (2026-12-06, against a one-token step): a pass of 3 tokens costs 1.6 steps and one of 5
     tokens 2.8, where the library GEMM's cost 4.1 and 3.2. Beyond ``FEW_ROWS`` rows the
     product stays the GEMM (3.5 steps at 9 tokens), whose cost grows slower than a read
-    of ``w`` a row.
+    of ``w`` a row. The kernel reads ``w`` once for all ``M`` rows (``rows.py``).
     """
     rows = x.numel() // x.shape[-1]
-    if rows > FEW_ROWS:
+    if _by_kernel(rows, w):
+        y = kernel.rows_linear(x.reshape(rows, -1), w)  # (M, out), float32 sums
+        y = y.reshape(*x.shape[:-1], w.shape[0])  # (..., out)
+    elif rows > FEW_ROWS:
         y = x @ w.t()  # (..., in) @ (in, out)
     else:
         flat = x.reshape(rows, -1)  # (M, in)
@@ -198,16 +214,20 @@ def int8_rows(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Te
     """``aten._weight_int8pack_mm`` as the compiled step computes it, on a CPU: ``x (B, in)``,
     ``q (out, in)`` int8, ``scale (out,)`` -> ``(B, out)`` in ``x``'s dtype.
 
-    Written as ``few_rows_linear``'s dot per output row, so inductor widens each int8 where
-    it reads it, inside the loop that streams ``q``: a step reads one byte a weight, at
-    about twice the library kernel's rate (docs/decoding.md). One difference from the
-    eager kernel: ``x`` arrives rounded to bfloat16 (the kernel takes 16-bit activations),
-    and inductor folds that rounding and the widening here into nothing, so compiled the
-    products see the float32 activations (the two differ by bfloat16's rounding,
-    tests/test_compiled_decode.py; against the float64 truth on SmolLM2, 0.064 compiled
-    and 0.056 eager: neither is the closer by design). Keeping the rounding
-    (``emulate_precision_casts``) redoes it for every weight read: measured 2x slower.
+    ``rows.cpp``'s product where it is built (one byte a weight read, widened in registers,
+    float32 sums, the scale applied to each sum), else ``few_rows_linear``'s dot per output
+    row, so inductor widens each int8 where it reads it, inside the loop that streams ``q``:
+    a step reads one byte a weight, at about twice the library kernel's rate
+    (docs/decoding.md). One difference from the eager kernel, either way: ``x`` arrives
+    rounded to bfloat16 (the kernel takes 16-bit activations), and inductor folds that
+    rounding and the widening here into nothing, so compiled the products see the float32
+    activations (the two differ by bfloat16's rounding, tests/test_compiled_decode.py;
+    against the float64 truth on SmolLM2, 0.064 compiled and 0.056 eager: neither is the
+    closer by design). Keeping the rounding (``emulate_precision_casts``) redoes it for
+    every weight read: measured 2x slower.
     """
+    if x.shape[0] <= kernel.MAX_ROWS and kernel.available():
+        return kernel.rows_linear(x.float(), q, scale).to(x.dtype)  # (B, out)
     products = (x.float().unsqueeze(-2) * q.float()).sum(-1)  # (B,1,in) * (out,in) -> (B,out)
     return (products * scale.float()).to(x.dtype)
 
@@ -297,6 +317,7 @@ def cache_key(model: nn.Module, batch: int, tokens: int = 1) -> str:
         "cpu": torch.backends.cpu.get_cpu_capability(),
         "machine": platform.machine(),
         "threads": torch.get_num_threads(),  # the loops' split over threads (compile_step)
+        "rows_kernel": kernel.digest() if kernel.available() else None,  # the step calls it
     }
     text = json.dumps(facts, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
