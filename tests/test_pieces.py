@@ -35,10 +35,11 @@ def _sizes(case):
     return (2, 3, 5) if case.tiny else (2, 7, 13)
 
 
-def _mha_case(case, config, kind: str, seed: int):
+def _mha_case(case, config, kind: str, seed: int, **options):
     """A ``MultiHeadAttention`` of ``kind`` (``MHA_CASES``) at the level, its parameters
     (seeded ``seed``) and its inputs: ``x (B,T,D)``, ``kv (B,S,D)`` where it attends across,
-    a random ``mask (B,1,T,S)`` where masked, and the parameters' prefix."""
+    a random ``mask (B,1,T,S)`` where masked, and the parameters' prefix; ``options`` go to
+    the layer's constructor."""
     cross, _, masked, rope, _ = MHA_CASES[kind]
     params = init_params(config, "seq2seq", seed=seed, scheme="random")
     rng = np.random.default_rng(seed - 1)
@@ -48,7 +49,7 @@ def _mha_case(case, config, kind: str, seed: int):
     kv = rng.normal(size=(B, S, config.d_model)) if cross else None
     mask = random_mask(rng, (B, 1, T, S)) if masked else None
     prefix = "decoder.layers.0.multihead_attn." if cross else "decoder.layers.0.self_attn."
-    mha = case.build("MultiHeadAttention", config, params, prefix=prefix, rope=rope)
+    mha = case.build("MultiHeadAttention", config, params, prefix=prefix, rope=rope, **options)
     return params, x, kv, mask, prefix, mha
 
 
@@ -326,16 +327,8 @@ def test_attention_with_wide_heads_qk_norm_and_a_scale(case, kind):
     a RoPE base of the layer's own, ``attn_scale`` for 1 / sqrt(Dh)."""
     cross, causal, masked, rope, offset = MHA_CASES[kind]
     config = gemma_config(case)
-    params = init_params(config, "seq2seq", seed=13, scheme="random")
-    rng = np.random.default_rng(12)
-    B, T, S = _sizes(case)
-    S = S if cross else T
-    x = rng.normal(size=(B, T, config.d_model))
-    kv = rng.normal(size=(B, S, config.d_model)) if cross else None
-    mask = random_mask(rng, (B, 1, T, S)) if masked else None
-    prefix = "decoder.layers.0.multihead_attn." if cross else "decoder.layers.0.self_attn."
     base = config.rope_local_base
-    mha = case.build("MultiHeadAttention", config, params, prefix=prefix, rope=rope, rope_base=base)
+    params, x, kv, mask, prefix, mha = _mha_case(case, config, kind, seed=13, rope_base=base)
     expected = ref.mha(
         params, prefix, x, kv, mask=mask, causal=causal, position_offset=offset,
         rope_base=base if rope else None, **ref._attention_options(config, params, prefix),
